@@ -1,0 +1,317 @@
+//! [`LockClient`]: connections, configuration and the two background threads of one client.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::connection::{Conn, Manager};
+use crate::error::{Error, Result};
+use crate::janitor::Janitor;
+use crate::keys;
+use crate::lock::FairLock;
+use crate::watchdog::Watchdog;
+
+/// The shortest lease accepted: renewals run every third of it, and Redis timers tick every 100 ms.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+/// The longest lease accepted (a lease is a safety net, not a schedule).
+pub const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How many connections may block in BLPOP at once (one per waiting thread).
+pub const MAX_WAITING_CONNECTIONS: u32 = 4096;
+
+/// The settings of a [`LockClient`]. Built by [`LockClientBuilder`]; read with [`LockClient::config`].
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Lease of a hold; renewed by the watchdog every third of it. Default 30 s.
+    pub lease: Duration,
+    /// Prefix of every key. Default `fairlock`.
+    pub key_prefix: String,
+    /// Connections for commands (waiters blocked in BLPOP use their own). Default 8.
+    pub pool_size: u32,
+    /// How long to wait for a TCP connection (and for a free pooled one). Default 2 s.
+    pub connect_timeout: Duration,
+    /// How long to wait for a reply to a command. Default 5 s.
+    pub read_timeout: Duration,
+    /// How often the janitor refreshes this client's waiters and repairs locks. Default 1 s.
+    /// A waiter not refreshed for 3 intervals counts as dead and is removed.
+    pub janitor_interval: Duration,
+}
+
+impl Config {
+    /// How long a waiter entry lives without a heartbeat before others treat it as dead.
+    pub fn waiter_timeout(&self) -> Duration {
+        self.janitor_interval * 3
+    }
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            lease: Duration::from_secs(30),
+            key_prefix: "fairlock".into(),
+            pool_size: 8,
+            connect_timeout: Duration::from_secs(2),
+            read_timeout: Duration::from_secs(5),
+            janitor_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Builds a [`LockClient`] with settings other than the defaults.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// let client = fairlock::LockClient::builder("redis://127.0.0.1:6379/")
+///     .lease(Duration::from_secs(10))
+///     .key_prefix("myapp-locks")
+///     .pool_size(16)
+///     .build()?;
+/// # Ok::<(), fairlock::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct LockClientBuilder {
+    url: String,
+    config: Config,
+}
+
+impl LockClientBuilder {
+    /// Lease of a hold (default 30 s, at least 100 ms). The watchdog renews it every third.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// Prefix of every Redis key (default `fairlock`).
+    pub fn key_prefix(mut self, prefix: &str) -> Self {
+        self.config.key_prefix = prefix.to_string();
+        self
+    }
+
+    /// Size of the command connection pool (default 8).
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.config.pool_size = size;
+        self
+    }
+
+    /// TCP connect timeout, also the wait for a free pooled connection (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.config.connect_timeout = timeout;
+        self
+    }
+
+    /// Reply timeout of a command (default 5 s).
+    pub fn read_timeout(mut self, timeout: Duration) -> Self {
+        self.config.read_timeout = timeout;
+        self
+    }
+
+    /// Janitor interval (default 1 s). Dead waiters are removed after 3 intervals.
+    pub fn janitor_interval(mut self, interval: Duration) -> Self {
+        self.config.janitor_interval = interval;
+        self
+    }
+
+    /// Check the settings, connect once to check the server, and start the background threads.
+    pub fn build(self) -> Result<LockClient> {
+        let c = &self.config;
+        validate_lease("lease", c.lease)?;
+        keys::validate_prefix(&c.key_prefix)?;
+        if c.pool_size == 0 || c.pool_size > 1024 {
+            return Err(Error::InvalidConfig {
+                setting: "pool_size",
+                reason: format!("{} is not between 1 and 1024", c.pool_size),
+            });
+        }
+        for (setting, value) in [
+            ("connect_timeout", c.connect_timeout),
+            ("read_timeout", c.read_timeout),
+        ] {
+            if value < Duration::from_millis(10) || value > Duration::from_secs(3600) {
+                return Err(Error::InvalidConfig {
+                    setting,
+                    reason: format!("{value:?} is not between 10 ms and 1 h"),
+                });
+            }
+        }
+        if c.janitor_interval < Duration::from_millis(50)
+            || c.janitor_interval > Duration::from_secs(60)
+        {
+            return Err(Error::InvalidConfig {
+                setting: "janitor_interval",
+                reason: format!("{:?} is not between 50 ms and 60 s", c.janitor_interval),
+            });
+        }
+
+        let manager = || Manager::new(&self.url, c.connect_timeout, c.read_timeout);
+        manager()?.check_server()?;
+        let pool = r2d2::Pool::builder()
+            .max_size(c.pool_size)
+            .min_idle(Some(0))
+            .test_on_check_out(false)
+            .connection_timeout(c.connect_timeout)
+            .error_handler(Box::new(r2d2::NopErrorHandler))
+            .build_unchecked(manager()?);
+        let blocking = r2d2::Pool::builder()
+            .max_size(MAX_WAITING_CONNECTIONS)
+            .min_idle(Some(0))
+            .test_on_check_out(false)
+            .connection_timeout(c.connect_timeout)
+            .idle_timeout(Some(Duration::from_secs(60)))
+            .error_handler(Box::new(r2d2::NopErrorHandler))
+            .build_unchecked(manager()?);
+
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let watchdog = Watchdog::start(pool.clone(), &id)?;
+        let janitor = Janitor::start(pool.clone(), &id, c.janitor_interval)?;
+        Ok(LockClient {
+            inner: Arc::new(ClientInner {
+                host: hostname(),
+                pid: std::process::id(),
+                id,
+                config: self.config,
+                pool,
+                blocking,
+                watchdog,
+                janitor,
+            }),
+        })
+    }
+}
+
+pub(crate) fn validate_lease(setting: &'static str, lease: Duration) -> Result<()> {
+    if lease < MIN_LEASE || lease > MAX_LEASE {
+        return Err(Error::InvalidConfig {
+            setting,
+            reason: format!("{lease:?} is not between {MIN_LEASE:?} and {MAX_LEASE:?}"),
+        });
+    }
+    Ok(())
+}
+
+/// A connection to one Redis server that hands out [`FairLock`] handles. Cheap to clone; all
+/// clones share the pools and the two background threads (the watchdog, which renews leases, and
+/// the janitor, which keeps this client's waiters alive and repairs locks that crashes left
+/// behind). The threads stop when the last clone and the last lock handle are dropped.
+///
+/// ```no_run
+/// let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
+/// let lock = client.lock("orders:close-unpaid")?;
+/// let guard = lock.lock()?;
+/// println!("fencing token {}", guard.fencing_token());
+/// guard.unlock()?;
+/// # Ok::<(), fairlock::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+pub(crate) struct ClientInner {
+    /// Unique per client; with the thread's number it forms the owner flag.
+    pub id: String,
+    pub config: Config,
+    pub pool: r2d2::Pool<Manager>,
+    pub blocking: r2d2::Pool<Manager>,
+    pub watchdog: Watchdog,
+    pub janitor: Janitor,
+    pub host: String,
+    pub pid: u32,
+}
+
+impl LockClient {
+    /// Connect with default settings. Fails with a clear error when the URL is bad, the server is
+    /// unreachable, not Redis, or older than 6.2.
+    pub fn connect(url: &str) -> Result<LockClient> {
+        Self::builder(url).build()
+    }
+
+    /// Start configuring a client.
+    pub fn builder(url: &str) -> LockClientBuilder {
+        LockClientBuilder {
+            url: url.to_string(),
+            config: Config::default(),
+        }
+    }
+
+    /// A handle to the lock `name`. Checks the name; does not talk to Redis.
+    pub fn lock(&self, name: &str) -> Result<FairLock> {
+        keys::validate_name(name)?;
+        Ok(FairLock::new(self.inner.clone(), name))
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// This client's unique id (the first part of every owner flag it writes).
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// The owner flag of the calling thread: `<client id>:<thread number>`, as stored in Redis.
+    pub fn current_owner(&self) -> String {
+        self.inner.flag()
+    }
+}
+
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static THREAD_NUMBER: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+}
+
+impl ClientInner {
+    /// The owner flag of the calling thread.
+    pub fn flag(&self) -> String {
+        let n = THREAD_NUMBER.with(|n| *n);
+        format!("{}:{n}", self.id)
+    }
+
+    /// "host|pid|thread name", stored with a hold or a queue entry for `status`.
+    pub fn meta(&self) -> String {
+        let thread = std::thread::current();
+        let name: String = thread
+            .name()
+            .unwrap_or("unnamed")
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(64)
+            .collect();
+        format!("{}|{}|{}", self.host, self.pid, name)
+    }
+
+    /// Run `f` on a pooled connection. A pooled connection can be stale (Redis restarted since it
+    /// was last used); when one turns out dropped, `f` runs again on the next. All of fairlock's
+    /// calls are safe to repeat (see the scripts' headers).
+    pub fn with_conn<T>(
+        &self,
+        during: &'static str,
+        mut f: impl FnMut(&mut Conn) -> Result<T>,
+    ) -> Result<T> {
+        let mut attempts = self.config.pool_size + 1;
+        loop {
+            let mut conn = self.pool.get().map_err(|e| Error::Connection {
+                during,
+                detail: format!("no connection within {:?}: {e}", self.config.connect_timeout),
+            })?;
+            match f(&mut conn) {
+                Err(e) if attempts > 1 && conn.was_dropped() => {
+                    log::debug!("fairlock: stale connection while {during} ({e}); retrying");
+                    attempts -= 1;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown-host".into())
+        .replace('|', "_")
+}

@@ -1,0 +1,158 @@
+//! Connections: an r2d2 manager over `redis::Client` that applies fairlock's timeouts.
+//!
+//! The redis crate's own r2d2 impl connects without a timeout (a black-holed server would hang
+//! for the OS TCP timeout) and cannot tell that a connection whose read timed out is poisoned: the
+//! server may still answer the abandoned request later (for a BLPOP: with a grant). Our
+//! [`Conn`] is marked broken on any I/O error or timeout, and r2d2 then drops it.
+
+use std::time::Duration;
+
+use redis::ConnectionLike;
+
+use crate::error::{Error, Result};
+
+/// Oldest Redis version fairlock supports (BLPOP with sub-second timeouts, HSET with many fields,
+/// ZRANGE with scores, script effects replication).
+const MIN_VERSION: (u32, u32) = (6, 2);
+
+/// A pooled connection that remembers whether it is still trustworthy.
+pub(crate) struct Conn {
+    inner: redis::Connection,
+    broken: bool,
+    dropped: bool,
+}
+
+impl Conn {
+    /// Run a command or script invocation; any connection-level failure poisons the connection.
+    pub fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        let result = cmd.query(&mut self.inner);
+        self.note(&result);
+        result
+    }
+
+    pub fn query_pipeline<T: redis::FromRedisValue>(
+        &mut self,
+        pipe: &redis::Pipeline,
+    ) -> redis::RedisResult<T> {
+        let result = pipe.query(&mut self.inner);
+        self.note(&result);
+        result
+    }
+
+    pub fn set_read_timeout(&mut self, timeout: Duration) {
+        if self.inner.set_read_timeout(Some(timeout)).is_err() {
+            self.broken = true;
+        }
+    }
+
+    /// True when the last failure was the server closing the connection (as after a restart),
+    /// as opposed to a timeout or refusal: then the same request may go again on a fresh one.
+    pub fn was_dropped(&self) -> bool {
+        self.dropped
+    }
+
+    fn note<T>(&mut self, result: &redis::RedisResult<T>) {
+        if let Err(e) = result {
+            if is_connection_error(e) {
+                self.broken = true;
+                self.dropped = e.is_connection_dropped() || e.is_unrecoverable_error() && !e.is_timeout();
+            }
+        }
+    }
+}
+
+pub(crate) fn is_connection_error(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
+}
+
+/// Creates connections with a connect timeout, a read and a write timeout.
+#[derive(Debug)]
+pub(crate) struct Manager {
+    client: redis::Client,
+    connect_timeout: Duration,
+    read_timeout: Duration,
+}
+
+impl Manager {
+    pub fn new(url: &str, connect_timeout: Duration, read_timeout: Duration) -> Result<Manager> {
+        let client = redis::Client::open(url).map_err(|e| Error::InvalidUrl {
+            url: url.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(Manager {
+            client,
+            connect_timeout,
+            read_timeout,
+        })
+    }
+
+    pub fn open(&self) -> redis::RedisResult<Conn> {
+        let inner = self.client.get_connection_with_timeout(self.connect_timeout)?;
+        inner.set_read_timeout(Some(self.read_timeout))?;
+        inner.set_write_timeout(Some(self.read_timeout))?;
+        Ok(Conn {
+            inner,
+            broken: false,
+            dropped: false,
+        })
+    }
+
+    /// Connect once and check that the server is a Redis of a supported version.
+    pub fn check_server(&self) -> Result<()> {
+        let mut conn = self
+            .open()
+            .map_err(|e| Error::from_redis("connecting", e))?;
+        let info: String = conn
+            .query(redis::cmd("INFO").arg("server"))
+            .map_err(|e| match Error::from_redis("checking the server version", e) {
+                Error::Redis(e) => Error::NotRedis {
+                    detail: e.to_string(),
+                },
+                other => other,
+            })?;
+        let version = info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .map(|v| v.trim().to_string())
+            .ok_or_else(|| Error::NotRedis {
+                detail: "INFO server has no redis_version".into(),
+            })?;
+        if parse_version(&version) < MIN_VERSION {
+            return Err(Error::UnsupportedServer { version });
+        }
+        Ok(())
+    }
+}
+
+fn parse_version(v: &str) -> (u32, u32) {
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Conn;
+    type Error = redis::RedisError;
+
+    fn connect(&self) -> redis::RedisResult<Conn> {
+        self.open()
+    }
+
+    fn is_valid(&self, conn: &mut Conn) -> redis::RedisResult<()> {
+        conn.query::<()>(&redis::cmd("PING"))
+    }
+
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        conn.broken || !conn.inner.is_open()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn versions_compare() {
+        assert!(super::parse_version("6.2.0") >= super::MIN_VERSION);
+        assert!(super::parse_version("7.0.15") >= super::MIN_VERSION);
+        assert!(super::parse_version("6.0.9") < super::MIN_VERSION);
+        assert!(super::parse_version("garbage") < super::MIN_VERSION);
+    }
+}

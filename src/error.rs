@@ -1,0 +1,174 @@
+//! The one error type of fairlock.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Everything that can go wrong in fairlock. Each message says what happened and what to do.
+///
+/// Match on the variant to react (e.g. retry on [`Error::Connection`]); print it for a person.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock name cannot be used as a key (empty, too long, braces or control characters).
+    InvalidName {
+        /// The rejected name (escaped for printing).
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// A configuration value is out of range.
+    InvalidConfig {
+        /// The setting, as named on the builder.
+        setting: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The Redis URL could not be parsed.
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// What the parser said.
+        reason: String,
+    },
+    /// Redis could not be reached, the connection broke, or it did not answer in time.
+    Connection {
+        /// What fairlock was doing.
+        during: &'static str,
+        /// The underlying cause.
+        detail: String,
+    },
+    /// The server answered, but it is not a Redis server (or speaks another protocol).
+    NotRedis {
+        /// What came back.
+        detail: String,
+    },
+    /// The server is a Redis older than 6.2, which fairlock needs.
+    UnsupportedServer {
+        /// The version the server reported.
+        version: String,
+    },
+    /// A key that fairlock uses for this lock holds data of another type, written by someone else.
+    /// fairlock leaves that data untouched.
+    ForeignData {
+        /// The server's explanation, naming the key.
+        detail: String,
+    },
+    /// The lock is not held by this hold (a release or renewal by a non-owner, or after the lease
+    /// ran out and someone else may have taken the lock). Nothing was changed.
+    NotHeld {
+        /// The lock name.
+        name: String,
+        /// Who holds it now (owner flag), if anyone.
+        holder: Option<String>,
+    },
+    /// The wait for the lock ended with an error that left the outcome unknown and the lock
+    /// was handed on. Only returned by acquire calls.
+    Timeout {
+        /// What fairlock was doing.
+        during: &'static str,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// Redis returned an error fairlock did not expect.
+    Redis(redis::RedisError),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidName { name, reason } => write!(
+                f,
+                "invalid lock name {name:?}: {reason}; use 1 to {} bytes without braces or control characters",
+                crate::keys::MAX_NAME_LEN
+            ),
+            Error::InvalidConfig { setting, reason } => {
+                write!(f, "invalid setting `{setting}`: {reason}")
+            }
+            Error::InvalidUrl { url, reason } => write!(
+                f,
+                "invalid Redis URL {url:?}: {reason}; expected redis://[user:password@]host[:port][/db]"
+            ),
+            Error::Connection { during, detail } => write!(
+                f,
+                "Redis connection failed while {during}: {detail}; check that the server is running and reachable, then retry"
+            ),
+            Error::NotRedis { detail } => write!(
+                f,
+                "the server did not answer like Redis ({detail}); check the host and port in the URL"
+            ),
+            Error::UnsupportedServer { version } => write!(
+                f,
+                "Redis {version} is too old: fairlock needs Redis 6.2 or newer"
+            ),
+            Error::ForeignData { detail } => write!(f, "{detail}"),
+            Error::NotHeld { name, holder } => match holder {
+                Some(h) => write!(
+                    f,
+                    "lock {name:?} is not held by this guard (it is held by {h}); its lease may have run out: nothing was changed"
+                ),
+                None => write!(
+                    f,
+                    "lock {name:?} is not held by this guard (it is free); its lease may have run out: nothing was changed"
+                ),
+            },
+            Error::Timeout { during, waited } => write!(
+                f,
+                "timed out after {waited:?} while {during}; Redis may be overloaded or unreachable"
+            ),
+            Error::Redis(e) => write!(f, "unexpected Redis error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Redis(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl Error {
+    /// True when the error came from the network or server availability, so retrying later may work.
+    pub fn is_connection(&self) -> bool {
+        matches!(self, Error::Connection { .. } | Error::Timeout { .. })
+    }
+
+    /// Classify an error from the redis crate. `during` names the operation for the message.
+    pub(crate) fn from_redis(during: &'static str, e: redis::RedisError) -> Error {
+        if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
+        {
+            return Error::Connection {
+                during,
+                detail: e.to_string(),
+            };
+        }
+        let text = e.to_string();
+        if let Some(pos) = text.find("FOREIGN ") {
+            return Error::ForeignData {
+                detail: text[pos + "FOREIGN ".len()..].to_string(),
+            };
+        }
+        if text.contains("WRONGTYPE") {
+            return Error::ForeignData {
+                detail: format!("a key of this lock holds data of another type ({text}); another program uses it: choose another name or key prefix"),
+            };
+        }
+        match e.kind() {
+            redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => Error::NotRedis {
+                detail: text,
+            },
+            _ => Error::Redis(e),
+        }
+    }
+
+    pub(crate) fn unexpected(what: &str) -> Error {
+        Error::NotRedis {
+            detail: format!("unexpected reply: {what}"),
+        }
+    }
+}
+
+/// The result type of fairlock.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,206 @@
+//! [`LockGuard`]: one level of a thread's hold, released on drop. Also the per-thread record of
+//! which locks a thread holds, which makes re-entry a single round trip.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::fmt;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::lock::FairLock;
+use crate::scripts::{self, Release, RECEIPT_TTL_MS};
+
+/// What the watchdog and the guards of one hold share.
+pub(crate) struct HoldState {
+    pub lost: AtomicBool,
+    /// Local estimate of when the lease runs out (never later than the server's).
+    pub expires: Mutex<Instant>,
+}
+
+/// One thread's hold of one lock: all of its nested guards share it.
+pub(crate) struct Hold {
+    pub token: u64,
+    pub depth: Cell<u32>,
+    pub state: Arc<HoldState>,
+    /// Watchdog registration, when the lease is renewed.
+    pub renewal: Option<u64>,
+}
+
+type HoldKey = (String, String); // (client id, lock key)
+
+thread_local! {
+    static HOLDS: RefCell<HashMap<HoldKey, Rc<Hold>>> = RefCell::new(HashMap::new());
+}
+
+pub(crate) fn current_hold(lock: &FairLock) -> Option<Rc<Hold>> {
+    HOLDS.with(|h| h.borrow().get(&lock.hold_key()).cloned())
+}
+
+fn remember(lock: &FairLock, hold: Rc<Hold>) {
+    HOLDS.with(|h| h.borrow_mut().insert(lock.hold_key(), hold));
+}
+
+fn forget(lock: &FairLock) {
+    HOLDS.with(|h| h.borrow_mut().remove(&lock.hold_key()));
+}
+
+/// A held lock. Dropping it releases one level (and logs a warning if that fails); call
+/// [`LockGuard::unlock`] to see the error instead.
+///
+/// A guard belongs to the thread that took the lock (the owner flag names the thread), so it is
+/// neither `Send` nor `Sync`. Nested guards of one thread (re-entry) share one hold and one
+/// fencing token; the lock is free again when the last of them is released.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct LockGuard {
+    lock: FairLock,
+    hold: Rc<Hold>,
+    released: bool,
+}
+
+impl LockGuard {
+    /// Start a new hold at depth 1 (the caller got a grant with this token).
+    pub(crate) fn new_hold(lock: &FairLock, token: u64, expires: Instant) -> LockGuard {
+        let state = Arc::new(HoldState {
+            lost: AtomicBool::new(false),
+            expires: Mutex::new(expires),
+        });
+        let renewal = lock.renewed_lease().map(|lease| {
+            lock.client()
+                .watchdog
+                .register(lock, token, lease, state.clone(), expires)
+        });
+        let hold = Rc::new(Hold {
+            token,
+            depth: Cell::new(1),
+            state,
+            renewal,
+        });
+        remember(lock, hold.clone());
+        LockGuard {
+            lock: lock.clone(),
+            hold,
+            released: false,
+        }
+    }
+
+    /// Another level of an existing hold (re-entry).
+    pub(crate) fn nested(lock: &FairLock, hold: Rc<Hold>) -> LockGuard {
+        hold.depth.set(hold.depth.get() + 1);
+        LockGuard {
+            lock: lock.clone(),
+            hold,
+            released: false,
+        }
+    }
+
+    /// The fencing token of this hold: greater than every token handed out before for this lock
+    /// name. Pass it to the resource you protect and have it reject writes with a lower token than
+    /// one it has seen (see the README's "Fencing" section). Re-entry returns the outer token.
+    pub fn fencing_token(&self) -> u64 {
+        self.hold.token
+    }
+
+    /// The lock this guard holds.
+    pub fn lock(&self) -> &FairLock {
+        &self.lock
+    }
+
+    /// How many levels this thread holds now (1 when not re-entered).
+    pub fn depth(&self) -> u32 {
+        self.hold.depth.get()
+    }
+
+    /// True when the watchdog found the lock gone or taken by another owner (for example after
+    /// Redis was unreachable for longer than the lease). Work done under a lost lock is not
+    /// protected any more: stop, and rely on the fencing token at the resource.
+    pub fn is_lost(&self) -> bool {
+        self.hold.state.lost.load(Ordering::SeqCst) || self.expires_in().is_zero()
+    }
+
+    /// Local, conservative estimate of the lease left (the server may allow a little more).
+    /// For a renewed lease this moves forward with each renewal.
+    pub fn expires_in(&self) -> Duration {
+        self.hold
+            .state
+            .expires
+            .lock()
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// Ask Redis whether this hold still owns the lock.
+    pub fn is_held(&self) -> Result<bool> {
+        self.lock.owns(self.hold.token)
+    }
+
+    /// Release this level now and report the outcome. Releasing the last level frees the lock or
+    /// grants it to the next waiter. Safe to retry internally: a release whose reply was lost is
+    /// never applied twice and never reported as "not held".
+    ///
+    /// Returns [`Error::NotHeld`] when the lock was no longer this hold's (its lease ran out);
+    /// nothing is changed then.
+    pub fn unlock(mut self) -> Result<()> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<()> {
+        if self.released {
+            return Ok(());
+        }
+        self.released = true;
+        let hold = &self.hold;
+        let depth = hold.depth.get();
+        hold.depth.set(depth.saturating_sub(1));
+        if depth <= 1 {
+            // Stop renewing before the release goes out: a lease must never be extended for a
+            // hold that is being given up (the next owner's lock has another token anyway).
+            forget(&self.lock);
+            if let Some(id) = hold.renewal {
+                self.lock.client().watchdog.unregister(id);
+            }
+        }
+        let flag = self.lock.client().flag();
+        let keys = self.lock.keys();
+        let mut cmd = scripts::RELEASE.cmd(keys);
+        cmd.arg(&flag)
+            .arg(hold.token)
+            .arg(depth.max(1))
+            .arg(RECEIPT_TTL_MS);
+        let reply = self
+            .lock
+            .client()
+            .with_conn("releasing", |c| scripts::RELEASE.run(c, &cmd, "releasing"))?;
+        match scripts::parse_release(reply)? {
+            Release::StillHeld | Release::Released { .. } => Ok(()),
+            Release::NotHeld { holder } => {
+                hold.state.lost.store(true, Ordering::SeqCst);
+                Err(Error::NotHeld {
+                    name: self.lock.name().to_string(),
+                    holder,
+                })
+            }
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if let Err(e) = self.release() {
+            log::warn!("fairlock: releasing {:?} on drop failed: {e}", self.lock.name());
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.lock.name())
+            .field("fencing_token", &self.hold.token)
+            .field("depth", &self.hold.depth.get())
+            .finish()
+    }
+}
