@@ -77,9 +77,8 @@ impl Janitor {
             })
             .waiters
             .insert(flag.to_string(), (lease_ms, meta.to_string()));
-        if !holder_pttl.is_zero() {
-            let _ = self.nudge.send(Instant::now() + holder_pttl + EXPIRY_MARGIN);
-        }
+        // Always nudge: an idle janitor sleeps until told there is work.
+        let _ = self.nudge.send(Instant::now() + holder_pttl + EXPIRY_MARGIN);
     }
 
     pub fn unregister(&self, keys: &LockKeys, flag: &str) {

@@ -1,0 +1,62 @@
+# Shared by scripts/*.sh: install and run throwaway redis-servers on loopback.
+# shellcheck shell=bash
+
+# Install redis-server from Debian's packages when it is missing.
+ensure_redis_server() {
+  if command -v redis-server >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "redis-server not found: installing it from Debian packages" >&2
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+  command -v redis-server >/dev/null 2>&1 || { echo "could not install redis-server" >&2; return 1; }
+}
+
+# A free loopback TCP port (nothing answers on it).
+free_port() {
+  local port
+  for _ in $(seq 1 200); do
+    port=$(( 20000 + RANDOM % 20000 ))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$port"
+      return 0
+    fi
+  done
+  echo "no free port found" >&2
+  return 1
+}
+
+# start_redis VAR_PREFIX [extra redis-server args...]
+# Starts a server on a free port in a temp dir, without persistence; sets
+# ${VAR_PREFIX}_PORT, ${VAR_PREFIX}_PID, ${VAR_PREFIX}_DIR and ${VAR_PREFIX}_URL.
+start_redis() {
+  local var=$1; shift
+  local port dir pid
+  port=$(free_port)
+  dir=$(mktemp -d -t fairlock-redis.XXXXXX)
+  redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
+    --daemonize no --logfile "$dir/redis.log" "$@" &
+  pid=$!
+  for _ in $(seq 1 200); do
+    if redis-cli -p "$port" ping >/dev/null 2>&1; then
+      printf -v "${var}_PORT" '%s' "$port"
+      printf -v "${var}_PID" '%s' "$pid"
+      printf -v "${var}_DIR" '%s' "$dir"
+      printf -v "${var}_URL" '%s' "redis://127.0.0.1:$port/"
+      return 0
+    fi
+    sleep 0.05
+  done
+  echo "redis-server did not start on port $port (log: $dir/redis.log)" >&2
+  kill "$pid" 2>/dev/null || true
+  return 1
+}
+
+# stop_redis PID DIR
+stop_redis() {
+  kill "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+  rm -rf "$2"
+}
