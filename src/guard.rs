@@ -38,15 +38,36 @@ thread_local! {
 }
 
 pub(crate) fn current_hold(lock: &FairLock) -> Option<Rc<Hold>> {
-    HOLDS.with(|h| h.borrow().get(&lock.hold_key()).cloned())
+    HOLDS
+        .try_with(|h| h.borrow().get(&lock.hold_key()).cloned())
+        .ok()
+        .flatten()
 }
 
 fn remember(lock: &FairLock, hold: Rc<Hold>) {
-    HOLDS.with(|h| h.borrow_mut().insert(lock.hold_key(), hold));
+    let _ = HOLDS.try_with(|h| h.borrow_mut().insert(lock.hold_key(), hold));
 }
 
-fn forget(lock: &FairLock) {
-    HOLDS.with(|h| h.borrow_mut().remove(&lock.hold_key()));
+/// Forget `hold` as this thread's hold of `lock` and stop renewing it. Only removes the entry
+/// if it is this very hold: an old guard must not evict a newer hold of the same lock.
+pub(crate) fn forget(lock: &FairLock, hold: &Rc<Hold>) {
+    let _ = HOLDS.try_with(|h| {
+        let mut map = h.borrow_mut();
+        if map.get(&lock.hold_key()).is_some_and(|cur| Rc::ptr_eq(cur, hold)) {
+            map.remove(&lock.hold_key());
+        }
+    });
+    if let Some(id) = hold.renewal {
+        lock.client().watchdog.unregister(id);
+    }
+}
+
+impl Hold {
+    /// Lost for sure: the watchdog said so, or the lease ran out by the local estimate (which
+    /// is never later than the server's).
+    pub fn is_stale(&self) -> bool {
+        self.state.lost.load(Ordering::SeqCst) || *self.state.expires.lock() <= Instant::now()
+    }
 }
 
 /// A held lock. Dropping it releases one level (and logs a warning if that fails); call
@@ -115,11 +136,12 @@ impl LockGuard {
         self.hold.depth.get()
     }
 
-    /// True when the watchdog found the lock gone or taken by another owner (for example after
-    /// Redis was unreachable for longer than the lease). Work done under a lost lock is not
-    /// protected any more: stop, and rely on the fencing token at the resource.
+    /// True when the lock is no longer this hold's for sure: the watchdog found it gone or taken
+    /// by another owner, a release or re-entry found it lost, or the lease ran out by the local
+    /// estimate (a fixed lease's end, or Redis unreachable for longer than the lease). Work done
+    /// under a lost lock is not protected any more: stop, and rely on the fencing token.
     pub fn is_lost(&self) -> bool {
-        self.hold.state.lost.load(Ordering::SeqCst) || self.expires_in().is_zero()
+        self.hold.is_stale()
     }
 
     /// Local, conservative estimate of the lease left (the server may allow a little more).
@@ -147,6 +169,30 @@ impl LockGuard {
         self.release()
     }
 
+    /// Give up this guard *without* releasing: the lock stays held until its lease runs out, and
+    /// is not renewed. For a job with a fixed lease that must not run again within that period,
+    /// even on another server (the seeds' `tryLock(0, 5, SECONDS)`). Returns the fencing token.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
+    /// let job = client.lock("close-unpaid-orders")?.with_fixed_lease(Duration::from_secs(60))?;
+    /// if let Some(guard) = job.try_lock()? {
+    ///     // close the unpaid orders; no other server runs this within the next minute
+    ///     guard.leak();
+    /// }
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    pub fn leak(mut self) -> u64 {
+        self.released = true;
+        let depth = self.hold.depth.get();
+        self.hold.depth.set(depth.saturating_sub(1));
+        if depth <= 1 {
+            forget(&self.lock, &self.hold);
+        }
+        self.hold.token
+    }
+
     fn release(&mut self) -> Result<()> {
         if self.released {
             return Ok(());
@@ -158,10 +204,7 @@ impl LockGuard {
         if depth <= 1 {
             // Stop renewing before the release goes out: a lease must never be extended for a
             // hold that is being given up (the next owner's lock has another token anyway).
-            forget(&self.lock);
-            if let Some(id) = hold.renewal {
-                self.lock.client().watchdog.unregister(id);
-            }
+            forget(&self.lock, hold);
         }
         let flag = self.lock.client().flag();
         let keys = self.lock.keys();

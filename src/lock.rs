@@ -22,7 +22,7 @@ use redis::Value;
 
 use crate::client::{validate_lease, ClientInner};
 use crate::error::{Error, Result};
-use crate::guard::{current_hold, Hold, LockGuard};
+use crate::guard::{current_hold, forget, Hold, LockGuard};
 use crate::keys::LockKeys;
 use crate::scripts::{self, Acquire, Leave, Wake};
 use crate::status::LockStatus;
@@ -116,8 +116,8 @@ impl FairLock {
     /// # let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
     /// let job = client.lock("close-unpaid-orders")?.with_fixed_lease(Duration::from_secs(5))?;
     /// if let Some(guard) = job.try_lock()? {
-    ///     // run the job; the lock frees itself after 5 s even if this process dies
-    ///     std::mem::forget(guard); // keep it for the whole 5 s period
+    ///     // run the job, then keep the lock for the rest of the 5 s so no server runs it again
+    ///     guard.leak();
     /// }
     /// # Ok::<(), fairlock::Error>(())
     /// ```
@@ -259,7 +259,12 @@ impl FairLock {
 
     fn acquire(&self, wait: Wait) -> Result<Option<LockGuard>> {
         if let Some(hold) = current_hold(self) {
-            return self.reenter(hold).map(Some);
+            if !hold.is_stale() {
+                return self.reenter(hold).map(Some);
+            }
+            // A hold whose lease is over (a leaked fixed-lease guard, or one the watchdog found
+            // lost): this is a fresh acquisition. An old guard still around releases nothing.
+            forget(self, &hold);
         }
         let flag = self.client.flag();
         let meta = self.client.meta();
@@ -406,6 +411,7 @@ impl FairLock {
             hold.state
                 .lost
                 .store(true, std::sync::atomic::Ordering::SeqCst);
+            forget(self, &hold);
             return Err(Error::NotHeld {
                 name: self.name.to_string(),
                 holder: None,
