@@ -5,7 +5,7 @@
 -- Invariants: no barging (a free lock with live waiters goes to the head, never to the caller);
 -- idempotent for one flag (a retry after a lost reply keeps the queue place or claims the grant).
 local flag, lease, mode, waiter_ttl, meta = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local bad = foreign_key() or check_fence()
+local bad = foreign_key()
 if bad then return redis.error_reply(bad) end
 local now = now_ms()
 

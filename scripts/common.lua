@@ -36,6 +36,14 @@ local function wake_key(flag)
   return k.lock .. ':wake:' .. flag
 end
 
+local function check_fence()
+  local f = redis.call('GET', k.fence)
+  if f and not tonumber(f) then
+    return 'FOREIGN key ' .. k.fence .. ' holds a non-numeric string; another program uses this key'
+  end
+  return nil
+end
+
 -- Scripts are not transactions: refuse foreign data before the first write so nothing is half-done.
 local function foreign_key()
   local expected = { {k.lock, 'hash'}, {k.fence, 'string'}, {k.queue, 'zset'}, {k.waiters, 'hash'},
@@ -47,15 +55,8 @@ local function foreign_key()
         '; another program uses this key: choose another lock name or key prefix'
     end
   end
-  return nil
-end
-
-local function check_fence()
-  local f = redis.call('GET', k.fence)
-  if f and not tonumber(f) then
-    return 'FOREIGN key ' .. k.fence .. ' holds a non-numeric string; another program uses this key'
-  end
-  return nil
+  -- the fence is a string either way: a non-numeric one would fail the INCR of a grant mid-script
+  return check_fence()
 end
 
 -- "deadline|lease|meta" -> deadline, lease, meta

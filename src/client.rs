@@ -292,7 +292,10 @@ impl ClientInner {
         loop {
             let mut conn = self.pool.get().map_err(|e| Error::Connection {
                 during,
-                detail: format!("no connection within {:?}: {e}", self.config.connect_timeout),
+                detail: format!(
+                    "no connection within {:?}: {e}",
+                    self.config.connect_timeout
+                ),
             })?;
             match f(&mut conn) {
                 Err(e) if attempts > 1 && conn.was_dropped() => {

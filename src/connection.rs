@@ -55,7 +55,8 @@ impl Conn {
         if let Err(e) = result {
             if is_connection_error(e) {
                 self.broken = true;
-                self.dropped = e.is_connection_dropped() || e.is_unrecoverable_error() && !e.is_timeout();
+                self.dropped =
+                    e.is_connection_dropped() || e.is_unrecoverable_error() && !e.is_timeout();
             }
         }
     }
@@ -87,7 +88,9 @@ impl Manager {
     }
 
     pub fn open(&self) -> redis::RedisResult<Conn> {
-        let inner = self.client.get_connection_with_timeout(self.connect_timeout)?;
+        let inner = self
+            .client
+            .get_connection_with_timeout(self.connect_timeout)?;
         inner.set_read_timeout(Some(self.read_timeout))?;
         inner.set_write_timeout(Some(self.read_timeout))?;
         Ok(Conn {
@@ -102,14 +105,14 @@ impl Manager {
         let mut conn = self
             .open()
             .map_err(|e| Error::from_redis("connecting", e))?;
-        let info: String = conn
-            .query(redis::cmd("INFO").arg("server"))
-            .map_err(|e| match Error::from_redis("checking the server version", e) {
+        let info: String = conn.query(redis::cmd("INFO").arg("server")).map_err(|e| {
+            match Error::from_redis("checking the server version", e) {
                 Error::Redis(e) => Error::NotRedis {
                     detail: e.to_string(),
                 },
                 other => other,
-            })?;
+            }
+        })?;
         let version = info
             .lines()
             .find_map(|l| l.strip_prefix("redis_version:"))

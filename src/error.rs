@@ -137,28 +137,48 @@ impl Error {
 
     /// Classify an error from the redis crate. `during` names the operation for the message.
     pub(crate) fn from_redis(during: &'static str, e: redis::RedisError) -> Error {
-        if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
+        if e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
         {
+            let detail = if e.is_timeout() {
+                format!(
+                    "no reply in time ({e}); the server may be overloaded, stalled, or not Redis"
+                )
+            } else {
+                e.to_string()
+            };
+            return Error::Connection { during, detail };
+        }
+        // A restarted Redis answers LOADING until it has read its AOF or RDB file: the server is
+        // unavailable for a moment, which is as retryable as a refused connection.
+        if e.code() == Some("LOADING") {
             return Error::Connection {
                 during,
-                detail: e.to_string(),
+                detail: "Redis is still loading its data after a restart".into(),
+            };
+        }
+        // A script's `redis.error_reply('FOREIGN key ...')` arrives as a server error with code
+        // FOREIGN, which the redis crate displays as `"FOREIGN": key ...`: match on the code.
+        if e.code() == Some("FOREIGN") {
+            return Error::ForeignData {
+                detail: e
+                    .detail()
+                    .unwrap_or("a key of this lock holds foreign data")
+                    .to_string(),
             };
         }
         let text = e.to_string();
-        if let Some(pos) = text.find("FOREIGN ") {
-            return Error::ForeignData {
-                detail: text[pos + "FOREIGN ".len()..].to_string(),
-            };
-        }
         if text.contains("WRONGTYPE") {
             return Error::ForeignData {
                 detail: format!("a key of this lock holds data of another type ({text}); another program uses it: choose another name or key prefix"),
             };
         }
         match e.kind() {
-            redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => Error::NotRedis {
-                detail: text,
-            },
+            redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => {
+                Error::NotRedis { detail: text }
+            }
             _ => Error::Redis(e),
         }
     }

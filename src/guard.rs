@@ -53,7 +53,10 @@ fn remember(lock: &FairLock, hold: Rc<Hold>) {
 pub(crate) fn forget(lock: &FairLock, hold: &Rc<Hold>) {
     let _ = HOLDS.try_with(|h| {
         let mut map = h.borrow_mut();
-        if map.get(&lock.hold_key()).is_some_and(|cur| Rc::ptr_eq(cur, hold)) {
+        if map
+            .get(&lock.hold_key())
+            .is_some_and(|cur| Rc::ptr_eq(cur, hold))
+        {
             map.remove(&lock.hold_key());
         }
     });
@@ -233,7 +236,10 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if let Err(e) = self.release() {
-            log::warn!("fairlock: releasing {:?} on drop failed: {e}", self.lock.name());
+            log::warn!(
+                "fairlock: releasing {:?} on drop failed: {e}",
+                self.lock.name()
+            );
         }
     }
 }

@@ -42,7 +42,11 @@ pub(crate) struct Janitor {
 }
 
 impl Janitor {
-    pub fn start(pool: r2d2::Pool<Manager>, client_id: &str, interval: Duration) -> Result<Janitor> {
+    pub fn start(
+        pool: r2d2::Pool<Manager>,
+        client_id: &str,
+        interval: Duration,
+    ) -> Result<Janitor> {
         let locks = Arc::new(Mutex::new(HashMap::new()));
         let (nudge, rx) = crossbeam_channel::unbounded();
         let shared = locks.clone();
@@ -67,7 +71,14 @@ impl Janitor {
 
     /// A thread of this client now waits on `keys`. `holder_pttl` is the holder's lease left, so
     /// the janitor can look right after it runs out.
-    pub fn register(&self, keys: &LockKeys, flag: &str, lease_ms: u64, meta: &str, holder_pttl: Duration) {
+    pub fn register(
+        &self,
+        keys: &LockKeys,
+        flag: &str,
+        lease_ms: u64,
+        meta: &str,
+        holder_pttl: Duration,
+    ) {
         self.locks
             .lock()
             .entry(keys.lock.clone())
@@ -78,7 +89,9 @@ impl Janitor {
             .waiters
             .insert(flag.to_string(), (lease_ms, meta.to_string()));
         // Always nudge: an idle janitor sleeps until told there is work.
-        let _ = self.nudge.send(Instant::now() + holder_pttl + EXPIRY_MARGIN);
+        let _ = self
+            .nudge
+            .send(Instant::now() + holder_pttl + EXPIRY_MARGIN);
     }
 
     pub fn unregister(&self, keys: &LockKeys, flag: &str) {
@@ -132,8 +145,11 @@ fn tick(
     locks: &Mutex<HashMap<String, Waiting>>,
     waiter_timeout: Duration,
 ) -> Option<Instant> {
-    let batch: Vec<(String, redis::Cmd)> = locks
-        .lock()
+    // The registry stays locked until the replies are in: an unregister (a waiter served or
+    // leaving) waits for a heartbeat in flight, so no heartbeat ever speaks for a waiter that has
+    // already gone (it would tell it to "retry" and leave a stray wake list behind).
+    let registry = locks.lock();
+    let batch: Vec<(String, redis::Cmd)> = registry
         .values()
         .map(|w| {
             let mut cmd = scripts::HEARTBEAT.cmd(&w.keys);
@@ -152,7 +168,9 @@ fn tick(
         pipe.add_command(cmd.clone());
     }
     let sent = Instant::now();
-    match send_pipeline(pool, &pipe, &scripts::HEARTBEAT, "refreshing waiters") {
+    let replies = send_pipeline(pool, &pipe, &scripts::HEARTBEAT, "refreshing waiters");
+    drop(registry);
+    match replies {
         Ok(values) => {
             let mut soonest: Option<Instant> = None;
             for ((lock, _), value) in batch.iter().zip(values) {
@@ -164,7 +182,8 @@ fn tick(
                             );
                         }
                         if hb.pttl_ms > 0 {
-                            let at = sent + Duration::from_millis(hb.pttl_ms as u64) + EXPIRY_MARGIN;
+                            let at =
+                                sent + Duration::from_millis(hb.pttl_ms as u64) + EXPIRY_MARGIN;
                             soonest = Some(soonest.map_or(at, |s| s.min(at)));
                         }
                     }

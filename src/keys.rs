@@ -107,7 +107,10 @@ mod tests {
         assert!(validate_name("orders:close-unpaid").is_ok());
         assert!(validate_name("ünïcode name").is_ok());
         for bad in ["", "a{b", "a}b", "a\nb", "a\0b"] {
-            assert!(matches!(validate_name(bad), Err(Error::InvalidName { .. })), "{bad:?}");
+            assert!(
+                matches!(validate_name(bad), Err(Error::InvalidName { .. })),
+                "{bad:?}"
+            );
         }
         assert!(validate_name(&"x".repeat(MAX_NAME_LEN)).is_ok());
         assert!(validate_name(&"x".repeat(MAX_NAME_LEN + 1)).is_err());

@@ -42,7 +42,9 @@ mod scripts;
 mod status;
 mod watchdog;
 
-pub use client::{Config, LockClient, LockClientBuilder, MAX_LEASE, MAX_WAITING_CONNECTIONS, MIN_LEASE};
+pub use client::{
+    Config, LockClient, LockClientBuilder, MAX_LEASE, MAX_WAITING_CONNECTIONS, MIN_LEASE,
+};
 pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use keys::{validate_name, MAX_NAME_LEN};

@@ -143,7 +143,9 @@ impl FairLock {
     pub fn lock(&self) -> Result<LockGuard> {
         match self.acquire(Wait::Until(None))? {
             Some(guard) => Ok(guard),
-            None => Err(Error::unexpected("a wait without deadline ended without the lock")),
+            None => Err(Error::unexpected(
+                "a wait without deadline ended without the lock",
+            )),
         }
     }
 
@@ -181,8 +183,13 @@ impl FairLock {
     pub fn hold_count(&self) -> Result<u32> {
         let (owner, count): (Option<String>, Option<u32>) =
             self.client.with_conn("reading the lock", |c| {
-                c.query(redis::cmd("HMGET").arg(&self.keys.lock).arg("owner").arg("count"))
-                    .map_err(|e| Error::from_redis("reading the lock", e))
+                c.query(
+                    redis::cmd("HMGET")
+                        .arg(&self.keys.lock)
+                        .arg("owner")
+                        .arg("count"),
+                )
+                .map_err(|e| Error::from_redis("reading the lock", e))
             })?;
         Ok(match (owner, count) {
             (Some(o), Some(n)) if o == self.client.flag() => n,
@@ -205,6 +212,24 @@ impl FairLock {
                 .filter(|s| !s.is_empty())),
             other => Err(Error::unexpected(&format!("force_unlock: {other:?}"))),
         }
+    }
+
+    /// Give up the queue place of the waiter `owner` (an owner flag, as from
+    /// [`LockClient::current_owner`](crate::LockClient::current_owner) on the waiting thread) and
+    /// hand on a grant that already reached it; if `owner` holds the lock, it is released too.
+    /// For a process that must exit while one of its threads is blocked in [`FairLock::lock`]
+    /// (the command-line tool on Ctrl-C): that call is not woken, so exit right after. Without
+    /// this the place lapses only when the janitor stops refreshing it, and a grant made to it
+    /// meanwhile waits to be revoked.
+    pub fn abandon_wait(&self, owner: &str) -> Result<()> {
+        let mut cmd = scripts::LEAVE.cmd(&self.keys);
+        cmd.arg(owner).arg("pass");
+        self.client
+            .with_conn("leaving the queue", |c| {
+                scripts::LEAVE.run(c, &cmd, "leaving the queue")
+            })
+            .and_then(scripts::parse_leave)
+            .map(|_| ())
     }
 
     /// Holder, hold count, lease left, fencing counter and the waiters in queue order.
@@ -251,8 +276,13 @@ impl FairLock {
     pub(crate) fn owns(&self, token: u64) -> Result<bool> {
         let (owner, tok): (Option<String>, Option<u64>) =
             self.client.with_conn("reading the lock", |c| {
-                c.query(redis::cmd("HMGET").arg(&self.keys.lock).arg("owner").arg("token"))
-                    .map_err(|e| Error::from_redis("reading the lock", e))
+                c.query(
+                    redis::cmd("HMGET")
+                        .arg(&self.keys.lock)
+                        .arg("owner")
+                        .arg("token"),
+                )
+                .map_err(|e| Error::from_redis("reading the lock", e))
             })?;
         Ok(owner.as_deref() == Some(&self.client.flag()) && tok == Some(token))
     }
@@ -268,7 +298,11 @@ impl FairLock {
         }
         let flag = self.client.flag();
         let meta = self.client.meta();
-        let mode = if matches!(wait, Wait::No) { "try" } else { "wait" };
+        let mode = if matches!(wait, Wait::No) {
+            "try"
+        } else {
+            "wait"
+        };
         let mut cmd = scripts::ACQUIRE.cmd(&self.keys);
         cmd.arg(&flag)
             .arg(self.lease_ms())
@@ -280,6 +314,7 @@ impl FairLock {
             Wait::Until(d) => d,
         };
         let mut failures = 0;
+        let mut queued = false;
         loop {
             let sent = Instant::now();
             let reply = self
@@ -288,46 +323,102 @@ impl FairLock {
                 .and_then(scripts::parse_acquire);
             let (server_ms, pttl_ms) = match reply {
                 Err(e) => {
-                    self.leave_after_error(&flag);
+                    // Nothing to leave if this call never got into the queue.
+                    if queued {
+                        self.leave_after_error(&flag);
+                    }
                     return Err(e);
                 }
                 Ok(Acquire::Granted { token, pttl_ms, .. }) => {
-                    return Ok(Some(LockGuard::new_hold(self, token, sent + ms(pttl_ms))));
+                    match self.fresh_hold(token, sent + ms(pttl_ms), &flag, &mut failures)? {
+                        Some(guard) => return Ok(Some(guard)),
+                        None => continue,
+                    }
                 }
                 Ok(Acquire::Busy { .. }) => return Ok(None),
                 Ok(Acquire::Queued {
                     server_ms, pttl_ms, ..
                 }) => (server_ms, pttl_ms),
             };
+            queued = true;
             let janitor = &self.client.janitor;
             janitor.register(&self.keys, &flag, self.lease_ms(), &meta, ms(pttl_ms));
             let outcome = self.wait_for_grant(&flag, deadline);
+            // Unregister before anything else touches the queue entry (leave, re-acquire), so the
+            // janitor never refreshes or re-queues an entry this thread is done with.
             janitor.unregister(&self.keys, &flag);
-            match outcome {
+            let (token, expires) = match outcome {
                 Ok(Waited::Handoff { token, grant_ms }) => {
                     // The grant's lease started at the server's grant_ms; map that onto our
                     // clock through the (sent, server_ms) pair of the acquire call, which can only
                     // make the estimate early, never late.
                     let lease = ms(self.lease_ms() as i64);
-                    let expires = sent + ms(grant_ms - server_ms) + lease;
-                    return Ok(Some(LockGuard::new_hold(self, token, expires)));
+                    (token, sent + ms(grant_ms - server_ms) + lease)
                 }
-                Ok(Waited::Claimed { token, pttl_ms, at }) => {
-                    return Ok(Some(LockGuard::new_hold(self, token, at + ms(pttl_ms))));
-                }
-                Ok(Waited::TimedOut) => return Ok(None),
+                Ok(Waited::Deadline) => match self.leave_at_deadline(&flag)? {
+                    Some((token, expires)) => (token, expires),
+                    None => return Ok(None),
+                },
                 Ok(Waited::Retry) => continue,
                 Err(e) if failures + 1 < MAX_WAIT_FAILURES => {
                     failures += 1;
-                    log::debug!("fairlock: waiting on {:?} failed ({e}); re-checking", self.name);
+                    log::debug!(
+                        "fairlock: waiting on {:?} failed ({e}); re-checking",
+                        self.name
+                    );
                     continue;
                 }
                 Err(e) => {
                     self.leave_after_error(&flag);
                     return Err(e);
                 }
+            };
+            if let Some(guard) = self.fresh_hold(token, expires, &flag, &mut failures)? {
+                return Ok(Some(guard));
             }
         }
+    }
+
+    /// Turn a grant into a guard, unless its lease already ran out by our (early) estimate: then
+    /// the reply was held up (a stalled network, a stopped process) and another owner may hold
+    /// the lock by now, so it must not become a guard. `None` means: run `acquire.lua` again (it
+    /// renews the grant if the lock is still ours, and queues us otherwise).
+    fn fresh_hold(
+        &self,
+        token: u64,
+        expires: Instant,
+        flag: &str,
+        failures: &mut u32,
+    ) -> Result<Option<LockGuard>> {
+        if Instant::now() < expires {
+            return Ok(Some(LockGuard::new_hold(self, token, expires)));
+        }
+        self.late_grant(flag, failures)?;
+        Ok(None)
+    }
+
+    /// A grant reached us after its lease had run out by our own (early) estimate: the reply was
+    /// held up (a stalled network, a stopped process) and another owner may hold the lock by now,
+    /// so it must not become a guard. Run `acquire.lua` again: it renews the grant if the lock is
+    /// still ours, and queues us otherwise. After `MAX_WAIT_FAILURES` late grants in a row, pass
+    /// the lock on and fail.
+    fn late_grant(&self, flag: &str, failures: &mut u32) -> Result<()> {
+        log::warn!(
+            "fairlock: a grant of {:?} arrived after its lease had run out; re-checking",
+            self.name
+        );
+        *failures += 1;
+        if *failures >= MAX_WAIT_FAILURES {
+            self.leave_after_error(flag);
+            return Err(Error::Connection {
+                during: "acquiring",
+                detail: format!(
+                    "{MAX_WAIT_FAILURES} grants arrived after their lease of {} ms had run out",
+                    self.lease_ms()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Block on the wake list until a hand-off, a retry request or the deadline.
@@ -344,7 +435,7 @@ impl FairLock {
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left < MIN_BLOCK {
-                        return self.leave_at_deadline(flag);
+                        return Ok(Waited::Deadline);
                     }
                     left.min(MAX_BLOCK)
                 }
@@ -372,17 +463,18 @@ impl FairLock {
         }
     }
 
-    /// The deadline passed: leave the queue, but keep a grant that reached us meanwhile.
-    fn leave_at_deadline(&self, flag: &str) -> Result<Waited> {
+    /// The deadline passed: leave the queue, but keep a grant that reached us meanwhile
+    /// (returned as its token and lease end).
+    fn leave_at_deadline(&self, flag: &str) -> Result<Option<(u64, Instant)>> {
         let mut cmd = scripts::LEAVE.cmd(&self.keys);
         cmd.arg(flag).arg("claim");
         let at = Instant::now();
-        let reply = self
-            .client
-            .with_conn("leaving the queue", |c| scripts::LEAVE.run(c, &cmd, "leaving the queue"))?;
+        let reply = self.client.with_conn("leaving the queue", |c| {
+            scripts::LEAVE.run(c, &cmd, "leaving the queue")
+        })?;
         Ok(match scripts::parse_leave(reply)? {
-            Leave::Granted { token, pttl_ms, .. } => Waited::Claimed { token, pttl_ms, at },
-            Leave::Left | Leave::Passed => Waited::TimedOut,
+            Leave::Granted { token, pttl_ms, .. } => Some((token, at + ms(pttl_ms))),
+            Leave::Left | Leave::Passed => None,
         })
     }
 
@@ -391,11 +483,14 @@ impl FairLock {
     fn leave_after_error(&self, flag: &str) {
         let mut cmd = scripts::LEAVE.cmd(&self.keys);
         cmd.arg(flag).arg("pass");
-        let result = self
-            .client
-            .with_conn("leaving the queue", |c| scripts::LEAVE.run(c, &cmd, "leaving the queue"));
+        let result = self.client.with_conn("leaving the queue", |c| {
+            scripts::LEAVE.run(c, &cmd, "leaving the queue")
+        });
         if let Err(e) = result {
-            log::debug!("fairlock: could not leave the queue of {:?}: {e}", self.name);
+            log::debug!(
+                "fairlock: could not leave the queue of {:?}: {e}",
+                self.name
+            );
         }
     }
 
@@ -404,9 +499,9 @@ impl FairLock {
         cmd.arg(self.client.flag())
             .arg(hold.token)
             .arg(hold.depth.get());
-        let reply = self
-            .client
-            .with_conn("re-entering", |c| scripts::REENTER.run(c, &cmd, "re-entering"))?;
+        let reply = self.client.with_conn("re-entering", |c| {
+            scripts::REENTER.run(c, &cmd, "re-entering")
+        })?;
         if scripts::int(&reply).unwrap_or(0) == 0 {
             hold.state
                 .lost
@@ -422,9 +517,11 @@ impl FairLock {
 }
 
 enum Waited {
+    /// HANDOFF: the lock was granted to us at the server's `grant_ms`.
     Handoff { token: u64, grant_ms: i64 },
-    Claimed { token: u64, pttl_ms: i64, at: Instant },
-    TimedOut,
+    /// The caller's deadline came; it still has to leave the queue.
+    Deadline,
+    /// NORMAL: our queue entry was dropped; run acquire again.
     Retry,
 }
 

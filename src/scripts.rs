@@ -90,7 +90,9 @@ pub(crate) fn text(v: &Value) -> Option<String> {
 pub(crate) fn int(v: &Value) -> Option<i64> {
     match v {
         Value::Int(i) => Some(*i),
-        Value::BulkString(_) | Value::SimpleString(_) => text(v)?.parse::<f64>().ok().map(|f| f as i64),
+        Value::BulkString(_) | Value::SimpleString(_) => {
+            text(v)?.parse::<f64>().ok().map(|f| f as i64)
+        }
         _ => None,
     }
 }
@@ -310,7 +312,16 @@ mod tests {
 
     #[test]
     fn scripts_are_distinct_and_start_with_common() {
-        for s in [&*ACQUIRE, &*REENTER, &*RELEASE, &*RENEW, &*LEAVE, &*FORCE_UNLOCK, &*HEARTBEAT, &*STATUS] {
+        for s in [
+            &*ACQUIRE,
+            &*REENTER,
+            &*RELEASE,
+            &*RENEW,
+            &*LEAVE,
+            &*FORCE_UNLOCK,
+            &*HEARTBEAT,
+            &*STATUS,
+        ] {
             assert!(s.code.starts_with(COMMON));
             assert_eq!(s.sha.len(), 40);
         }

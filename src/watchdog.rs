@@ -73,7 +73,9 @@ impl Watchdog {
     ) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // First renewal when a third of the lease has passed (measured from the grant).
-        let due = expires.checked_sub(lease * 2 / 3).unwrap_or_else(Instant::now);
+        let due = expires
+            .checked_sub(lease * 2 / 3)
+            .unwrap_or_else(Instant::now);
         self.registry.lock().entries.insert(
             id,
             Renewal {
@@ -119,7 +121,9 @@ fn renew_due(pool: &r2d2::Pool<Manager>, registry: &Mutex<Registry>) {
         .filter(|(_, r)| r.due <= now + Duration::from_millis(5))
         .map(|(id, r)| {
             let mut cmd = scripts::RENEW.cmd(&r.keys);
-            cmd.arg(&r.flag).arg(r.token).arg(r.lease.as_millis() as u64);
+            cmd.arg(&r.flag)
+                .arg(r.token)
+                .arg(r.lease.as_millis() as u64);
             (*id, cmd)
         })
         .collect();
@@ -167,7 +171,10 @@ fn renew_due(pool: &r2d2::Pool<Manager>, registry: &Mutex<Registry>) {
                     r.state.lost.store(true, Ordering::SeqCst);
                     reg.entries.remove(id);
                 } else {
-                    log::warn!("fairlock: renewing lock {:?} failed ({e}); retrying", r.name);
+                    log::warn!(
+                        "fairlock: renewing lock {:?} failed ({e}); retrying",
+                        r.name
+                    );
                     r.due = Instant::now() + (r.lease / 10).min(Duration::from_millis(500));
                 }
             }
@@ -210,4 +217,3 @@ pub(crate) fn send_pipeline(
 fn send(pool: &r2d2::Pool<Manager>, pipe: &redis::Pipeline) -> Result<Vec<Value>> {
     send_pipeline(pool, pipe, &scripts::RENEW, "renewing leases")
 }
-
