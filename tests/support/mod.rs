@@ -2,7 +2,11 @@
 //!
 //! Every test starts its own server on a free port in a temp dir (no persistence unless asked)
 //! and the server is killed when the handle drops. Child processes are this same test binary
-//! re-invoked with `FAIRLOCK_CHILD=<role>`: see [`spawn_child`] and [`child_role`].
+//! re-invoked with `FAIRLOCK_CHILD=<role>`: see [`spawn_child`] and [`child_role`], or
+//! [`Worker`], which collects every line a child prints, can write to its stdin and kills it on
+//! drop. In the child: [`say`] prints a `PREFIX rest` line, [`hear`] reads a line from the parent,
+//! [`child_time_limit`] bounds its life, [`env_arg`] reads its parameters and
+//! [`client_for_url`] / [`client_for_url_with`] build its client.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
@@ -85,7 +89,11 @@ impl RedisServer {
                     return;
                 }
             }
-            assert!(Instant::now() < deadline, "redis-server on port {} did not start", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} did not start",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -208,8 +216,8 @@ pub fn read_line_with(child: &mut Child, prefix: &str, timeout: Duration) -> Opt
             match reader.read_line(&mut line) {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {
-                    if let Some(rest) = line.trim_end().strip_prefix(&prefix) {
-                        let _ = tx.send(rest.trim().to_string());
+                    if let Some(rest) = after_prefix(&line, &prefix) {
+                        let _ = tx.send(rest);
                         // keep draining so the child never blocks on a full pipe
                         let mut sink = String::new();
                         while reader.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
@@ -222,6 +230,17 @@ pub fn read_line_with(child: &mut Child, prefix: &str, timeout: Duration) -> Opt
         }
     });
     rx.recv_timeout(timeout).ok()
+}
+
+/// The rest of `line` after `prefix`, trimmed. The prefix may follow other text: the test harness
+/// prints `test <name> ... ` without a newline before the child's first line.
+fn after_prefix(line: &str, prefix: &str) -> Option<String> {
+    let line = line.trim_end();
+    if let Some(rest) = line.strip_prefix(prefix) {
+        return Some(rest.trim().to_string());
+    }
+    let at = line.find(&format!(" ... {prefix}"))?;
+    Some(line[at + 5 + prefix.len()..].trim().to_string())
 }
 
 /// Wait for a child to exit, killing it after `timeout`. Returns whether it exited successfully.
@@ -251,5 +270,241 @@ pub fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
             return false;
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A client for tests with settings changed from [`client`]'s (janitor 200 ms, short timeouts).
+pub fn client_with(
+    server: &RedisServer,
+    configure: impl FnOnce(fairlock::LockClientBuilder) -> fairlock::LockClientBuilder,
+) -> fairlock::LockClient {
+    let builder = fairlock::LockClient::builder(&server.url())
+        .janitor_interval(Duration::from_millis(200))
+        .connect_timeout(Duration::from_secs(2))
+        .read_timeout(Duration::from_secs(5));
+    configure(builder).build().expect("connect to test redis")
+}
+
+impl RedisServer {
+    /// The keys of lock `name` under the default prefix (`fairlock:{name}...`), sorted.
+    pub fn lock_keys(&self, name: &str) -> Vec<String> {
+        let mut keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("fairlock:{{{name}}}*"))
+            .query(&mut self.conn())
+            .unwrap();
+        keys.sort();
+        keys
+    }
+
+    /// PTTL of a key in ms (-2: missing, -1: no TTL).
+    pub fn pttl(&self, key: &str) -> i64 {
+        redis::cmd("PTTL").arg(key).query(&mut self.conn()).unwrap()
+    }
+
+    /// One field of `INFO commandstats`, e.g. `calls` of `blpop`; 0 when the command never ran.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.conn())
+            .unwrap();
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// `total_commands_processed` from `INFO stats`.
+    pub fn total_commands(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query(&mut self.conn())
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// Microseconds since the Unix epoch on this machine's clock (for comparing moments between a
+/// test and its child processes on the same machine; the library itself never uses it).
+pub fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// A child process running a role of a test (see [`spawn_child`]), with every stdout line
+/// collected by a reader thread and stdin open for commands. Killed when dropped.
+pub struct Worker {
+    pub role: String,
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    stdin: Option<std::process::ChildStdin>,
+}
+
+impl Worker {
+    /// Start `test_name` of this test binary as a child with `FAIRLOCK_CHILD=role`.
+    pub fn spawn(test_name: &str, role: &str, env: &[(&str, String)]) -> Worker {
+        let exe = std::env::current_exe().expect("current test binary");
+        let mut cmd = Command::new(exe);
+        cmd.arg("--exact")
+            .arg(test_name)
+            .arg("--nocapture")
+            .arg("--test-threads=1")
+            .env("FAIRLOCK_CHILD", role)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn child test process");
+        let stdout = child.stdout.take().unwrap();
+        let stdin = child.stdin.take();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Worker {
+            role: role.to_string(),
+            child,
+            lines,
+            stdin,
+        }
+    }
+
+    /// The next line starting with `prefix` (others are skipped), without the prefix; `None` when
+    /// none came within `timeout` or the child's stdout closed.
+    pub fn try_expect(&mut self, prefix: &str, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self.lines.recv_timeout(left).ok()?;
+            if let Some(rest) = after_prefix(&line, prefix) {
+                return Some(rest);
+            }
+        }
+    }
+
+    /// Like [`Worker::try_expect`] but panics, naming the role, when the line does not come.
+    pub fn expect(&mut self, prefix: &str, timeout: Duration) -> String {
+        match self.try_expect(prefix, timeout) {
+            Some(rest) => rest,
+            None => panic!(
+                "child {:?} printed no line starting with {prefix:?} within {timeout:?}",
+                self.role
+            ),
+        }
+    }
+
+    /// Send one line to the child's stdin.
+    pub fn send(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().expect("child stdin");
+        writeln!(stdin, "{line}").expect("write to child");
+        stdin.flush().unwrap();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL the child and reap it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Wait for the child to exit (killing it after `timeout`); true when it exited successfully.
+    pub fn wait(&mut self, timeout: Duration) -> bool {
+        self.stdin = None;
+        wait_child(&mut self.child, timeout)
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// In a child: print one `PREFIX rest` line for the parent (stdout is line-buffered).
+pub fn say(prefix: &str, rest: impl std::fmt::Display) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{prefix} {rest}");
+    let _ = out.flush();
+}
+
+/// In a child: the next line the parent sent ("" when the parent closed stdin).
+pub fn hear() -> String {
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    line.trim().to_string()
+}
+
+/// In a child: exit with status 3 after `limit` whatever happens, so no child outlives a test.
+pub fn child_time_limit(limit: Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        eprintln!("child {:?}: time limit {limit:?} reached", child_role());
+        std::process::exit(3);
+    });
+}
+
+/// An environment variable a parent passed to its child, parsed.
+pub fn env_arg<T: std::str::FromStr>(name: &str) -> T {
+    std::env::var(name)
+        .unwrap_or_else(|_| panic!("child needs {name}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("bad {name}"))
+}
+
+/// In a child: a client for the server at `url` with the same settings as [`client`].
+pub fn client_for_url(url: &str) -> fairlock::LockClient {
+    fairlock::LockClient::builder(url)
+        .janitor_interval(Duration::from_millis(200))
+        .connect_timeout(Duration::from_secs(2))
+        .read_timeout(Duration::from_secs(5))
+        .build()
+        .expect("connect to test redis")
+}
+
+/// In a child: like [`client_for_url`] with other settings.
+pub fn client_for_url_with(
+    url: &str,
+    configure: impl FnOnce(fairlock::LockClientBuilder) -> fairlock::LockClientBuilder,
+) -> fairlock::LockClient {
+    let builder = fairlock::LockClient::builder(url)
+        .janitor_interval(Duration::from_millis(200))
+        .connect_timeout(Duration::from_secs(2))
+        .read_timeout(Duration::from_secs(5));
+    configure(builder).build().expect("connect to test redis")
+}
+
+impl RedisServer {
+    /// Wait (up to 3 s) until the keys of lock `name` are exactly `expected`, else panic showing
+    /// the keys last seen. A waiter's wake list may outlive its wait by up to 3 janitor
+    /// intervals: a heartbeat already on its way when the waiter left tells it to "retry" with
+    /// that TTL.
+    pub fn assert_lock_keys(&self, name: &str, expected: &[&str]) {
+        let mut last = vec![];
+        let settled = eventually(Duration::from_secs(3), || {
+            last = self.lock_keys(name);
+            last == expected
+        });
+        assert!(
+            settled,
+            "keys of lock {name:?}: {last:?}, expected {expected:?}"
+        );
     }
 }

@@ -1,0 +1,446 @@
+//! Basic behaviour against a real redis-server: lock/release, the keys left behind, reentrancy,
+//! ownership of a release, `try_lock`/`try_lock_for` and `status`.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use fairlock::Error;
+use support::{eventually, RedisServer};
+
+const SECS_5: Duration = Duration::from_secs(5);
+
+#[test]
+fn lock_and_unlock_leave_only_the_fence_and_a_short_receipt() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("basic").unwrap();
+    assert!(!lock.is_locked().unwrap());
+
+    let guard = lock.lock().unwrap();
+    assert_eq!(guard.fencing_token(), 1);
+    assert_eq!(guard.depth(), 1);
+    assert!(guard.is_held().unwrap());
+    assert!(!guard.is_lost());
+    assert!(lock.is_locked().unwrap());
+    assert!(lock.is_held_by_current_thread().unwrap());
+    assert_eq!(lock.hold_count().unwrap(), 1);
+    assert_eq!(
+        server.lock_keys("basic"),
+        ["fairlock:{basic}", "fairlock:{basic}:fence"]
+    );
+    // the lock hash carries the lease as its TTL (default 30 s)
+    let pttl = server.pttl("fairlock:{basic}");
+    assert!(pttl > 0 && pttl <= 30_000, "lock TTL {pttl} ms");
+
+    guard.unlock().unwrap();
+    assert!(!lock.is_locked().unwrap());
+    assert!(!lock.is_held_by_current_thread().unwrap());
+    assert_eq!(lock.hold_count().unwrap(), 0);
+    assert_eq!(
+        server.lock_keys("basic"),
+        ["fairlock:{basic}:fence", "fairlock:{basic}:released"]
+    );
+    // the fence has no TTL; the release receipt expires within 10 s
+    assert_eq!(server.pttl("fairlock:{basic}:fence"), -1);
+    let receipt = server.pttl("fairlock:{basic}:released");
+    assert!(receipt > 0 && receipt <= 10_000, "receipt TTL {receipt} ms");
+    // nothing else on the server
+    assert_eq!(server.keys().len(), 2, "{:?}", server.keys());
+
+    // drop releases too
+    {
+        let g = lock.lock().unwrap();
+        assert_eq!(g.fencing_token(), 2);
+    }
+    assert!(!lock.is_locked().unwrap());
+}
+
+#[test]
+fn contended_session_leaves_no_queue_waiter_or_wake_keys() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("busy").unwrap();
+    let inside = Arc::new(AtomicU32::new(0));
+    let acquisitions = Arc::new(AtomicU32::new(0));
+    let holder = lock.lock().unwrap();
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let lock = lock.clone();
+            let inside = inside.clone();
+            let acquisitions = acquisitions.clone();
+            thread::spawn(move || {
+                for _ in 0..10 {
+                    let g = lock.lock().unwrap();
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    acquisitions.fetch_add(1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    g.unlock().unwrap();
+                }
+            })
+        })
+        .collect();
+    // all four queued behind the holder: queue, waiters and (soon) wake lists exist
+    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 4));
+    let keys = server.lock_keys("busy");
+    assert!(
+        keys.contains(&"fairlock:{busy}:queue".to_string()),
+        "{keys:?}"
+    );
+    assert!(
+        keys.contains(&"fairlock:{busy}:waiters".to_string()),
+        "{keys:?}"
+    );
+    holder.unlock().unwrap();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(acquisitions.load(Ordering::SeqCst), 40);
+    server.assert_lock_keys(
+        "busy",
+        &["fairlock:{busy}:fence", "fairlock:{busy}:released"],
+    );
+    let status = lock.status().unwrap();
+    assert!(status.holder.is_none());
+    assert!(status.waiters.is_empty());
+    assert_eq!(status.fencing_counter, 41);
+}
+
+#[test]
+fn reentrancy_depth_three_makes_another_thread_wait_for_all_three_releases() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("reentrant").unwrap();
+
+    let g1 = lock.lock().unwrap();
+    let g2 = lock.lock().unwrap();
+    let g3 = lock.try_lock().unwrap().expect("re-entry by try_lock");
+    let token = g1.fencing_token();
+    assert_eq!(g2.fencing_token(), token);
+    assert_eq!(g3.fencing_token(), token);
+    assert_eq!(lock.hold_count().unwrap(), 3);
+    assert_eq!(g3.depth(), 3);
+    assert_eq!(lock.status().unwrap().holder.unwrap().hold_count, 3);
+
+    let acquired = Arc::new(AtomicBool::new(false));
+    let other = {
+        let lock = lock.clone();
+        let acquired = acquired.clone();
+        thread::spawn(move || {
+            // another thread of the same process is another owner
+            assert_eq!(lock.hold_count().unwrap(), 0);
+            assert!(lock.try_lock().unwrap().is_none());
+            let g = lock.lock().unwrap();
+            acquired.store(true, Ordering::SeqCst);
+            assert_eq!(g.depth(), 1);
+            assert_eq!(lock.hold_count().unwrap(), 1);
+            let t = g.fencing_token();
+            g.unlock().unwrap();
+            t
+        })
+    };
+    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 1));
+
+    drop(g3);
+    thread::sleep(Duration::from_millis(300));
+    assert!(
+        !acquired.load(Ordering::SeqCst),
+        "acquired while depth 2 held"
+    );
+    assert_eq!(lock.hold_count().unwrap(), 2);
+
+    g2.unlock().unwrap();
+    thread::sleep(Duration::from_millis(300));
+    assert!(
+        !acquired.load(Ordering::SeqCst),
+        "acquired while depth 1 held"
+    );
+    assert_eq!(lock.hold_count().unwrap(), 1);
+    assert_eq!(lock.status().unwrap().waiters.len(), 1);
+
+    g1.unlock().unwrap();
+    let other_token = other.join().unwrap();
+    assert!(acquired.load(Ordering::SeqCst));
+    assert!(other_token > token);
+    assert!(!lock.is_locked().unwrap());
+}
+
+#[test]
+fn late_release_after_expiry_is_refused_and_the_new_owner_keeps_the_lock() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("late").unwrap();
+    let short = lock.with_fixed_lease(Duration::from_millis(200)).unwrap();
+
+    let old = short.lock().unwrap();
+    let old_token = old.fencing_token();
+    assert!(
+        eventually(SECS_5, || !lock.is_locked().unwrap()),
+        "fixed lease never ran out"
+    );
+    assert!(old.is_lost());
+    assert!(!old.is_held().unwrap());
+
+    // another thread takes it and keeps it while the old guard tries to release
+    let (took_tx, took_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let owner = {
+        let lock = lock.clone();
+        let client = client.clone();
+        thread::spawn(move || {
+            let g = lock.lock().unwrap();
+            took_tx
+                .send((g.fencing_token(), client.current_owner()))
+                .unwrap();
+            done_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+            assert!(
+                g.is_held().unwrap(),
+                "new owner lost the lock to a late release"
+            );
+            g.unlock().unwrap();
+        })
+    };
+    let (new_token, new_owner) = took_rx.recv_timeout(SECS_5).unwrap();
+    assert!(new_token > old_token);
+
+    match old.unlock() {
+        Err(Error::NotHeld { name, holder }) => {
+            assert_eq!(name, "late");
+            assert_eq!(holder.as_deref(), Some(new_owner.as_str()));
+        }
+        other => panic!("late release returned {other:?}"),
+    }
+    // nothing changed: the new owner still holds it with its token and its lease
+    let st = lock.status().unwrap();
+    let h = st.holder.expect("new owner lost the lock");
+    assert_eq!(h.origin.owner, new_owner);
+    assert_eq!(h.fencing_token, new_token);
+    assert_eq!(h.hold_count, 1);
+    assert!(h.lease_remaining > Duration::from_secs(20));
+    done_tx.send(()).unwrap();
+    owner.join().unwrap();
+}
+
+#[test]
+fn release_of_an_expired_free_lock_is_refused_and_changes_nothing() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client
+        .lock("expired")
+        .unwrap()
+        .with_fixed_lease(Duration::from_millis(200))
+        .unwrap();
+    let guard = lock.lock().unwrap();
+    assert!(eventually(SECS_5, || !lock.is_locked().unwrap()));
+    match guard.unlock() {
+        Err(e @ Error::NotHeld { holder: None, .. }) => {
+            assert!(e.to_string().contains("not held"), "{e}");
+        }
+        other => panic!("release after expiry returned {other:?}"),
+    }
+    assert!(!lock.is_locked().unwrap());
+    // the thread's record of the hold is gone: the next lock() is a fresh hold, not a re-entry
+    let again = lock.lock().unwrap();
+    assert_eq!(again.fencing_token(), 2);
+    assert_eq!(again.depth(), 1);
+    again.unlock().unwrap();
+}
+
+#[test]
+fn force_unlock_makes_the_old_guards_release_fail_and_its_watchdog_never_renews_the_new_owner() {
+    let server = RedisServer::start();
+    let a = support::client_with(&server, |b| b.lease(Duration::from_millis(900)));
+    let b = support::client(&server);
+    let admin = support::client(&server);
+    let lock_a = a.lock("forced").unwrap();
+    let lock_b = b
+        .lock("forced")
+        .unwrap()
+        .with_fixed_lease(Duration::from_millis(1000))
+        .unwrap();
+
+    let ga = lock_a.lock().unwrap();
+    let former = admin.lock("forced").unwrap().force_unlock().unwrap();
+    assert_eq!(former.as_deref(), Some(a.current_owner().as_str()));
+    assert!(!lock_a.is_locked().unwrap());
+
+    // B (same thread, other client: another owner) takes it with a fixed 1 s lease
+    let gb = lock_b.try_lock().unwrap().expect("free after force_unlock");
+    assert!(gb.fencing_token() > ga.fencing_token());
+    // A's watchdog (renewing every 300 ms) must never extend B's lease: PTTL only goes down
+    let mut last = server.pttl("fairlock:{forced}");
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(700) {
+        let p = server.pttl("fairlock:{forced}");
+        if p < 0 {
+            break;
+        }
+        assert!(p <= last + 5, "B's lease was extended: {last} -> {p} ms");
+        last = p;
+        thread::sleep(Duration::from_millis(20));
+    }
+    // the renewal found the lock taken: A's guard knows it is lost
+    assert!(
+        eventually(SECS_5, || ga.is_lost()),
+        "A's guard not marked lost"
+    );
+    assert!(!ga.is_held().unwrap());
+    assert!(matches!(ga.unlock(), Err(Error::NotHeld { .. })));
+    // B's fixed lease runs out on time (nobody renewed it)
+    assert!(eventually(SECS_5, || !lock_b.is_locked().unwrap()));
+    assert!(matches!(
+        gb.unlock(),
+        Err(Error::NotHeld { holder: None, .. })
+    ));
+    assert_eq!(admin.lock("forced").unwrap().force_unlock().unwrap(), None);
+}
+
+#[test]
+fn try_lock_never_waits_and_never_queues() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("try").unwrap();
+
+    let g = lock.try_lock().unwrap().expect("free lock");
+    let token = g.fencing_token();
+    let other = {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            let start = Instant::now();
+            for _ in 0..20 {
+                assert!(lock.try_lock().unwrap().is_none());
+            }
+            start.elapsed()
+        })
+    };
+    let took = other.join().unwrap();
+    assert!(took < Duration::from_secs(10), "20 try_locks took {took:?}");
+    let st = lock.status().unwrap();
+    assert!(st.waiters.is_empty(), "{st:?}");
+    assert_eq!(st.holder.unwrap().fencing_token, token);
+    assert_eq!(st.fencing_counter, token, "a failed try_lock used a token");
+    assert_eq!(
+        server.lock_keys("try"),
+        ["fairlock:{try}", "fairlock:{try}:fence"]
+    );
+    g.unlock().unwrap();
+}
+
+#[test]
+fn try_lock_for_gives_up_in_bounded_time_and_leaves_no_queue_entry() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("tryfor").unwrap();
+    let g = lock.lock().unwrap();
+
+    let waiter = {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            let start = Instant::now();
+            let got = lock.try_lock_for(Duration::from_millis(800)).unwrap();
+            (got.is_some(), start.elapsed())
+        })
+    };
+    // while it waits it is queued
+    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 1));
+    let (got, waited) = waiter.join().unwrap();
+    assert!(!got, "try_lock_for got a held lock");
+    assert!(
+        waited >= Duration::from_millis(750),
+        "gave up early: {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(5), "gave up late: {waited:?}");
+    assert!(lock.status().unwrap().waiters.is_empty());
+    // no queue entry at once; only a stale wake list may linger briefly (see assert_lock_keys)
+    let keys = server.lock_keys("tryfor");
+    assert!(
+        keys.iter()
+            .all(|k| !k.ends_with(":queue") && !k.ends_with(":waiters")),
+        "{keys:?}"
+    );
+    server.assert_lock_keys("tryfor", &["fairlock:{tryfor}", "fairlock:{tryfor}:fence"]);
+
+    // try_lock_until with a deadline in the past: one attempt, no wait
+    let past = {
+        let lock = lock.clone();
+        thread::spawn(move || lock.try_lock_until(Instant::now()).unwrap().is_some())
+    };
+    assert!(!past.join().unwrap());
+    g.unlock().unwrap();
+    server.assert_lock_keys(
+        "tryfor",
+        &["fairlock:{tryfor}:fence", "fairlock:{tryfor}:released"],
+    );
+}
+
+#[test]
+fn try_lock_for_gets_a_lock_released_within_its_time() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("tryfor-ok").unwrap();
+    let g = lock.lock().unwrap();
+    let waiter = {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            let g = lock.try_lock_for(Duration::from_secs(20)).unwrap();
+            g.map(|g| g.fencing_token())
+        })
+    };
+    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 1));
+    thread::sleep(Duration::from_millis(200));
+    let released = Instant::now();
+    g.unlock().unwrap();
+    let token = waiter.join().unwrap().expect("try_lock_for timed out");
+    assert_eq!(token, 2);
+    assert!(released.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn status_names_the_holder_and_the_waiters_in_queue_order() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("status").unwrap();
+    let empty = lock.status().unwrap();
+    assert_eq!(empty.name, "status");
+    assert!(empty.holder.is_none() && empty.waiters.is_empty());
+    assert_eq!(empty.fencing_counter, 0);
+
+    let g = lock.lock().unwrap();
+    let mut threads = vec![];
+    for i in 0..3 {
+        let waiter = lock.clone();
+        threads.push(
+            thread::Builder::new()
+                .name(format!("waiter-{i}"))
+                .spawn(move || waiter.lock().unwrap().unlock().unwrap())
+                .unwrap(),
+        );
+        // queue them one after another so the order is known
+        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == i + 1));
+    }
+    let st = lock.status().unwrap();
+    let h = st.holder.unwrap();
+    assert_eq!(h.origin.owner, client.current_owner());
+    assert_eq!(h.origin.pid, std::process::id());
+    assert_eq!(h.hold_count, 1);
+    assert_eq!(h.fencing_token, g.fencing_token());
+    assert!(h.lease_remaining <= Duration::from_secs(30));
+    let names: Vec<_> = st
+        .waiters
+        .iter()
+        .map(|w| w.origin.thread.as_str())
+        .collect();
+    assert_eq!(names, ["waiter-0", "waiter-1", "waiter-2"]);
+    assert!(st
+        .waiters
+        .iter()
+        .all(|w| w.origin.pid == std::process::id()));
+    g.unlock().unwrap();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(lock.status().unwrap().waiters.is_empty());
+}

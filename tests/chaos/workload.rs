@@ -1,0 +1,316 @@
+//! The worker process: T threads take the workload's locks in a loop through the proxy and, in
+//! each critical section, do a read-modify-write on the lock's counter (GET, sleep, SET: not
+//! INCR, so a second owner loses updates) and a fenced write on the lock's resource.
+//! Library errors are recorded, never fatal. The parent stops the worker by closing its stdin.
+
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::history::{now_ns, History};
+
+pub const ENV_URL: &str = "FAIRLOCK_CHAOS_URL";
+pub const ENV_HISTORY: &str = "FAIRLOCK_CHAOS_HISTORY";
+pub const ENV_THREADS: &str = "FAIRLOCK_CHAOS_THREADS";
+pub const ENV_LOCKS: &str = "FAIRLOCK_CHAOS_LOCKS";
+pub const ENV_LIMIT: &str = "FAIRLOCK_CHAOS_LIMIT_SECS";
+
+/// The workload's settings (the parent's checker uses the same).
+pub const LEASE: Duration = Duration::from_secs(1);
+pub const JANITOR: Duration = Duration::from_millis(200);
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// The resource side of fencing (README, "Fencing"), plus what the checker needs: a sequence
+/// number in Redis's execution order and an epoch that changes when the resource is lost (a
+/// restart without persistence), so accepted writes can be put in order.
+/// KEYS[1] = resource hash; ARGV[1] = token, ARGV[2] = writer.
+/// Returns {'ok', seq, epoch} | {'stale', highest token accepted, epoch}.
+const FENCED_WRITE: &str = r#"
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not epoch then
+  local t = redis.call('TIME')
+  epoch = t[1] .. '.' .. t[2]
+  redis.call('HSET', KEYS[1], 'epoch', epoch)
+end
+local max = tonumber(redis.call('HGET', KEYS[1], 'max') or '0')
+local token = tonumber(ARGV[1])
+if token < max then return { 'stale', max, epoch } end
+local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+redis.call('HSET', KEYS[1], 'max', ARGV[1], 'value', ARGV[2])
+return { 'ok', seq, epoch }
+"#;
+
+pub fn counter_key(lock: &str) -> String {
+    format!("chaos:{{{lock}}}:counter")
+}
+
+pub fn resource_key(lock: &str) -> String {
+    format!("chaos:{{{lock}}}:resource")
+}
+
+/// xorshift64*: enough randomness for choosing locks and sleeps, no dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+}
+
+static HISTORY: OnceLock<Arc<History>> = OnceLock::new();
+
+/// Sends the library's warnings to the history (they explain many fault-time events).
+struct HistoryLogger;
+
+impl log::Log for HistoryLogger {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::Level::Warn
+    }
+
+    fn log(&self, record: &log::Record) {
+        if let Some(h) = HISTORY.get() {
+            if self.enabled(record.metadata()) {
+                h.log("-", &format!("LOG {} {}", record.level(), record.args()));
+            }
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+fn env<T: std::str::FromStr>(name: &str) -> T {
+    std::env::var(name)
+        .unwrap_or_else(|_| panic!("worker needs {name}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("bad {name}"))
+}
+
+/// The worker's main. Exits the process itself: 0 when every thread finished after the stop.
+pub fn run() -> ! {
+    let url: String = env(ENV_URL);
+    let path: String = env(ENV_HISTORY);
+    let threads: usize = env(ENV_THREADS);
+    let locks: Vec<String> = env::<String>(ENV_LOCKS)
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    let limit = Duration::from_secs(env(ENV_LIMIT));
+    thread::spawn(move || {
+        thread::sleep(limit);
+        eprintln!(
+            "chaos worker {}: time limit {limit:?} reached",
+            std::process::id()
+        );
+        std::process::exit(3);
+    });
+
+    let history = Arc::new(History::create(std::path::Path::new(&path)));
+    let _ = HISTORY.set(history.clone());
+    let _ = log::set_logger(&HistoryLogger);
+    log::set_max_level(log::LevelFilter::Warn);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            // the parent closes our stdin to stop us (and so does its death)
+            let mut sink = Vec::new();
+            let _ = std::io::stdin().read_to_end(&mut sink);
+            stop.store(true, Ordering::SeqCst);
+        });
+    }
+
+    // Redis may be restarting or black-holed right now: keep trying for a while.
+    let started = Instant::now();
+    let client = loop {
+        match fairlock::LockClient::builder(&url)
+            .lease(LEASE)
+            .janitor_interval(JANITOR)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_TIMEOUT)
+            .build()
+        {
+            Ok(c) => break c,
+            Err(e) if started.elapsed() < Duration::from_secs(30) => {
+                history.log("-", &format!("ERR - build {e}"));
+                thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("chaos worker cannot connect: {e}"),
+        }
+    };
+
+    let (done_tx, done_rx) = mpsc::channel();
+    for i in 0..threads {
+        let client = client.clone();
+        let history = history.clone();
+        let locks = locks.clone();
+        let stop = stop.clone();
+        let url = url.clone();
+        let done = done_tx.clone();
+        thread::Builder::new()
+            .name(format!("w{i}"))
+            .spawn(move || {
+                let seed = u64::from(std::process::id()) << 16 | i as u64;
+                worker_thread(&client, &history, &locks, &stop, &url, i, seed);
+                let _ = done.send(i);
+            })
+            .expect("worker thread");
+    }
+    drop(done_tx);
+
+    // Every thread must finish within a bound once told to stop (a waiter gets its turn).
+    while !stop.load(Ordering::SeqCst) {
+        thread::sleep(Duration::from_millis(20));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut finished = 0;
+    while finished < threads {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match done_rx.recv_timeout(left) {
+            Ok(_) => finished += 1,
+            Err(_) => {
+                history.log("-", "ERR - stop threads still running 20 s after the stop");
+                eprintln!("chaos worker: {} threads did not stop", threads - finished);
+                std::process::exit(4);
+            }
+        }
+    }
+    history.log("-", "PHASE exit");
+    std::process::exit(0);
+}
+
+/// A plain connection (through the proxy) for the counter and the resource.
+fn resource_conn(url: &str) -> redis::RedisResult<redis::Connection> {
+    let c = redis::Client::open(url)?.get_connection_with_timeout(CONNECT_TIMEOUT)?;
+    c.set_read_timeout(Some(READ_TIMEOUT))?;
+    c.set_write_timeout(Some(READ_TIMEOUT))?;
+    Ok(c)
+}
+
+fn worker_thread(
+    client: &fairlock::LockClient,
+    h: &History,
+    locks: &[String],
+    stop: &AtomicBool,
+    url: &str,
+    me: usize,
+    seed: u64,
+) {
+    let th = me.to_string();
+    let mut rng = Rng::new(seed);
+    let handles: Vec<_> = locks.iter().map(|n| client.lock(n).unwrap()).collect();
+    let script = redis::Script::new(FENCED_WRITE);
+    let mut conn: Option<redis::Connection> = None;
+    while !stop.load(Ordering::SeqCst) {
+        let pick = rng.range(0, handles.len() as u64 - 1) as usize;
+        let (lock, name) = (&handles[pick], &locks[pick]);
+        h.log(&th, &format!("REQ {name}"));
+        let guard = match lock.lock() {
+            Ok(g) => g,
+            Err(e) => {
+                h.log(&th, &format!("ERR {name} lock {e}"));
+                thread::sleep(ERROR_PAUSE);
+                continue;
+            }
+        };
+        let token = guard.fencing_token();
+        let left = guard.expires_in().as_micros();
+        h.log(&th, &format!("ACQ {name} {token} {left}"));
+        let ok = critical_section(h, &th, name, token, &mut conn, url, &script, &mut rng);
+        let t = now_ns();
+        let lost = u8::from(guard.is_lost());
+        match guard.unlock() {
+            Ok(()) => h.log_at(t, &th, &format!("REL {name} ok {lost}")),
+            Err(e) => {
+                h.log_at(t, &th, &format!("REL {name} err {lost} {e}"));
+                thread::sleep(ERROR_PAUSE);
+            }
+        }
+        if !ok {
+            conn = None;
+            thread::sleep(ERROR_PAUSE);
+        }
+        // think time outside the lock
+        thread::sleep(Duration::from_micros(rng.range(0, 2000)));
+    }
+}
+
+/// GET counter, sleep 0-3 ms, SET counter+1, fenced write. False after an error.
+#[allow(clippy::too_many_arguments)]
+fn critical_section(
+    h: &History,
+    th: &str,
+    name: &str,
+    token: u64,
+    conn: &mut Option<redis::Connection>,
+    url: &str,
+    script: &redis::Script,
+    rng: &mut Rng,
+) -> bool {
+    if conn.is_none() {
+        match resource_conn(url) {
+            Ok(c) => *conn = Some(c),
+            Err(e) => {
+                h.log(th, &format!("ERR {name} connect {e}"));
+                return false;
+            }
+        }
+    }
+    let c = conn.as_mut().unwrap();
+    let before: Option<u64> = match redis::cmd("GET").arg(counter_key(name)).query(c) {
+        Ok(v) => v,
+        Err(e) => {
+            h.log(th, &format!("ERR {name} get {e}"));
+            return false;
+        }
+    };
+    let before = before.unwrap_or(0);
+    thread::sleep(Duration::from_micros(rng.range(0, 3000)));
+    let set: redis::RedisResult<()> = redis::cmd("SET")
+        .arg(counter_key(name))
+        .arg(before + 1)
+        .query(c);
+    if let Err(e) = set {
+        h.log(th, &format!("CS {name} {before} ?"));
+        h.log(th, &format!("ERR {name} set {e}"));
+        return false;
+    }
+    h.log(th, &format!("CS {name} {before} {}", before + 1));
+    let writer = format!("{}:{th}:{token}", std::process::id());
+    let reply: redis::RedisResult<(String, u64, String)> = script
+        .key(resource_key(name))
+        .arg(token)
+        .arg(writer)
+        .invoke(c);
+    match reply {
+        Ok((status, n, epoch)) if status == "ok" => {
+            h.log(th, &format!("FENCE {name} {token} ok {n} {epoch}"));
+            true
+        }
+        Ok((_, max, _)) => {
+            h.log(th, &format!("FENCE {name} {token} stale {max}"));
+            true
+        }
+        Err(e) => {
+            h.log(th, &format!("FENCE {name} {token} unknown"));
+            h.log(th, &format!("ERR {name} fence {e}"));
+            false
+        }
+    }
+}

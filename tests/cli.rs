@@ -1,0 +1,638 @@
+//! The `fairlock` command-line tool, run as a real process against a real redis-server.
+//!
+//! Each test starts its own server on a free loopback port. Every wait is bounded; the only
+//! timing assertions are generous upper bounds (and one lower bound that `--wait` guarantees).
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use support::{eventually, RedisServer};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fairlock");
+/// Upper bound for any one fairlock process in these tests.
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// `fairlock` pointed at `server` through FAIRLOCK_REDIS_URL, with backtraces on (so a panic
+/// would show), stdin closed.
+fn fairlock(server: &RedisServer) -> Command {
+    fairlock_at(&server.url())
+}
+
+fn fairlock_at(url: &str) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("FAIRLOCK_REDIS_URL", url)
+        .env("RUST_BACKTRACE", "1")
+        .stdin(Stdio::null());
+    c
+}
+
+/// A URL where nothing listens.
+fn dead_url() -> String {
+    format!("redis://127.0.0.1:{}/", support::free_port())
+}
+
+/// A running fairlock process whose stdout lines can be awaited and whose stderr is collected.
+struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stderr: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+struct Out {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Proc {
+    fn spawn(cmd: &mut Command) -> Proc {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start fairlock");
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let (etx, stderr) = mpsc::channel();
+        let mut err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            let _ = etx.send(s);
+        });
+        Proc {
+            child,
+            lines,
+            stderr,
+            seen: Vec::new(),
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Wait for a stdout line starting with `prefix`; returns the line.
+    fn expect_line(&mut self, prefix: &str) -> String {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.starts_with(prefix) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!("no line {prefix:?} from fairlock; saw {:?}", self.seen),
+            }
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) on our own, not yet reaped, child
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, sig);
+        }
+    }
+
+    /// Wait (bounded) for the process to end and collect its output.
+    fn finish(mut self) -> Out {
+        let deadline = Instant::now() + LIMIT;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("fairlock did not end within {LIMIT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // the pipes close when the last writer (fairlock or its command) is gone
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(line);
+        }
+        let stdout = self.seen.join("\n");
+        let stderr = self
+            .stderr
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_default();
+        Out {
+            code: status.code(),
+            stdout,
+            stderr,
+        }
+    }
+}
+
+impl Drop for Proc {
+    /// A failed assertion must not leave a fairlock process (`hold` would run forever).
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn run_out(cmd: &mut Command) -> Out {
+    Proc::spawn(cmd).finish()
+}
+
+/// Exactly one line on stderr, from fairlock, and no trace of a panic.
+fn assert_one_line(out: &Out) {
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "expected one line on stderr, got {:?}",
+        out.stderr
+    );
+    assert!(lines[0].starts_with("fairlock: "), "{:?}", out.stderr);
+    let lower = out.stderr.to_lowercase();
+    assert!(
+        !lower.contains("panic") && !lower.contains("backtrace"),
+        "{:?}",
+        out.stderr
+    );
+}
+
+/// A fresh path in a temp dir (the file does not exist yet).
+fn temp_path(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fairlock-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    dir.join(format!("{tag}-{nanos}"))
+}
+
+/// A process exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+
+#[test]
+fn run_passes_exit_code_and_environment_and_releases() {
+    let server = RedisServer::start();
+    let lock = support::client(&server).lock("job").unwrap();
+
+    let out = run_out(fairlock(&server).args([
+        "run",
+        "job",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$FAIRLOCK_NAME|$FAIRLOCK_TOKEN|$FAIRLOCK_OWNER\"; exit 7",
+    ]));
+    assert_eq!(out.code, Some(7), "stderr: {}", out.stderr);
+    assert_eq!(
+        out.stderr, "",
+        "silent on success when stderr is not a terminal"
+    );
+    let fields: Vec<&str> = out.stdout.trim().split('|').collect();
+    assert_eq!(fields[..2], ["job", "1"], "{:?}", out.stdout);
+    let (client_id, thread) = fields[2].split_once(':').expect("owner flag id:thread");
+    assert!(client_id.len() == 32 && client_id.chars().all(|c| c.is_ascii_hexdigit()));
+    assert!(thread.parse::<u64>().is_ok(), "{:?}", fields[2]);
+    assert!(
+        !lock.is_locked().unwrap(),
+        "released after the command exited"
+    );
+
+    // the next hold gets the next fencing token; commands without `--` work too
+    let out = run_out(fairlock(&server).args(["run", "job", "sh", "-c", "echo $FAIRLOCK_TOKEN"]));
+    assert_eq!((out.code, out.stdout.trim()), (Some(0), "2"));
+
+    // a command killed by a signal: 128 + signal, as a shell reports it
+    let out = run_out(fairlock(&server).args(["run", "job", "--", "sh", "-c", "kill -KILL $$"]));
+    assert_eq!(out.code, Some(128 + 9));
+
+    // a command that cannot be started: 127 / 126, one line, lock released
+    let out = run_out(fairlock(&server).args(["run", "job", "--", "/nonexistent/command"]));
+    assert_eq!(out.code, Some(127));
+    assert_one_line(&out);
+    let dir = std::env::temp_dir();
+    let out = run_out(fairlock(&server).args(["run", "job", "--"]).arg(&dir));
+    assert_eq!(out.code, Some(126));
+    assert_one_line(&out);
+    assert!(!lock.is_locked().unwrap());
+    assert_eq!(lock.status().unwrap().fencing_counter, 5);
+}
+
+#[test]
+fn busy_lock_exits_75_or_the_busy_exit_code() {
+    let server = RedisServer::start();
+    let lock = support::client(&server).lock("job").unwrap();
+    let guard = lock.lock().unwrap();
+    let marker = temp_path("busy-marker");
+    let touch = |cmd: &mut Command| {
+        cmd.arg("--").arg("touch").arg(&marker);
+    };
+
+    let mut cmd = fairlock(&server);
+    cmd.args(["run", "--no-wait", "job"]);
+    touch(&mut cmd);
+    let out = run_out(&mut cmd);
+    assert_eq!(out.code, Some(75));
+    assert_one_line(&out);
+    assert!(out.stderr.contains("busy"), "{}", out.stderr);
+    let me = format!("pid {}", std::process::id());
+    assert!(out.stderr.contains(&me), "names the holder: {}", out.stderr);
+
+    let mut cmd = fairlock(&server);
+    cmd.args(["run", "--no-wait", "--busy-exit-code", "0", "job"]);
+    touch(&mut cmd);
+    assert_eq!(run_out(&mut cmd).code, Some(0));
+
+    let mut cmd = fairlock(&server);
+    cmd.args(["run", "-q", "--no-wait", "job"]);
+    touch(&mut cmd);
+    let out = run_out(&mut cmd);
+    assert_eq!((out.code, out.stderr.as_str()), (Some(75), ""));
+
+    let started = Instant::now();
+    let mut cmd = fairlock(&server);
+    cmd.args(["run", "--wait", "300ms", "job"]);
+    touch(&mut cmd);
+    let out = run_out(&mut cmd);
+    assert_eq!(out.code, Some(75));
+    assert_one_line(&out);
+    assert!(out.stderr.contains("gave up waiting"), "{}", out.stderr);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(!marker.exists(), "the command never ran");
+
+    let out = run_out(fairlock(&server).args(["hold", "--no-wait", "job"]));
+    assert_eq!(out.code, Some(75));
+    assert_eq!(
+        lock.status().unwrap().waiters.len(),
+        0,
+        "nobody left in the queue"
+    );
+
+    guard.unlock().unwrap();
+    let mut cmd = fairlock(&server);
+    cmd.args(["run", "--no-wait", "job"]);
+    touch(&mut cmd);
+    assert_eq!(run_out(&mut cmd).code, Some(0));
+    assert!(marker.exists());
+}
+
+#[test]
+fn signals_are_forwarded_and_the_lock_released_after_the_command() {
+    let server = RedisServer::start();
+    let lock = support::client(&server).lock("job").unwrap();
+    let script = "trap 'echo got-int' INT; trap 'echo got-term; exit 3' TERM; echo ready; \
+                  while :; do sleep 0.05; done";
+    let mut p = Proc::spawn(fairlock(&server).args(["run", "job", "--", "sh", "-c", script]));
+    p.expect_line("ready");
+    p.signal(libc::SIGINT);
+    p.expect_line("got-int");
+    assert!(
+        lock.is_locked().unwrap(),
+        "still held: the command still runs"
+    );
+    p.signal(libc::SIGTERM);
+    let out = p.finish();
+    assert_eq!(
+        out.code,
+        Some(3),
+        "the command's own exit code; {}",
+        out.stderr
+    );
+    assert!(out.stdout.contains("got-term"));
+    assert!(!lock.is_locked().unwrap());
+}
+
+#[test]
+fn sigterm_while_waiting_gives_up_the_queue_place() {
+    let server = RedisServer::start();
+    let lock = support::client(&server).lock("job").unwrap();
+    let guard = lock.lock().unwrap();
+    let marker = temp_path("waiting-marker");
+    let p = Proc::spawn(
+        fairlock(&server)
+            .args(["run", "job", "--", "touch"])
+            .arg(&marker),
+    );
+    assert!(eventually(LIMIT, || lock.status().unwrap().waiters.len() == 1));
+    p.signal(libc::SIGTERM);
+    let out = p.finish();
+    assert_eq!(out.code, Some(128 + 15));
+    assert_one_line(&out);
+    assert!(out.stderr.contains("gave up waiting"), "{}", out.stderr);
+    assert!(
+        lock.status().unwrap().waiters.is_empty(),
+        "left the queue at once"
+    );
+    guard.unlock().unwrap();
+    assert!(
+        !lock.is_locked().unwrap(),
+        "not granted to the departed waiter"
+    );
+    assert!(!marker.exists());
+}
+
+#[test]
+fn killed_fairlock_stops_its_command_and_the_lease_frees_the_lock() {
+    let server = RedisServer::start();
+    let script = "echo \"pid $$\"; while :; do sleep 0.05; done";
+    let mut p = Proc::spawn(
+        fairlock(&server).args(["run", "--lease", "1s", "job", "--", "sh", "-c", script]),
+    );
+    let child: u32 = p.expect_line("pid ")[4..].parse().unwrap();
+    p.signal(libc::SIGKILL);
+    assert_eq!(p.finish().code, None, "killed by the signal");
+    assert!(
+        eventually(5 * SECOND, || !alive(child)),
+        "the command ends with fairlock"
+    );
+    // the lock was never released: the next run gets it once the 1 s lease runs out
+    let started = Instant::now();
+    let out = run_out(fairlock(&server).args(["run", "--wait", "15s", "job", "--", "true"]));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        started.elapsed() < 8 * SECOND,
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn lost_lock_stops_the_command_and_exits_79() {
+    let server = RedisServer::start();
+    // the command stops on SIGTERM
+    let script = "trap 'echo got-term; exit 0' TERM; echo ready; while :; do sleep 0.05; done";
+    let mut p = Proc::spawn(
+        fairlock(&server).args(["run", "--lease", "1s", "job", "--", "sh", "-c", script]),
+    );
+    p.expect_line("ready");
+    let released = run_out(fairlock(&server).args(["release", "job", "--force"]));
+    assert_eq!(released.code, Some(0), "{}", released.stderr);
+    assert!(
+        released.stdout.contains("released lock \"job\""),
+        "{}",
+        released.stdout
+    );
+    assert!(
+        released.stdout.contains(&format!("pid {}", p.pid())),
+        "says who held it: {}",
+        released.stdout
+    );
+    let out = p.finish();
+    assert_eq!(out.code, Some(79), "{}", out.stderr);
+    assert!(out.stdout.contains("got-term"));
+    assert!(out.stderr.contains("lost lock \"job\""), "{}", out.stderr);
+
+    // the command ignores SIGTERM: SIGKILL after --kill-grace
+    let script = "trap '' TERM; echo ready; while :; do sleep 0.05; done";
+    let mut p = Proc::spawn(fairlock(&server).args([
+        "run",
+        "--lease",
+        "1s",
+        "--kill-grace",
+        "500ms",
+        "job",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]));
+    p.expect_line("ready");
+    let released = run_out(fairlock(&server).args(["release", "job", "--force"]));
+    assert_eq!(released.code, Some(0));
+    let out = p.finish();
+    assert_eq!(out.code, Some(79), "{}", out.stderr);
+    assert!(out.stderr.contains("SIGKILL"), "{}", out.stderr);
+
+    // nothing left to release
+    let out = run_out(fairlock(&server).args(["release", "job", "--force"]));
+    assert_eq!(out.code, Some(0));
+    assert!(out.stdout.contains("was free"), "{}", out.stdout);
+}
+
+#[test]
+fn redis_unreachable_past_the_lease_is_a_lost_lock() {
+    let mut server = RedisServer::start();
+    let script = "trap 'echo got-term; exit 0' TERM; echo ready; while :; do sleep 0.05; done";
+    let mut p = Proc::spawn(
+        fairlock(&server).args(["run", "--lease", "1s", "job", "--", "sh", "-c", script]),
+    );
+    p.expect_line("ready");
+    server.stop();
+    let out = p.finish();
+    assert_eq!(out.code, Some(79), "{}", out.stderr);
+    assert!(out.stdout.contains("got-term"));
+    assert!(out.stderr.contains("lost lock"), "{}", out.stderr);
+}
+
+#[test]
+fn waiting_runs_are_served_in_arrival_order() {
+    let server = RedisServer::start();
+    let lock = support::client(&server).lock("job").unwrap();
+    let guard = lock.lock().unwrap();
+    let log = temp_path("fifo-log");
+    // $0 is the run's number; start and end lines must pair up if runs never overlap
+    let script =
+        "echo \"start $0 $FAIRLOCK_TOKEN\" >> \"$1\"; sleep 0.1; echo \"end $0\" >> \"$1\"";
+    let mut procs = Vec::new();
+    for i in 0..4 {
+        let p = Proc::spawn(
+            fairlock(&server)
+                .args(["run", "job", "--", "sh", "-c", script, &i.to_string()])
+                .arg(&log),
+        );
+        assert!(
+            eventually(LIMIT, || lock.status().unwrap().waiters.len() == i + 1),
+            "run {i} did not queue"
+        );
+        procs.push(p);
+    }
+    let queued: Vec<u32> = lock
+        .status()
+        .unwrap()
+        .waiters
+        .iter()
+        .map(|w| w.origin.pid)
+        .collect();
+    let pids: Vec<u32> = procs.iter().map(Proc::pid).collect();
+    assert_eq!(queued, pids, "queue order is arrival order");
+    guard.unlock().unwrap();
+    for p in procs {
+        let out = p.finish();
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 8, "{text}");
+    let mut last_token = 1; // the test's own hold had token 1
+    for i in 0..4 {
+        let start: Vec<&str> = lines[2 * i].split(' ').collect();
+        assert_eq!(start[..2], ["start", &i.to_string()], "{text}");
+        let token: u64 = start[2].parse().unwrap();
+        assert!(token > last_token, "tokens increase: {text}");
+        last_token = token;
+        assert_eq!(lines[2 * i + 1], format!("end {i}"), "{text}");
+    }
+}
+
+#[test]
+fn status_shows_holder_and_waiters_as_text_and_json() {
+    let server = RedisServer::start();
+    let lock = support::client(&server).lock("job").unwrap();
+    let hold = Proc::spawn(fairlock(&server).args(["hold", "--lease", "5s", "job"]));
+    assert!(eventually(LIMIT, || lock.is_locked().unwrap()));
+    let waiter = Proc::spawn(fairlock(&server).args(["run", "job", "--", "echo", "done"]));
+    assert!(eventually(LIMIT, || lock.status().unwrap().waiters.len() == 1));
+
+    let out = run_out(fairlock(&server).args(["status", "job", "--json"]));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("status --json is JSON");
+    assert_eq!(v["name"], "job");
+    assert_eq!(v["locked"], true);
+    assert_eq!(v["fencing_counter"], 1);
+    let h = &v["holder"];
+    assert_eq!(h["pid"], hold.pid());
+    assert_eq!(h["thread"], "hold");
+    assert!(!h["host"].as_str().unwrap().is_empty());
+    assert!(h["owner"].as_str().unwrap().contains(':'));
+    assert_eq!(h["hold_count"], 1);
+    assert_eq!(h["fencing_token"], 1);
+    let lease = h["lease_remaining_ms"].as_u64().unwrap();
+    assert!(lease > 0 && lease <= 5000, "{lease}");
+    assert!(h["held_for_ms"].as_u64().unwrap() < 60_000);
+    assert!(h["since_unix_ms"].as_u64().unwrap() > 1_600_000_000_000);
+    let w = v["waiters"].as_array().unwrap();
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0]["position"], 1);
+    assert_eq!(w[0]["pid"], waiter.pid());
+    assert_eq!(w[0]["thread"], "run: echo done");
+    assert!(w[0]["waiting_for_ms"].as_u64().is_some());
+
+    let out = run_out(fairlock(&server).args(["status", "job"]));
+    assert_eq!(out.code, Some(0));
+    assert!(
+        out.stdout.starts_with("lock \"job\": held"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains(&format!("pid {}", hold.pid())));
+    assert!(out.stdout.contains("1. ") && out.stdout.contains(&format!("pid {}", waiter.pid())));
+
+    hold.signal(libc::SIGINT);
+    let out = hold.finish();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("holding lock \"job\" (fencing token 1)"),
+        "{}",
+        out.stderr
+    );
+    let out = waiter.finish();
+    assert_eq!((out.code, out.stdout.trim()), (Some(0), "done"));
+
+    let out = run_out(fairlock(&server).args(["status", "--json", "job"]));
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["locked"], false);
+    assert!(v["holder"].is_null());
+    assert_eq!(v["fencing_counter"], 2);
+    assert_eq!(v["waiters"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn bad_arguments_exit_64_with_one_line() {
+    // nothing listens at the URL: arguments are checked before Redis is contacted
+    let url = dead_url();
+    let cases: &[&[&str]] = &[
+        &[],
+        &["frobnicate"],
+        &["run"],
+        &["run", "job"],
+        &["run", "job", "--wait", "5x", "--", "true"],
+        &["run", "job", "--wait", "500", "--", "true"],
+        &["run", "job", "--wait", "5s", "--no-wait", "--", "true"],
+        &["run", "job", "--lease", "1ms", "--", "true"],
+        &["run", "job", "--busy-exit-code", "300", "--", "true"],
+        &["run", "job", "--wiat", "5s", "--", "true"],
+        &["run", "a{b}", "--", "true"],
+        &["status"],
+        &["status", ""],
+        &["release", "job"],
+        &["hold", "job", "--kill-grace", "1s"],
+        &["--redis", "http://localhost", "status", "job"],
+    ];
+    for args in cases {
+        let out = run_out(fairlock_at(&url).args(*args));
+        assert_eq!(out.code, Some(64), "{args:?}: {}", out.stderr);
+        assert_one_line(&out);
+        assert_eq!(out.stdout, "", "{args:?}");
+    }
+    let out = run_out(fairlock_at(&url).arg("--help"));
+    assert_eq!(out.code, Some(0));
+    assert!(out.stdout.contains("run") && out.stdout.contains("status"));
+    let out = run_out(fairlock_at(&url).args(["run", "--help"]));
+    assert_eq!(out.code, Some(0));
+    assert!(out.stdout.contains("--busy-exit-code"));
+}
+
+#[test]
+fn unreachable_server_exits_69_and_redis_url_comes_from_flag_or_env() {
+    let server = RedisServer::start();
+    let dead = dead_url();
+    let cases: &[&[&str]] = &[
+        &["status", "job"],
+        &["release", "job", "--force"],
+        &["run", "job", "--", "true"],
+        &["hold", "job"],
+    ];
+    for args in cases {
+        let out = run_out(fairlock_at(&dead).args(*args));
+        assert_eq!(out.code, Some(69), "{args:?}: {}", out.stderr);
+        assert_one_line(&out);
+        assert!(out.stderr.contains("Redis"), "{}", out.stderr);
+    }
+    // --redis wins over FAIRLOCK_REDIS_URL
+    let out = run_out(fairlock(&server).args(["--redis", &dead, "status", "job"]));
+    assert_eq!(out.code, Some(69));
+    let out = run_out(fairlock_at(&dead).args(["status", "job", "--redis", &server.url()]));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    // FAIRLOCK_REDIS_URL alone
+    let out = run_out(fairlock(&server).args(["status", "job"]));
+    assert_eq!(out.code, Some(0));
+    assert!(
+        out.stdout.starts_with("lock \"job\": free"),
+        "{}",
+        out.stdout
+    );
+}

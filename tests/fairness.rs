@@ -1,0 +1,425 @@
+//! FIFO fairness across processes, no barging, a live waiter keeping its place, and a waiter that
+//! gives up passing nothing stuck.
+
+mod support;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::{child_role, eventually, say, RedisServer, Worker};
+
+const SECS_5: Duration = Duration::from_secs(5);
+const SECS_30: Duration = Duration::from_secs(30);
+
+/// Child role "waiters": THREADS threads each take lock NAME once, print `ACQ <flag> <token>`
+/// while holding it, and release it.
+fn waiters_child() {
+    support::child_time_limit(Duration::from_secs(60));
+    let url: String = support::env_arg("URL");
+    let name: String = support::env_arg("NAME");
+    let threads: usize = support::env_arg("THREADS");
+    let client = support::client_for_url(&url);
+    let lock = client.lock(&name).unwrap();
+    let handles: Vec<_> = (0..threads)
+        .map(|i| {
+            let lock = lock.clone();
+            let client = client.clone();
+            thread::Builder::new()
+                .name(format!("w{}-{i}", std::process::id()))
+                .spawn(move || {
+                    let g = lock.lock().unwrap();
+                    say(
+                        "ACQ",
+                        format!("{} {}", client.current_owner(), g.fencing_token()),
+                    );
+                    thread::sleep(Duration::from_millis(5));
+                    g.unlock().unwrap();
+                })
+                .unwrap()
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    say("DONE", "");
+}
+
+#[test]
+fn fifo_order_of_16_waiters_in_two_processes_equals_their_queue_order() {
+    if child_role().as_deref() == Some("waiters") {
+        return waiters_child();
+    }
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("fifo").unwrap();
+    let holder = lock.lock().unwrap();
+    let blpops_before = server.command_calls("blpop");
+
+    let env = |n: usize| {
+        vec![
+            ("URL", server.url()),
+            ("NAME", "fifo".to_string()),
+            ("THREADS", n.to_string()),
+        ]
+    };
+    let test = "fifo_order_of_16_waiters_in_two_processes_equals_their_queue_order";
+    let mut workers = vec![
+        Worker::spawn(test, "waiters", &env(8)),
+        Worker::spawn(test, "waiters", &env(8)),
+    ];
+    // all 16 enqueue (in whatever interleaving) while the lock is held
+    assert!(
+        eventually(SECS_30, || lock.status().unwrap().waiters.len() == 16),
+        "only {} waiters queued",
+        lock.status().unwrap().waiters.len()
+    );
+    let status = lock.status().unwrap();
+    let queue: Vec<String> = status
+        .waiters
+        .iter()
+        .map(|w| w.origin.owner.clone())
+        .collect();
+    let pids: HashSet<u32> = status.waiters.iter().map(|w| w.origin.pid).collect();
+    let expected_pids: HashSet<u32> = workers.iter().map(|w| w.pid()).collect();
+    assert_eq!(
+        pids, expected_pids,
+        "waiters should come from both child processes"
+    );
+
+    let first = holder.fencing_token();
+    holder.unlock().unwrap();
+
+    // the fencing token records the grant order exactly
+    let mut grants: Vec<(u64, String)> = vec![];
+    for w in &mut workers {
+        for _ in 0..8 {
+            let line = w.expect("ACQ", SECS_30);
+            let (flag, token) = line.split_once(' ').unwrap();
+            grants.push((token.parse().unwrap(), flag.to_string()));
+        }
+        w.expect("DONE", SECS_30);
+        assert!(w.wait(SECS_30), "child {} failed", w.role);
+    }
+    grants.sort();
+    let order: Vec<String> = grants.iter().map(|(_, f)| f.clone()).collect();
+    let tokens: Vec<u64> = grants.iter().map(|(t, _)| *t).collect();
+    assert_eq!(order, queue, "acquisition order differs from queue order");
+    assert_eq!(
+        tokens,
+        (first + 1..=first + 16).collect::<Vec<_>>(),
+        "someone else took a turn"
+    );
+
+    // one addressed wake-up per waiter: each blocked once (no ping-pong of wake-ups)
+    let blpops = server.command_calls("blpop") - blpops_before;
+    println!("{blpops} BLPOPs for 16 hand-offs");
+    assert!(blpops <= 20, "{blpops} BLPOPs for 16 hand-offs");
+    server.assert_lock_keys(
+        "fifo",
+        &["fairlock:{fifo}:fence", "fairlock:{fifo}:released"],
+    );
+}
+
+#[test]
+fn no_barging_try_lock_fails_around_every_release_and_a_newcomer_queues_last() {
+    let server = RedisServer::start();
+    let holder_client = support::client(&server);
+    let lock = holder_client.lock("barge").unwrap();
+    let holder = lock.lock().unwrap();
+    let first = holder.fencing_token();
+
+    let served = Arc::new(AtomicU32::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tokens_tx, tokens_rx) = mpsc::channel();
+    let mut waiters = vec![];
+    for i in 0..3 {
+        let client = support::client(&server);
+        let served = served.clone();
+        let stop = stop.clone();
+        let tokens_tx = tokens_tx.clone();
+        waiters.push(thread::spawn(move || {
+            let g = client.lock("barge").unwrap().lock().unwrap();
+            tokens_tx.send((i, g.fencing_token())).unwrap();
+            if served.fetch_add(1, Ordering::SeqCst) + 1 == 3 {
+                // the last waiter keeps the lock until the barger stops: after it, nobody is queued
+                assert!(eventually(SECS_30, || stop.load(Ordering::SeqCst)));
+            } else {
+                thread::sleep(Duration::from_millis(100));
+            }
+            g.unlock().unwrap();
+        }));
+        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == i + 1));
+    }
+
+    // a newcomer that spins on try_lock across all the hand-offs
+    let barger = {
+        let client = support::client(&server);
+        let served = served.clone();
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let lock = client.lock("barge").unwrap();
+            let mut attempts = 0u32;
+            let deadline = Instant::now() + SECS_30;
+            while served.load(Ordering::SeqCst) < 3 && Instant::now() < deadline {
+                if let Some(g) = lock.try_lock().unwrap() {
+                    panic!(
+                        "try_lock barged in with token {} after {attempts} attempts",
+                        g.fencing_token()
+                    );
+                }
+                attempts += 1;
+            }
+            stop.store(true, Ordering::SeqCst);
+            attempts
+        })
+    };
+    // and a newcomer that calls lock() after the three: it must come after them
+    let (late_tx, late_rx) = mpsc::channel();
+    let late = {
+        let client = support::client(&server);
+        thread::spawn(move || {
+            let g = client.lock("barge").unwrap().lock().unwrap();
+            late_tx.send(g.fencing_token()).unwrap();
+        })
+    };
+    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 4));
+    thread::sleep(Duration::from_millis(100)); // let the barger spin before the first release
+    holder.unlock().unwrap();
+
+    let attempts = barger.join().unwrap();
+    assert!(attempts >= 3, "the barger hardly ran ({attempts} attempts)");
+    for w in waiters {
+        w.join().unwrap();
+    }
+    late.join().unwrap();
+    let mut got: Vec<(usize, u64)> = tokens_rx.try_iter().collect();
+    got.sort();
+    let waiter_tokens: Vec<u64> = got.iter().map(|(_, t)| *t).collect();
+    assert_eq!(
+        waiter_tokens,
+        [first + 1, first + 2, first + 3],
+        "waiters not served in order"
+    );
+    assert_eq!(
+        late_rx.recv_timeout(SECS_5).unwrap(),
+        first + 4,
+        "the newcomer was not served last"
+    );
+}
+
+#[test]
+fn a_live_waiter_keeps_its_place_however_long_the_lock_is_held() {
+    let server = RedisServer::start();
+    // a 1 s lease renewed by the watchdog; waiters are presumed dead after 3 x 200 ms without a
+    // heartbeat, so this hold lasts many waiter timeouts and several leases
+    let client = support::client_with(&server, |b| b.lease(Duration::from_secs(1)));
+    let lock = client.lock("patient").unwrap();
+    let g = lock.lock().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let mut threads = vec![];
+    for i in 0..3 {
+        let c = support::client(&server);
+        let tx = tx.clone();
+        threads.push(thread::spawn(move || {
+            let g = c.lock("patient").unwrap().lock().unwrap();
+            tx.send((g.fencing_token(), i)).unwrap();
+        }));
+        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == i + 1));
+    }
+    let queue: Vec<String> = lock
+        .status()
+        .unwrap()
+        .waiters
+        .into_iter()
+        .map(|w| w.origin.owner)
+        .collect();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(2500) {
+        let now: Vec<String> = lock
+            .status()
+            .unwrap()
+            .waiters
+            .into_iter()
+            .map(|w| w.origin.owner)
+            .collect();
+        assert_eq!(now, queue, "the queue changed after {:?}", start.elapsed());
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!g.is_lost());
+    g.unlock().unwrap();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut got: Vec<(u64, usize)> = rx.try_iter().collect();
+    got.sort();
+    assert_eq!(got.iter().map(|(_, i)| *i).collect::<Vec<_>>(), [0, 1, 2]);
+}
+
+#[test]
+fn a_waiter_that_gives_up_at_the_moment_of_release_leaves_nothing_stuck() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("giveup").unwrap();
+    let patience = Duration::from_millis(300);
+    // release slightly before, at, and after the first waiter's deadline
+    for offset_ms in [-30i64, -10, -4, -2, 0, 2, 4, 10, 30, 60, 90] {
+        let holder = lock.lock().unwrap();
+        let (start_tx, start_rx) = mpsc::channel();
+        let impatient = {
+            let lock = lock.clone();
+            thread::spawn(move || {
+                start_tx.send(Instant::now()).unwrap();
+                let got = lock.try_lock_for(patience).unwrap();
+                got.map(|g| {
+                    let t = g.fencing_token();
+                    g.unlock().unwrap();
+                    t
+                })
+            })
+        };
+        let started = start_rx.recv_timeout(SECS_5).unwrap();
+        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 1));
+        let (tx, rx) = mpsc::channel();
+        let patient = {
+            let lock = lock.clone();
+            thread::spawn(move || {
+                let g = lock.lock().unwrap();
+                tx.send(g.fencing_token()).unwrap();
+                g.unlock().unwrap();
+            })
+        };
+        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 2));
+        let at = patience.as_millis() as i64 + offset_ms;
+        let wait = Duration::from_millis(at.max(0) as u64).saturating_sub(started.elapsed());
+        thread::sleep(wait);
+        let released = Instant::now();
+        holder.unlock().unwrap();
+        let token = rx.recv_timeout(Duration::from_secs(3)).unwrap_or_else(|_| {
+            panic!("offset {offset_ms} ms: the next waiter never got the lock")
+        });
+        assert!(released.elapsed() < Duration::from_secs(3));
+        let impatient_token = impatient.join().unwrap();
+        if let Some(t) = impatient_token {
+            assert!(t < token, "offset {offset_ms} ms: order broken");
+        }
+        patient.join().unwrap();
+        assert!(eventually(SECS_5, || {
+            let st = lock.status().unwrap();
+            st.holder.is_none() && st.waiters.is_empty()
+        }));
+        println!("offset {offset_ms:>3} ms: impatient got {impatient_token:?}, patient {token}");
+    }
+    server.assert_lock_keys(
+        "giveup",
+        &["fairlock:{giveup}:fence", "fairlock:{giveup}:released"],
+    );
+}
+
+#[test]
+fn a_waiter_sleeps_in_one_blpop_instead_of_polling() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("sleepy").unwrap();
+    let g = lock.lock().unwrap();
+    let waiter = {
+        let lock = lock.clone();
+        thread::spawn(move || lock.lock().unwrap().fencing_token())
+    };
+    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 1));
+    let blpop = server.command_calls("blpop");
+    let evalsha = server.command_calls("evalsha");
+    let total = server.total_commands();
+    thread::sleep(Duration::from_secs(2));
+    let blpops = server.command_calls("blpop") - blpop;
+    let scripts = server.command_calls("evalsha") - evalsha;
+    let commands = server.total_commands() - total;
+    println!("2 s of waiting: {blpops} BLPOP, {scripts} scripts, {commands} commands");
+    // one blocking pop (it may have started just before we looked) and the janitor's heartbeat
+    // every 200 ms: a polling waiter (the seeds' 100 ms retry loop) would show 20+ attempts
+    assert!(blpops <= 1, "{blpops} BLPOPs in 2 s");
+    assert!(scripts <= 20, "{scripts} scripts in 2 s");
+    g.unlock().unwrap();
+    assert_eq!(waiter.join().unwrap(), 2);
+}
+
+/// Redisson's fair-lock scenario: waiters queued 100 ms apart behind holds that are never
+/// released, only run out (fixed lease): nobody pushes a wake-up, yet each waiter gets the lock
+/// in order soon after the previous lease ends, and a newcomer's try_lock never barges in.
+#[test]
+fn waiters_behind_expiring_leases_are_served_in_order_and_a_newcomer_never_barges() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lease = Duration::from_millis(400);
+    // the first hold is released; all later ones only run out
+    let lock = client.lock("expiring").unwrap();
+    let first = lock.lock().unwrap();
+    let first_token = first.fencing_token();
+
+    const N: usize = 5;
+    let served = Arc::new(AtomicU32::new(0));
+    let (tx, rx) = mpsc::channel();
+    let mut threads = vec![];
+    for i in 0..N {
+        let c = support::client(&server);
+        let served = served.clone();
+        let tx = tx.clone();
+        threads.push(thread::spawn(move || {
+            let lock = c.lock("expiring").unwrap().with_fixed_lease(lease).unwrap();
+            let g = lock.lock().unwrap();
+            tx.send((g.fencing_token(), i, Instant::now())).unwrap();
+            served.fetch_add(1, Ordering::SeqCst);
+            // never release: wait until the lease has run out, then drop the stale guard
+            assert!(eventually(SECS_30, || g.is_lost()));
+            thread::sleep(Duration::from_millis(50));
+        }));
+        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == i + 1));
+        thread::sleep(Duration::from_millis(100));
+    }
+    let barger = {
+        let c = support::client(&server);
+        let served = served.clone();
+        thread::spawn(move || {
+            let lock = c.lock("expiring").unwrap();
+            let deadline = Instant::now() + SECS_30;
+            let mut attempts = 0;
+            // up to the moment the last waiter is served, a free lock belongs to the queue
+            while served.load(Ordering::SeqCst) < N as u32 - 1 && Instant::now() < deadline {
+                if let Some(g) = lock.try_lock().unwrap() {
+                    panic!("try_lock barged in with token {}", g.fencing_token());
+                }
+                attempts += 1;
+                thread::sleep(Duration::from_millis(2));
+            }
+            attempts
+        })
+    };
+    let start = Instant::now();
+    first.unlock().unwrap();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(barger.join().unwrap() > 0);
+    let mut got: Vec<(u64, usize, Instant)> = rx.try_iter().collect();
+    got.sort();
+    let order: Vec<usize> = got.iter().map(|g| g.1).collect();
+    assert_eq!(
+        order,
+        (0..N).collect::<Vec<_>>(),
+        "not served in queue order"
+    );
+    let tokens: Vec<u64> = got.iter().map(|g| g.0).collect();
+    assert_eq!(
+        tokens,
+        (first_token + 1..=first_token + N as u64).collect::<Vec<_>>()
+    );
+    // each turn is one lease plus the janitor's reaction; generous bound
+    let took = got.last().unwrap().2.duration_since(start);
+    println!("{N} expiring holds handed on in {took:?}");
+    assert!(
+        took < (lease + Duration::from_secs(1)) * N as u32,
+        "took {took:?}"
+    );
+}

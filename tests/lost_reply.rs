@@ -1,0 +1,267 @@
+//! Replies lost on the network: a TCP proxy between a client and Redis forwards a request and
+//! then cuts the connection instead of passing the reply on. The client retries on a fresh
+//! connection; the scripts must make that retry harmless: a release is never applied twice and
+//! never reported as a false "not held", an acquire never takes two tokens or counts twice.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::{eventually, RedisServer};
+
+const SECS_5: Duration = Duration::from_secs(5);
+
+/// A loopback proxy to `target`. When armed, the next reply from Redis (on any connection) is
+/// swallowed and that connection is cut in both directions.
+struct Proxy {
+    port: u16,
+    armed: Arc<AtomicBool>,
+    cuts: Arc<AtomicU32>,
+}
+
+impl Proxy {
+    fn start(target: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let cuts = Arc::new(AtomicU32::new(0));
+        let (a, c) = (armed.clone(), cuts.clone());
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                let (a, c) = (a.clone(), c.clone());
+                // client -> server
+                let (mut from, mut to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                thread::spawn(move || {
+                    let mut buf = [0u8; 16384];
+                    while let Ok(n) = from.read(&mut buf) {
+                        if n == 0 || to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(Shutdown::Both);
+                    let _ = from.shutdown(Shutdown::Both);
+                });
+                // server -> client, or cut
+                let (mut from, mut to) = (server, client);
+                thread::spawn(move || {
+                    let mut buf = [0u8; 16384];
+                    while let Ok(n) = from.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        if a.swap(false, Ordering::SeqCst) {
+                            c.fetch_add(1, Ordering::SeqCst);
+                            break;
+                        }
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(Shutdown::Both);
+                    let _ = from.shutdown(Shutdown::Both);
+                });
+            }
+        });
+        Proxy { port, armed, cuts }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Swallow the next reply from Redis.
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    fn cuts(&self) -> u32 {
+        self.cuts.load(Ordering::SeqCst)
+    }
+}
+
+/// A client through the proxy, with a 30 s lease (so its watchdog stays quiet for 10 s) and no
+/// waiters (so its janitor stays quiet): the only traffic is what the test does.
+fn proxied_client(proxy: &Proxy) -> fairlock::LockClient {
+    let client = fairlock::LockClient::builder(&proxy.url())
+        .janitor_interval(Duration::from_millis(200))
+        .connect_timeout(Duration::from_secs(2))
+        .read_timeout(Duration::from_secs(5))
+        .build()
+        .expect("connect through the proxy");
+    // load every script first, so a cut reply is a script's own reply and not a NOSCRIPT
+    let warm = client.lock("warm-up").unwrap();
+    let g = warm.lock().unwrap();
+    let inner = warm.lock().unwrap();
+    drop(inner);
+    g.unlock().unwrap();
+    warm.status().unwrap();
+    client
+}
+
+#[test]
+fn a_release_whose_reply_was_lost_is_retried_once_without_a_false_not_held() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let client = proxied_client(&proxy);
+    let lock = client.lock("lost-release").unwrap();
+    let holder = lock.lock().unwrap();
+    let token = holder.fencing_token();
+
+    // a waiter of another client, connected directly, queued behind the holder
+    let direct = support::client(&server);
+    let (tx, rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let waiter = {
+        let lock = direct.lock("lost-release").unwrap();
+        thread::spawn(move || {
+            let g = lock.lock().unwrap();
+            tx.send(g.fencing_token()).unwrap();
+            done_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+            assert!(
+                g.is_held().unwrap(),
+                "a retried release freed the next owner's lock"
+            );
+            g.unlock().unwrap();
+        })
+    };
+    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 1));
+
+    proxy.arm();
+    let result = holder.unlock();
+    assert_eq!(proxy.cuts(), 1, "the release's reply was not cut");
+    assert!(
+        result.is_ok(),
+        "a release whose reply was lost reported {result:?}"
+    );
+
+    // released exactly once: the waiter holds it with the next token, nobody else took one
+    let next = rx.recv_timeout(SECS_5).unwrap();
+    assert_eq!(next, token + 1);
+    let st = direct.lock("lost-release").unwrap().status().unwrap();
+    let h = st
+        .holder
+        .expect("the waiter's lock was released by the retry");
+    assert_eq!(h.fencing_token, next);
+    assert_eq!(h.hold_count, 1);
+    assert_eq!(st.fencing_counter, next);
+    done_tx.send(()).unwrap();
+    waiter.join().unwrap();
+}
+
+#[test]
+fn an_inner_release_whose_reply_was_lost_is_not_counted_twice() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let client = proxied_client(&proxy);
+    let lock = client.lock("lost-inner").unwrap();
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+    assert_eq!(lock.hold_count().unwrap(), 2);
+
+    proxy.arm();
+    inner.unlock().expect("inner release");
+    assert_eq!(proxy.cuts(), 1);
+    // one level released, not two: the lock is still held
+    assert_eq!(
+        lock.hold_count().unwrap(),
+        1,
+        "the retried release counted twice"
+    );
+    assert!(outer.is_held().unwrap());
+    outer.unlock().unwrap();
+    assert!(!lock.is_locked().unwrap());
+}
+
+#[test]
+fn an_acquire_whose_reply_was_lost_takes_one_token_and_one_level() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let client = proxied_client(&proxy);
+    let lock = client.lock("lost-acquire").unwrap();
+
+    proxy.arm();
+    let g = lock.lock().expect("acquire");
+    assert_eq!(proxy.cuts(), 1);
+    assert_eq!(g.fencing_token(), 1);
+    let st = lock.status().unwrap();
+    assert_eq!(
+        st.fencing_counter, 1,
+        "the retried acquire took a second token"
+    );
+    assert_eq!(st.holder.unwrap().hold_count, 1);
+
+    // and a re-entry whose reply was lost counts once
+    proxy.arm();
+    let inner = lock.lock().expect("re-entry");
+    assert_eq!(proxy.cuts(), 2);
+    assert_eq!(
+        lock.hold_count().unwrap(),
+        2,
+        "the retried re-entry counted twice"
+    );
+    drop(inner);
+    g.unlock().unwrap();
+    // fully released: nothing stuck at a count the guards cannot bring down
+    assert!(!lock.is_locked().unwrap());
+    let start = Instant::now();
+    let again = support::client(&server)
+        .lock("lost-acquire")
+        .unwrap()
+        .try_lock()
+        .unwrap();
+    assert!(
+        again.is_some(),
+        "the lock stayed held after all guards were released"
+    );
+    assert!(start.elapsed() < SECS_5);
+}
+
+#[test]
+fn a_hand_off_whose_blpop_reply_was_lost_is_still_claimed_once() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    // a janitor that stays quiet during the test, so the cut reply is the BLPOP's
+    let waiter_client = fairlock::LockClient::builder(&proxy.url())
+        .janitor_interval(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let direct = support::client(&server);
+    let lock = direct.lock("lost-handoff").unwrap();
+    let holder = lock.lock().unwrap();
+    let token = holder.fencing_token();
+
+    let (tx, rx) = mpsc::channel();
+    let waiter = {
+        let lock = waiter_client.lock("lost-handoff").unwrap();
+        thread::spawn(move || {
+            let g = lock.lock().unwrap();
+            let t = g.fencing_token();
+            let count = lock.hold_count().unwrap();
+            tx.send((t, count)).unwrap();
+            g.unlock().unwrap();
+        })
+    };
+    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 1));
+    thread::sleep(Duration::from_millis(100)); // the waiter is blocked in BLPOP by now
+    proxy.arm();
+    holder.unlock().unwrap();
+    let (t, count) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the hand-off was lost");
+    assert_eq!(proxy.cuts(), 1);
+    assert_eq!(t, token + 1, "the grant was not claimed with its token");
+    assert_eq!(count, 1);
+    waiter.join().unwrap();
+    let st = lock.status().unwrap();
+    assert!(st.holder.is_none() && st.waiters.is_empty(), "{st:?}");
+    assert_eq!(st.fencing_counter, token + 1);
+}

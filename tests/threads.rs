@@ -1,0 +1,91 @@
+//! Type-level and thread-level facts: guards are `!Send` (a lock belongs to a thread), handles
+//! and clients are `Clone + Send + Sync`, and a client runs exactly two background threads
+//! (watchdog and janitor, not one per lock) that stop when its last handle is dropped.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{eventually, RedisServer};
+
+#[test]
+fn handles_are_send_sync_clone_and_guards_are_not_send() {
+    fn send_sync_clone<T: Send + Sync + Clone>() {}
+    send_sync_clone::<fairlock::LockClient>();
+    send_sync_clone::<fairlock::FairLock>();
+
+    // compiles only if LockGuard is not Send (with Send, `_` would be ambiguous)
+    trait AmbiguousIfSend<A> {
+        fn check() {}
+    }
+    impl<T: ?Sized> AmbiguousIfSend<()> for T {}
+    impl<T: ?Sized + Send> AmbiguousIfSend<u8> for T {}
+    <fairlock::LockGuard as AmbiguousIfSend<_>>::check();
+
+    // and not Sync either
+    trait AmbiguousIfSync<A> {
+        fn check() {}
+    }
+    impl<T: ?Sized> AmbiguousIfSync<()> for T {}
+    impl<T: ?Sized + Sync> AmbiguousIfSync<u8> for T {}
+    <fairlock::LockGuard as AmbiguousIfSync<_>>::check();
+}
+
+/// Names of this process's threads that belong to fairlock (`/proc/self/task/*/comm`).
+fn fairlock_threads() -> Vec<String> {
+    let mut names = vec![];
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        if let Ok(name) = std::fs::read_to_string(task.path().join("comm")) {
+            if name.starts_with("fairlock-") {
+                names.push(name.trim().to_string());
+            }
+        }
+    }
+    names.sort();
+    names
+}
+
+// The only test in this binary: thread counts of the whole process are exact here.
+#[test]
+fn a_client_runs_two_background_threads_whatever_it_holds_and_stops_them_when_dropped() {
+    let server = RedisServer::start();
+    assert!(fairlock_threads().is_empty(), "{:?}", fairlock_threads());
+    let client = support::client_with(&server, |b| b.lease(Duration::from_secs(1)));
+    // a new thread names itself once it runs
+    assert!(
+        eventually(Duration::from_secs(5), || fairlock_threads().len() == 2),
+        "{:?}",
+        fairlock_threads()
+    );
+
+    // ten locks held and renewed, with waiters on them: still two threads
+    let locks: Vec<_> = (0..10)
+        .map(|i| client.lock(&format!("l{i}")).unwrap())
+        .collect();
+    let guards: Vec<_> = locks.iter().map(|l| l.lock().unwrap()).collect();
+    let waiters: Vec<_> = locks
+        .iter()
+        .map(|l| {
+            let l = l.clone();
+            std::thread::spawn(move || l.lock().unwrap().unlock().unwrap())
+        })
+        .collect();
+    assert!(eventually(Duration::from_secs(5), || locks
+        .iter()
+        .all(|l| l.status().unwrap().waiters.len() == 1)));
+    std::thread::sleep(Duration::from_millis(1500)); // renewals and heartbeats happen
+    assert_eq!(fairlock_threads().len(), 2, "{:?}", fairlock_threads());
+    assert!(guards.iter().all(|g| !g.is_lost()));
+    drop(guards);
+    for w in waiters {
+        w.join().unwrap();
+    }
+
+    drop(locks);
+    drop(client);
+    assert!(
+        eventually(Duration::from_secs(5), || fairlock_threads().is_empty()),
+        "background threads outlived their client: {:?}",
+        fairlock_threads()
+    );
+}
