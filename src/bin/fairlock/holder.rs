@@ -1,0 +1,117 @@
+//! The lock thread. A [`fairlock::LockGuard`] belongs to the thread that took the lock, so one
+//! thread takes it, keeps the guard, watches it for loss and releases it, while the main thread
+//! stays free to draw the waiting line, handle signals and supervise the command. They talk over
+//! channels.
+
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use fairlock::{FairLock, LockClient};
+
+/// How often the lock thread looks at `LockGuard::is_lost` (a local check, no Redis call).
+const LOSS_POLL: Duration = Duration::from_millis(100);
+
+/// How long to wait.
+#[derive(Clone, Copy, Debug)]
+pub enum Wait {
+    /// `--no-wait`: take it only if it is free and nobody is queued.
+    No,
+    /// `--wait DURATION`: wait in the queue at most this long.
+    For(Duration),
+    /// The default: wait as long as it takes.
+    Forever,
+}
+
+/// What the lock thread reports.
+pub enum Event {
+    /// The lock is ours.
+    Acquired { token: u64 },
+    /// Busy (`--no-wait`) or the wait ran out.
+    Busy,
+    /// Taking the lock failed.
+    Failed(fairlock::Error),
+    /// The watchdog found the lock gone or taken, or the lease ran out unrenewed.
+    Lost,
+    /// The outcome of the release asked for with [`Holder::release`].
+    Released(fairlock::Result<()>),
+}
+
+/// The main thread's end of the lock thread.
+pub struct Holder {
+    /// The owner flag the lock thread uses (`FAIRLOCK_OWNER`, and how to find ourselves in the
+    /// queue).
+    pub owner: String,
+    pub events: Receiver<Event>,
+    release: Sender<()>,
+}
+
+impl Holder {
+    /// Start the lock thread. `thread_name` is recorded with the hold and shown by `status`.
+    pub fn start(
+        client: &LockClient,
+        lock: &FairLock,
+        wait: Wait,
+        thread_name: String,
+    ) -> std::io::Result<Holder> {
+        let (owner_tx, owner_rx) = crossbeam_channel::bounded(1);
+        let (events_tx, events) = crossbeam_channel::unbounded();
+        let (release, release_rx) = crossbeam_channel::bounded(1);
+        let client = client.clone();
+        let lock = lock.clone();
+        std::thread::Builder::new()
+            .name(thread_name)
+            .spawn(move || {
+                let _ = owner_tx.send(client.current_owner());
+                hold(&lock, wait, &events_tx, &release_rx);
+            })?;
+        let owner = owner_rx
+            .recv()
+            .map_err(|_| std::io::Error::other("the lock thread ended at once"))?;
+        Ok(Holder {
+            owner,
+            events,
+            release,
+        })
+    }
+
+    /// Ask the lock thread to release. Its answer comes as [`Event::Released`].
+    pub fn release(&self) {
+        let _ = self.release.try_send(());
+    }
+}
+
+fn hold(lock: &FairLock, wait: Wait, events: &Sender<Event>, release: &Receiver<()>) {
+    let taken = match wait {
+        Wait::No => lock.try_lock(),
+        Wait::For(d) => lock.try_lock_for(d),
+        Wait::Forever => lock.lock().map(Some),
+    };
+    let guard = match taken {
+        Ok(Some(guard)) => guard,
+        Ok(None) => {
+            let _ = events.send(Event::Busy);
+            return;
+        }
+        Err(e) => {
+            let _ = events.send(Event::Failed(e));
+            return;
+        }
+    };
+    let _ = events.send(Event::Acquired {
+        token: guard.fencing_token(),
+    });
+    let mut lost = false;
+    loop {
+        match release.recv_timeout(LOSS_POLL) {
+            // asked to release, or the main thread is gone (it gave up): release either way
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => {
+                if !lost && guard.is_lost() {
+                    lost = true;
+                    let _ = events.send(Event::Lost);
+                }
+            }
+        }
+    }
+    let _ = events.send(Event::Released(guard.unlock()));
+}

@@ -1,0 +1,281 @@
+//! `fairlock`: run a command under a fair (FIFO) distributed lock on Redis, inspect a lock, or
+//! release one by force. See the README's "Command-line tool" section.
+//!
+//! Every way of ending prints at most one line on stderr and exits with a documented code
+//! (`exit.rs`); panics are turned into one line and exit code 70.
+
+mod duration;
+mod exit;
+mod holder;
+mod run;
+mod signals;
+mod status;
+mod waiting;
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use fairlock::{FairLock, LockClient};
+
+use crate::exit::{say, Failure};
+use crate::holder::Wait;
+use crate::waiting::WaitOptions;
+
+const DEFAULT_URL: &str = "redis://127.0.0.1:6379/";
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0-255  run: the command's exit code (128+N when signal N ended it)
+  64     bad arguments, lock name, Redis URL or lease
+  65     a key of the lock holds another program's data
+  69     Redis unreachable, not Redis, or older than 6.2
+  70     unexpected error
+  75     lock busy (--no-wait) or --wait ran out (see --busy-exit-code)
+  79     the lock was lost while the command ran (or while held)
+  126    the command could not be executed; 127: it was not found
+  128+N  interrupted by signal N while waiting for the lock";
+
+const RUN_ENV: &str = "\
+The command gets FAIRLOCK_NAME, FAIRLOCK_TOKEN (the fencing token) and FAIRLOCK_OWNER in its
+environment. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to fairlock are passed on
+to it; the lock is released once it has exited.";
+
+/// A fair (FIFO), reentrant distributed lock on Redis, from the shell.
+#[derive(Parser, Debug)]
+#[command(name = "fairlock", version, propagate_version = true, after_help = EXIT_CODES)]
+struct Cli {
+    /// Redis server URL [default: $FAIRLOCK_REDIS_URL, then redis://127.0.0.1:6379/]
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "FAIRLOCK_REDIS_URL",
+        hide_env = true
+    )]
+    redis: Option<String>,
+
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Take the lock (waiting in FIFO order), run CMD while holding it, release when it exits.
+    /// Exits with CMD's exit code.
+    #[command(after_help = RUN_ENV)]
+    Run(RunArgs),
+    /// Show the holder, its lease and fencing token, and the waiters in queue order.
+    Status(StatusArgs),
+    /// Release the lock whoever holds it (with --force); the next waiter gets it.
+    Release(ReleaseArgs),
+    /// Take the lock and hold it until interrupted (Ctrl-C, SIGTERM): for maintenance windows.
+    Hold(HoldArgs),
+}
+
+/// How to take the lock (shared by `run` and `hold`).
+#[derive(Args, Debug)]
+struct AcquireArgs {
+    /// Wait at most this long for the lock (e.g. 500ms, 30s, 5m) [default: as long as it takes]
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Do not wait: give up at once if the lock is held or anyone is queued for it
+    #[arg(long)]
+    no_wait: bool,
+    /// Lease of the hold, renewed every third of it while fairlock runs (100ms to 7 days)
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "30s")]
+    lease: Duration,
+    /// Exit code when the lock is busy or the wait ran out (0 makes "someone else runs it" a success)
+    #[arg(long, value_name = "N", default_value_t = exit::TEMPFAIL)]
+    busy_exit_code: u8,
+    /// Say nothing when the lock is busy or the wait ran out
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Lock name
+    name: String,
+    #[command(flatten)]
+    acquire: AcquireArgs,
+    /// After the lock is lost and CMD got SIGTERM, wait this long before SIGKILL
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "10s")]
+    kill_grace: Duration,
+    /// The command and its arguments (put `--` before it)
+    #[arg(value_name = "CMD", required = true, trailing_var_arg = true)]
+    command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    /// Lock name
+    name: String,
+    /// Print JSON instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ReleaseArgs {
+    /// Lock name
+    name: String,
+    /// Required: the lock is taken from whoever holds it, which may still be working
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args, Debug)]
+struct HoldArgs {
+    /// Lock name
+    name: String,
+    #[command(flatten)]
+    acquire: AcquireArgs,
+}
+
+fn main() {
+    std::panic::set_hook(Box::new(|info| {
+        say(&format!("internal error ({info}); please report it"));
+        std::process::exit(exit::SOFTWARE.into());
+    }));
+    let code = match Cli::try_parse() {
+        Ok(cli) => match execute(cli) {
+            Ok(code) => code,
+            Err(f) => {
+                if !f.message.is_empty() {
+                    say(&f.message);
+                }
+                f.code
+            }
+        },
+        Err(e) => usage_error(e),
+    };
+    std::process::exit(code.into());
+}
+
+/// Help and version go to stdout with code 0; any other parse error becomes one line, code 64.
+fn usage_error(e: clap::Error) -> u8 {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            return 0;
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            say("missing command: use run, status, release or hold; see fairlock --help");
+            return exit::USAGE;
+        }
+        _ => {}
+    }
+    // clap's message spans lines (tips, usage); keep what names the problem, on one line
+    let text = e.to_string();
+    let mut parts: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if line.is_empty() {
+            continue;
+        }
+        match parts.last_mut() {
+            // "required arguments were not provided:" is followed by one line per argument
+            Some(last) if last.ends_with(':') => *last = format!("{last} {line}"),
+            Some(last) if last.ends_with('>') || last.ends_with("...") => {
+                *last = format!("{last} {line}")
+            }
+            _ => parts.push(line.trim_start_matches("error:").trim().to_string()),
+        }
+    }
+    say(&format!("{}; see fairlock --help", parts.join("; ")));
+    exit::USAGE
+}
+
+fn execute(cli: Cli) -> Result<u8, Failure> {
+    let url = cli.redis.unwrap_or_else(|| DEFAULT_URL.to_string());
+    match cli.command {
+        Cmd::Run(args) => {
+            let opts = wait_options(&args.acquire);
+            let (client, lock) = connect(&url, &args.name, args.acquire.lease, true)?;
+            run::run(&client, &lock, &opts, args.kill_grace, &args.command)
+        }
+        Cmd::Hold(args) => {
+            let opts = wait_options(&args.acquire);
+            let (client, lock) = connect(&url, &args.name, args.acquire.lease, true)?;
+            run::hold(&client, &lock, &opts)
+        }
+        Cmd::Status(args) => {
+            let (_client, lock) = connect(&url, &args.name, DEFAULT_LEASE, false)?;
+            status::status(&lock, args.json)
+        }
+        Cmd::Release(args) => {
+            if !args.force {
+                return Err(Failure::usage(
+                    "release takes the lock from whoever holds it, which may still be working: add --force to do it",
+                ));
+            }
+            let (_client, lock) = connect(&url, &args.name, DEFAULT_LEASE, false)?;
+            status::release(&lock)
+        }
+    }
+}
+
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+fn wait_options(a: &AcquireArgs) -> WaitOptions {
+    let wait = match (a.no_wait, a.wait) {
+        (true, _) => Wait::No,
+        (false, Some(d)) => Wait::For(d),
+        (false, None) => Wait::Forever,
+    };
+    WaitOptions {
+        wait,
+        busy_exit_code: a.busy_exit_code,
+        quiet: a.quiet,
+    }
+}
+
+/// Check the name, install signal handlers (for commands that wait or run something), connect.
+/// Arguments are checked before the server is contacted, so a typo is a usage error (64) even
+/// when Redis is down.
+fn connect(
+    url: &str,
+    name: &str,
+    lease: Duration,
+    catch_signals: bool,
+) -> Result<(LockClient, FairLock), Failure> {
+    fairlock::validate_name(name)?;
+    if !(fairlock::MIN_LEASE..=fairlock::MAX_LEASE).contains(&lease) {
+        return Err(Failure::usage(format!(
+            "invalid --lease {}: it must be between 100ms and 7 days",
+            duration::human(lease)
+        )));
+    }
+    if catch_signals {
+        signals::install().map_err(|e| {
+            Failure::new(
+                exit::SOFTWARE,
+                format!("cannot install signal handlers: {e}"),
+            )
+        })?;
+    }
+    let client = LockClient::builder(url).lease(lease).build().map_err(|e| {
+        let mut f = Failure::from(e);
+        if f.code == exit::UNAVAILABLE {
+            f.message = format!("{} (Redis URL {})", f.message, redact(url));
+        }
+        f
+    })?;
+    let lock = client.lock(name)?;
+    Ok((client, lock))
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}

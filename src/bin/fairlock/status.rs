@@ -1,0 +1,195 @@
+//! `fairlock status` and `fairlock release --force`.
+
+use std::io::Write;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fairlock::{FairLock, LockStatus, Origin};
+use serde_json::json;
+
+use crate::duration::human;
+use crate::exit::Failure;
+
+/// "web-1 pid 4242 (thread "run: backup.sh")"
+pub fn describe_origin(o: &Origin) -> String {
+    format!("{} pid {} (thread {:?})", o.host, o.pid, o.thread)
+}
+
+/// Print the lock's status, for people or as JSON.
+pub fn status(lock: &FairLock, as_json: bool) -> Result<u8, Failure> {
+    let st = lock.status()?;
+    let text = if as_json {
+        let mut s = serde_json::to_string_pretty(&to_json(&st))
+            .map_err(|e| Failure::new(crate::exit::SOFTWARE, e.to_string()))?;
+        s.push('\n');
+        s
+    } else {
+        to_text(&st)
+    };
+    print(&text);
+    Ok(0)
+}
+
+/// Force-release the lock, saying who held it.
+pub fn release(lock: &FairLock) -> Result<u8, Failure> {
+    // read first, to name the holder: force_unlock itself only returns the owner flag
+    let before = lock.status()?;
+    let released = lock.force_unlock()?;
+    let text = match released {
+        None => format!("lock {:?} was free: nothing to release\n", lock.name()),
+        Some(owner) => {
+            let who = match &before.holder {
+                Some(h) if h.origin.owner == owner => format!(
+                    "{}, owner {}, fencing token {}, held for {}",
+                    describe_origin(&h.origin),
+                    owner,
+                    h.fencing_token,
+                    human(h.held_for)
+                ),
+                _ => format!("owner {owner}"),
+            };
+            let next = if before.waiters.is_empty() {
+                "it is free now".to_string()
+            } else {
+                "the next waiter gets it".to_string()
+            };
+            format!(
+                "released lock {:?}, which was held by {who}; {next}\n",
+                lock.name()
+            )
+        }
+    };
+    print(&text);
+    Ok(0)
+}
+
+fn print(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
+
+fn to_text(st: &LockStatus) -> String {
+    let mut s = String::new();
+    match &st.holder {
+        Some(h) => {
+            s += &format!("lock {:?}: held\n", st.name);
+            s += &format!("  holder:          {}\n", describe_origin(&h.origin));
+            s += &format!("  owner:           {}\n", h.origin.owner);
+            s += &format!(
+                "  since:           {} ({} ago)\n",
+                utc(since(h.held_for)),
+                human(h.held_for)
+            );
+            s += &format!("  hold count:      {}\n", h.hold_count);
+            s += &format!("  fencing token:   {}\n", h.fencing_token);
+            s += &format!("  lease left:      {}\n", human(h.lease_remaining));
+        }
+        None => s += &format!("lock {:?}: free\n", st.name),
+    }
+    s += &format!("  fencing counter: {}\n", st.fencing_counter);
+    if st.waiters.is_empty() {
+        s += "  waiters:         none\n";
+    } else {
+        s += &format!(
+            "  waiters:         {} (first is served next)\n",
+            st.waiters.len()
+        );
+        for (i, w) in st.waiters.iter().enumerate() {
+            s += &format!(
+                "    {}. {}, waiting {}, owner {}\n",
+                i + 1,
+                describe_origin(&w.origin),
+                human(w.waiting_for),
+                w.origin.owner
+            );
+        }
+    }
+    s
+}
+
+fn to_json(st: &LockStatus) -> serde_json::Value {
+    let holder = st.holder.as_ref().map(|h| {
+        json!({
+            "owner": h.origin.owner,
+            "host": h.origin.host,
+            "pid": h.origin.pid,
+            "thread": h.origin.thread,
+            "hold_count": h.hold_count,
+            "fencing_token": h.fencing_token,
+            "held_for_ms": ms(h.held_for),
+            "since_unix_ms": since(h.held_for).duration_since(UNIX_EPOCH).map(ms).unwrap_or(0),
+            "lease_remaining_ms": ms(h.lease_remaining),
+        })
+    });
+    let waiters: Vec<_> = st
+        .waiters
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            json!({
+                "position": i + 1,
+                "owner": w.origin.owner,
+                "host": w.origin.host,
+                "pid": w.origin.pid,
+                "thread": w.origin.thread,
+                "waiting_for_ms": ms(w.waiting_for),
+            })
+        })
+        .collect();
+    json!({
+        "name": st.name,
+        "locked": st.holder.is_some(),
+        "holder": holder,
+        "fencing_counter": st.fencing_counter,
+        "waiters": waiters,
+    })
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
+/// When a hold that has lasted `held_for` began, on this machine's clock.
+fn since(held_for: Duration) -> SystemTime {
+    SystemTime::now()
+        .checked_sub(held_for)
+        .unwrap_or(UNIX_EPOCH)
+}
+
+/// `2025-01-02 12:03:04 UTC`, without a date crate (Howard Hinnant's civil-from-days).
+fn utc(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_utc() {
+        let t = UNIX_EPOCH + Duration::from_secs(1_735_819_384); // 2025-01-02 12:03:04 UTC
+        assert_eq!(utc(t), "2025-01-02 12:03:04 UTC");
+        assert_eq!(utc(UNIX_EPOCH), "1970-01-01 00:00:00 UTC");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(utc(leap), "2000-02-29 00:00:00 UTC");
+    }
+}
