@@ -60,11 +60,18 @@ fn parent(url: &str) -> Result<()> {
             during: "connecting the demo",
             detail: e.to_string(),
         })?;
-    let _: () = redis::cmd("SET").arg(COUNTER).arg(0).query(&mut redis).unwrap_or(());
+    let _: () = redis::cmd("SET")
+        .arg(COUNTER)
+        .arg(0)
+        .query(&mut redis)
+        .unwrap_or(());
 
     println!("== Round 1: {PROCESSES} processes x {THREADS} threads queue behind a held lock");
     let guard = lock.lock()?;
-    println!("the parent holds {LOCK:?} with fencing token {}", guard.fencing_token());
+    println!(
+        "the parent holds {LOCK:?} with fencing token {}",
+        guard.fencing_token()
+    );
     let workers = spawn_workers(url, "1", 1);
     let deadline = Instant::now() + Duration::from_secs(30);
     let queue = loop {
@@ -121,7 +128,11 @@ fn parent(url: &str) -> Result<()> {
         "fencing tokens {}..={}: {}",
         all.first().map_or(0, |g| g.token),
         all.last().map_or(0, |g| g.token),
-        if increasing { "OK: strictly increasing" } else { "FAILED: not increasing" }
+        if increasing {
+            "OK: strictly increasing"
+        } else {
+            "FAILED: not increasing"
+        }
     );
     println!(
         "counter = {counter}, acquisitions = {total}: {}",
@@ -143,7 +154,13 @@ fn spawn_workers(url: &str, round: &str, iterations: usize) -> Vec<std::process:
     (0..PROCESSES)
         .map(|_| {
             Command::new(&exe)
-                .args(["worker", url, round, &THREADS.to_string(), &iterations.to_string()])
+                .args([
+                    "worker",
+                    url,
+                    round,
+                    &THREADS.to_string(),
+                    &iterations.to_string(),
+                ])
                 .stdout(Stdio::piped())
                 .spawn()
                 .expect("spawn worker")
@@ -190,11 +207,18 @@ fn worker(url: &str, round: &str, threads: &str, iterations: &str) -> Result<()>
                     for _ in 0..iterations {
                         let guard = lock.lock()?;
                         // a read-modify-write that only a lock keeps correct
-                        let before: i64 = redis::cmd("GET").arg(COUNTER).query(&mut redis).unwrap_or(0);
+                        let before: i64 = redis::cmd("GET")
+                            .arg(COUNTER)
+                            .query(&mut redis)
+                            .unwrap_or(0);
                         if round == "1" {
                             std::thread::sleep(Duration::from_millis(10));
                         }
-                        let _: () = redis::cmd("SET").arg(COUNTER).arg(before + 1).query(&mut redis).unwrap_or(());
+                        let _: () = redis::cmd("SET")
+                            .arg(COUNTER)
+                            .arg(before + 1)
+                            .query(&mut redis)
+                            .unwrap_or(());
                         println!(
                             "GRANT {} pid{}/{} {} {}",
                             guard.fencing_token(),

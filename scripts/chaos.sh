@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The long fault-injection run: worker processes contend for two locks through a TCP proxy while
+# the harness SIGKILLs and SIGSTOPs them, restarts redis-server (without persistence, and with
+# appendonly + appendfsync always, in alternating rounds) and cuts, black-holes and slows the
+# network; a checker reads the histories and fails on any violation. Prints the summary, also
+# written to target/chaos/summary.json (per round: target/chaos/long-NN-*/).
+#
+#   scripts/chaos.sh [SECONDS]      default 600; the short mode runs in scripts/test.sh
+#   FAIRLOCK_CHAOS_SEED=N           replay a fault schedule (the seed is printed per round)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+
+seconds=${1:-600}
+case "$seconds" in
+  ''|*[!0-9]*) echo "usage: scripts/chaos.sh [SECONDS]" >&2; exit 2 ;;
+esac
+
+ensure_redis_server
+echo "== redis-server: $(redis-server --version | head -n1)"
+echo "== chaos long mode for ${seconds} s (release build)"
+FAIRLOCK_CHAOS_SECS="$seconds" cargo test --release --test chaos -- \
+  --ignored --exact chaos_long --nocapture
