@@ -181,18 +181,9 @@ impl FairLock {
 
     /// How many levels the calling thread holds (0 when it does not hold the lock).
     pub fn hold_count(&self) -> Result<u32> {
-        let (owner, count): (Option<String>, Option<u32>) =
-            self.client.with_conn("reading the lock", |c| {
-                c.query(
-                    redis::cmd("HMGET")
-                        .arg(&self.keys.lock)
-                        .arg("owner")
-                        .arg("count"),
-                )
-                .map_err(|e| Error::from_redis("reading the lock", e))
-            })?;
+        let (owner, count) = self.owner_and("count")?;
         Ok(match (owner, count) {
-            (Some(o), Some(n)) if o == self.client.flag() => n,
+            (Some(o), Some(n)) if o == self.client.flag() => n as u32,
             _ => 0,
         })
     }
@@ -274,17 +265,21 @@ impl FairLock {
 
     /// Whether the hold with this token still owns the lock.
     pub(crate) fn owns(&self, token: u64) -> Result<bool> {
-        let (owner, tok): (Option<String>, Option<u64>) =
-            self.client.with_conn("reading the lock", |c| {
-                c.query(
-                    redis::cmd("HMGET")
-                        .arg(&self.keys.lock)
-                        .arg("owner")
-                        .arg("token"),
-                )
-                .map_err(|e| Error::from_redis("reading the lock", e))
-            })?;
+        let (owner, tok) = self.owner_and("token")?;
         Ok(owner.as_deref() == Some(&self.client.flag()) && tok == Some(token))
+    }
+
+    /// The lock's owner flag and one numeric field of its hash.
+    fn owner_and(&self, field: &str) -> Result<(Option<String>, Option<u64>)> {
+        self.client.with_conn("reading the lock", |c| {
+            c.query(
+                redis::cmd("HMGET")
+                    .arg(&self.keys.lock)
+                    .arg("owner")
+                    .arg(field),
+            )
+            .map_err(|e| Error::from_redis("reading the lock", e))
+        })
     }
 
     fn acquire(&self, wait: Wait) -> Result<Option<LockGuard>> {

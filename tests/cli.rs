@@ -479,13 +479,7 @@ fn waiting_runs_are_served_in_arrival_order() {
         );
         procs.push(p);
     }
-    let queued: Vec<u32> = lock
-        .status()
-        .unwrap()
-        .waiters
-        .iter()
-        .map(|w| w.origin.pid)
-        .collect();
+    let queued: Vec<u32> = support::queue_pids(&lock);
     let pids: Vec<u32> = procs.iter().map(Proc::pid).collect();
     assert_eq!(queued, pids, "queue order is arrival order");
     guard.unlock().unwrap();

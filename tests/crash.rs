@@ -122,13 +122,7 @@ fn a_sigkilled_holder_passes_the_lock_to_three_waiters_in_fifo_within_lease_plus
         );
         waiters.push(w);
     }
-    let queue: Vec<u32> = lock
-        .status()
-        .unwrap()
-        .waiters
-        .iter()
-        .map(|w| w.origin.pid)
-        .collect();
+    let queue: Vec<u32> = support::queue_pids(&lock);
     assert_eq!(queue, waiters.iter().map(|w| w.pid()).collect::<Vec<_>>());
     // let the holder's watchdog renew at least once, so the lease left at the kill is unknown
     thread::sleep(Duration::from_millis(700));
@@ -179,13 +173,7 @@ fn holder_and_two_waiters(
     let mut w2 = Worker::spawn(test, "waiter", &env);
     w2.expect("READY", SECS_30);
     assert!(eventually(SECS_30, || lock.status().unwrap().waiters.len() == 2));
-    let pids: Vec<u32> = lock
-        .status()
-        .unwrap()
-        .waiters
-        .iter()
-        .map(|w| w.origin.pid)
-        .collect();
+    let pids: Vec<u32> = support::queue_pids(lock);
     assert_eq!(pids, [w1.pid(), w2.pid()]);
     w1.kill();
     (holder, w1, w2)
@@ -250,13 +238,7 @@ fn a_sigkilled_waiter_leaves_the_queue_while_the_lock_is_held() {
     let killed = Instant::now();
     assert!(
         eventually(SECS_5, || {
-            let pids: Vec<u32> = lock
-                .status()
-                .unwrap()
-                .waiters
-                .iter()
-                .map(|w| w.origin.pid)
-                .collect();
+            let pids: Vec<u32> = support::queue_pids(&lock);
             pids == [live]
         }),
         "the dead waiter {dead} was not removed"
@@ -266,13 +248,7 @@ fn a_sigkilled_waiter_leaves_the_queue_while_the_lock_is_held() {
     assert!(removed_after < Duration::from_secs(3));
     // the live waiter keeps its place for many waiter timeouts
     thread::sleep(Duration::from_millis(1000));
-    let pids: Vec<u32> = lock
-        .status()
-        .unwrap()
-        .waiters
-        .iter()
-        .map(|w| w.origin.pid)
-        .collect();
+    let pids: Vec<u32> = support::queue_pids(&lock);
     assert_eq!(pids, [live]);
     let released = Instant::now();
     holder.unlock().unwrap();
@@ -459,13 +435,7 @@ fn a_redis_restart_with_aof_keeps_the_holder_and_the_queue_order() {
         }));
         assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == i + 1));
     }
-    let queue: Vec<String> = lock
-        .status()
-        .unwrap()
-        .waiters
-        .into_iter()
-        .map(|w| w.origin.owner)
-        .collect();
+    let queue: Vec<String> = support::queue_owners(&lock);
 
     server.restart();
     // the hold and the queue came back from the AOF; every blocked waiter re-attached to its place

@@ -229,22 +229,10 @@ fn a_live_waiter_keeps_its_place_however_long_the_lock_is_held() {
         }));
         assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == i + 1));
     }
-    let queue: Vec<String> = lock
-        .status()
-        .unwrap()
-        .waiters
-        .into_iter()
-        .map(|w| w.origin.owner)
-        .collect();
+    let queue: Vec<String> = support::queue_owners(&lock);
     let start = Instant::now();
     while start.elapsed() < Duration::from_millis(2500) {
-        let now: Vec<String> = lock
-            .status()
-            .unwrap()
-            .waiters
-            .into_iter()
-            .map(|w| w.origin.owner)
-            .collect();
+        let now: Vec<String> = support::queue_owners(&lock);
         assert_eq!(now, queue, "the queue changed after {:?}", start.elapsed());
         thread::sleep(Duration::from_millis(100));
     }

@@ -51,13 +51,7 @@ fn sixty_four_waiters_do_not_starve_a_pool_of_eight() {
         "only {} of {WAITERS} queued",
         rival.status().unwrap().waiters.len()
     );
-    let queue: Vec<String> = rival
-        .status()
-        .unwrap()
-        .waiters
-        .into_iter()
-        .map(|w| w.origin.owner)
-        .collect();
+    let queue: Vec<String> = support::queue_owners(&rival);
 
     // hold for 2.5 leases while all 64 wait: the watchdog's renewals need a pooled connection
     let start = Instant::now();

@@ -508,3 +508,15 @@ impl RedisServer {
         );
     }
 }
+
+/// The waiters of `lock` in queue order, by process id.
+pub fn queue_pids(lock: &fairlock::FairLock) -> Vec<u32> {
+    let status = lock.status().expect("status");
+    status.waiters.iter().map(|w| w.origin.pid).collect()
+}
+
+/// The waiters of `lock` in queue order, by owner flag.
+pub fn queue_owners(lock: &fairlock::FairLock) -> Vec<String> {
+    let status = lock.status().expect("status");
+    status.waiters.into_iter().map(|w| w.origin.owner).collect()
+}
