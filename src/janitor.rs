@@ -35,8 +35,18 @@ struct Waiting {
     waiters: HashMap<String, (u64, String)>,
 }
 
+/// What the janitor thread and the waiting threads share.
+#[derive(Default)]
+struct Registry {
+    /// lock key -> this client's waiters of that lock
+    locks: HashMap<String, Waiting>,
+    /// When the janitor thread will wake next (`None`: idle until nudged). Kept under the same
+    /// mutex as `locks`, so a new waiter always sees whether it must wake the thread.
+    planned: Option<Instant>,
+}
+
 pub(crate) struct Janitor {
-    locks: Arc<Mutex<HashMap<String, Waiting>>>,
+    registry: Arc<Mutex<Registry>>,
     nudge: Sender<Instant>,
     waiter_timeout: Duration,
 }
@@ -47,9 +57,9 @@ impl Janitor {
         client_id: &str,
         interval: Duration,
     ) -> Result<Janitor> {
-        let locks = Arc::new(Mutex::new(HashMap::new()));
+        let registry = Arc::new(Mutex::new(Registry::default()));
         let (nudge, rx) = crossbeam_channel::unbounded();
-        let shared = locks.clone();
+        let shared = registry.clone();
         let waiter_timeout = interval * 3;
         thread::Builder::new()
             .name(format!("fairlock-janitor-{}", &client_id[..8]))
@@ -59,7 +69,7 @@ impl Janitor {
                 reason: format!("cannot start the janitor thread: {e}"),
             })?;
         Ok(Janitor {
-            locks,
+            registry,
             nudge,
             waiter_timeout,
         })
@@ -79,8 +89,9 @@ impl Janitor {
         meta: &str,
         holder_pttl: Duration,
     ) {
-        self.locks
-            .lock()
+        let mut registry = self.registry.lock();
+        registry
+            .locks
             .entry(keys.lock.clone())
             .or_insert_with(|| Waiting {
                 keys: keys.clone(),
@@ -88,18 +99,21 @@ impl Janitor {
             })
             .waiters
             .insert(flag.to_string(), (lease_ms, meta.to_string()));
-        // Always nudge: an idle janitor sleeps until told there is work.
-        let _ = self
-            .nudge
-            .send(Instant::now() + holder_pttl + EXPIRY_MARGIN);
+        // Wake the thread only when it is idle or would look too late: a wake-up per waiter
+        // costs a context switch per acquisition on a busy machine.
+        let at = Instant::now() + holder_pttl + EXPIRY_MARGIN;
+        if registry.planned.is_none_or(|planned| at < planned) {
+            registry.planned = Some(at);
+            let _ = self.nudge.send(at);
+        }
     }
 
     pub fn unregister(&self, keys: &LockKeys, flag: &str) {
-        let mut locks = self.locks.lock();
-        if let Some(w) = locks.get_mut(&keys.lock) {
+        let mut registry = self.registry.lock();
+        if let Some(w) = registry.locks.get_mut(&keys.lock) {
             w.waiters.remove(flag);
             if w.waiters.is_empty() {
-                locks.remove(&keys.lock);
+                registry.locks.remove(&keys.lock);
             }
         }
     }
@@ -107,7 +121,7 @@ impl Janitor {
 
 fn run(
     pool: &r2d2::Pool<Manager>,
-    locks: &Mutex<HashMap<String, Waiting>>,
+    registry: &Mutex<Registry>,
     nudge: &Receiver<Instant>,
     interval: Duration,
     waiter_timeout: Duration,
@@ -115,13 +129,17 @@ fn run(
     let mut next_tick = Instant::now() + interval;
     let mut early: Option<Instant> = None;
     loop {
-        let idle = locks.lock().is_empty();
-        let wake_at = match (idle, early) {
-            (true, _) => Instant::now() + Duration::from_secs(3600),
-            (false, Some(e)) => e.min(next_tick),
-            (false, None) => next_tick,
+        let (idle, wake_at) = {
+            let mut reg = registry.lock();
+            let idle = reg.locks.is_empty();
+            let wake_at = (!idle).then(|| early.map_or(next_tick, |e| e.min(next_tick)));
+            reg.planned = wake_at;
+            (idle, wake_at)
         };
-        match nudge.recv_timeout(wake_at.saturating_duration_since(Instant::now())) {
+        let wait = wake_at.map_or(Duration::from_secs(3600), |at| {
+            at.saturating_duration_since(Instant::now())
+        });
+        match nudge.recv_timeout(wait) {
             Ok(at) => {
                 if idle {
                     // first waiter after a quiet spell: tick one interval from now
@@ -131,7 +149,7 @@ fn run(
             }
             Err(RecvTimeoutError::Disconnected) => return,
             Err(RecvTimeoutError::Timeout) => {
-                early = tick(pool, locks, waiter_timeout);
+                early = tick(pool, registry, waiter_timeout);
                 next_tick = Instant::now() + interval;
             }
         }
@@ -142,14 +160,15 @@ fn run(
 /// soonest end of a holder's lease), if any.
 fn tick(
     pool: &r2d2::Pool<Manager>,
-    locks: &Mutex<HashMap<String, Waiting>>,
+    registry: &Mutex<Registry>,
     waiter_timeout: Duration,
 ) -> Option<Instant> {
     // The registry stays locked until the replies are in: an unregister (a waiter served or
     // leaving) waits for a heartbeat in flight, so no heartbeat ever speaks for a waiter that has
     // already gone (it would tell it to "retry" and leave a stray wake list behind).
-    let registry = locks.lock();
+    let registry = registry.lock();
     let batch: Vec<(String, redis::Cmd)> = registry
+        .locks
         .values()
         .map(|w| {
             let mut cmd = scripts::HEARTBEAT.cmd(&w.keys);

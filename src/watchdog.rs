@@ -76,7 +76,10 @@ impl Watchdog {
         let due = expires
             .checked_sub(lease * 2 / 3)
             .unwrap_or_else(Instant::now);
-        self.registry.lock().entries.insert(
+        let mut registry = self.registry.lock();
+        // Wake the thread only if this hold is due before everything it already waits for.
+        let wake = registry.entries.values().all(|r| due < r.due);
+        registry.entries.insert(
             id,
             Renewal {
                 name: lock.name().to_string(),
@@ -88,7 +91,9 @@ impl Watchdog {
                 due,
             },
         );
-        let _ = self.nudge.send(());
+        if wake {
+            let _ = self.nudge.send(());
+        }
         id
     }
 
