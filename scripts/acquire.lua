@@ -1,7 +1,7 @@
 -- acquire.lua: first attempt of a thread that does not hold the lock (and every retry of it).
 -- ARGV: [1] flag (client id:thread) [2] lease ms [3] 'try' (never queue) or 'wait'
 --       [4] waiter timeout ms [5] meta "host|pid|thread"
--- Returns {'granted', token, now_ms, pttl} | {'busy', holder pttl, now_ms} | {'queued', position, now_ms, pttl}
+-- Returns {'granted', token, now_ms, pttl} | {'busy', holder pttl, now_ms} | {'queued', now_ms, pttl}
 -- Invariants: no barging (a free lock with live waiters goes to the head, never to the caller);
 -- idempotent for one flag (a retry after a lost reply keeps the queue place or claims the grant).
 local flag, lease, mode, waiter_ttl, meta = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -36,4 +36,4 @@ if mode == 'try' then
   return { 'busy', lock_pttl(), now }
 end
 enqueue(flag, now, waiter_ttl, lease, meta)
-return { 'queued', redis.call('ZRANK', k.queue, flag), now, lock_pttl() }
+return { 'queued', now, lock_pttl() }

@@ -6,7 +6,7 @@
 #   scripts/bench.sh [--quick] [--out PATH]
 #
 # Writes the JSON results (default target/bench/results.json, or PATH) and prints Markdown
-# tables. The full run takes about 5 minutes after the build; --quick (what CI runs) checks that
+# tables. The full run takes about 4 minutes after the build; --quick (what CI runs) checks that
 # everything still works in well under a minute and its numbers mean nothing.
 # Benchmarks are not tests: nothing here fails on a slow figure, only on a broken run.
 set -euo pipefail

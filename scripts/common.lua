@@ -22,14 +22,18 @@
 
 local k = { lock = KEYS[1], fence = KEYS[2], queue = KEYS[3], waiters = KEYS[4], released = KEYS[5] }
 
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- One TIME per script (it does not change within a script anyway).
+local clock = nil
+local function now_us()
+  if not clock then
+    local t = redis.call('TIME')
+    clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return clock
 end
 
-local function now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+local function now_ms()
+  return math.floor(now_us() / 1000)
 end
 
 local function wake_key(flag)
@@ -91,16 +95,17 @@ local function enqueue(flag, now, waiter_ttl, lease, meta)
   return added
 end
 
+-- Only called when the lock hash does not exist (every hash fairlock writes has an owner).
 local function take(flag, lease, meta, now)
   local token = redis.call('INCR', k.fence)
-  redis.call('DEL', k.lock)
   redis.call('HSET', k.lock, 'owner', flag, 'count', 1, 'token', token, 'lease', lease, 'since', now,
     'meta', meta)
   redis.call('PEXPIRE', k.lock, lease)
   return token
 end
 
--- Remove dead waiters from the front of the queue; return the first live one (or nil).
+-- Remove dead waiters from the front of the queue; return the first live one (or nil) and its
+-- waiters entry.
 local function live_head(now)
   while true do
     local head = redis.call('ZRANGE', k.queue, 0, 0)[1]
@@ -108,7 +113,7 @@ local function live_head(now)
     local v = redis.call('HGET', k.waiters, head)
     if v then
       local deadline = parse_waiter(v)
-      if deadline >= now then return head end
+      if deadline >= now then return head, v end
     end
     redis.call('ZREM', k.queue, head)
     redis.call('HDEL', k.waiters, head)
@@ -120,9 +125,9 @@ end
 -- further round trip. Its waiters entry stays until the grant is popped, so a janitor can revoke a
 -- grant whose waiter died. Returns the grantee's flag or false.
 local function grant_next(now)
-  local head = live_head(now)
+  local head, entry = live_head(now)
   if not head then return false end
-  local _, lease, meta = parse_waiter(redis.call('HGET', k.waiters, head))
+  local _, lease, meta = parse_waiter(entry)
   redis.call('ZREM', k.queue, head)
   local token = take(head, lease, meta, now)
   local wk = wake_key(head)

@@ -14,11 +14,12 @@ ensure_redis_server() {
   command -v redis-server >/dev/null 2>&1 || { echo "could not install redis-server" >&2; return 1; }
 }
 
-# A free loopback TCP port (nothing answers on it).
+# A free loopback TCP port (nothing answers on it), below the kernel's ephemeral range
+# (32768-60999) so a burst of client connections cannot take it before the server binds it.
 free_port() {
   local port
   for _ in $(seq 1 200); do
-    port=$(( 20000 + RANDOM % 20000 ))
+    port=$(( 20000 + RANDOM % 12000 ))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       echo "$port"
       return 0
@@ -40,6 +41,11 @@ start_redis() {
     --daemonize no --logfile "$dir/redis.log" "$@" &
   pid=$!
   for _ in $(seq 1 200); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "redis-server exited at start on port $port:" >&2
+      tail -n 5 "$dir/redis.log" >&2 || true
+      return 1
+    fi
     if redis-cli -p "$port" ping >/dev/null 2>&1; then
       printf -v "${var}_PORT" '%s' "$port"
       printf -v "${var}_PID" '%s' "$pid"

@@ -16,7 +16,10 @@ if v[1] == flag and v[2] == token then
   redis.call('DEL', k.lock)
   redis.call('HDEL', k.waiters, flag)
   redis.call('ZADD', k.released, now, token)
-  redis.call('ZREMRANGEBYSCORE', k.released, '-inf', now - receipt_ttl)
+  -- trim old receipts now and then (the key's TTL bounds it between trims)
+  if tonumber(token) % 16 == 0 then
+    redis.call('ZREMRANGEBYSCORE', k.released, '-inf', now - receipt_ttl)
+  end
   redis.call('PEXPIRE', k.released, receipt_ttl)
   return { 'released', grant_next(now) or '' }
 end

@@ -331,9 +331,7 @@ impl FairLock {
                     }
                 }
                 Ok(Acquire::Busy { .. }) => return Ok(None),
-                Ok(Acquire::Queued {
-                    server_ms, pttl_ms, ..
-                }) => (server_ms, pttl_ms),
+                Ok(Acquire::Queued { server_ms, pttl_ms }) => (server_ms, pttl_ms),
             };
             queued = true;
             let janitor = &self.client.janitor;

@@ -127,12 +127,8 @@ pub(crate) enum Acquire {
     },
     /// `try` mode: held by someone or others are queued.
     Busy { pttl_ms: i64 },
-    /// Queued at this position (0 = head); `pttl_ms` is the holder's lease left.
-    Queued {
-        position: i64,
-        server_ms: i64,
-        pttl_ms: i64,
-    },
+    /// Queued; `pttl_ms` is the holder's lease left.
+    Queued { server_ms: i64, pttl_ms: i64 },
 }
 
 pub(crate) fn parse_acquire(v: Value) -> Result<Acquire> {
@@ -148,9 +144,8 @@ pub(crate) fn parse_acquire(v: Value) -> Result<Acquire> {
             pttl_ms: field_int(&items, 1, D)?,
         }),
         "queued" => Ok(Acquire::Queued {
-            position: field_int(&items, 1, D)?,
-            server_ms: field_int(&items, 2, D)?,
-            pttl_ms: field_int(&items, 3, D)?,
+            server_ms: field_int(&items, 1, D)?,
+            pttl_ms: field_int(&items, 2, D)?,
         }),
         _ => Err(Error::unexpected(&format!("{D}: {items:?}"))),
     }

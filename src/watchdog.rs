@@ -36,6 +36,9 @@ struct Renewal {
 #[derive(Default)]
 struct Registry {
     entries: HashMap<u64, Renewal>,
+    /// When the thread will wake next (`None`: idle). Under the same mutex as `entries`, so a new
+    /// hold always knows whether it must wake the thread.
+    planned: Option<Instant>,
 }
 
 pub(crate) struct Watchdog {
@@ -77,8 +80,12 @@ impl Watchdog {
             .checked_sub(lease * 2 / 3)
             .unwrap_or_else(Instant::now);
         let mut registry = self.registry.lock();
-        // Wake the thread only if this hold is due before everything it already waits for.
-        let wake = registry.entries.values().all(|r| due < r.due);
+        // Wake the thread only if this hold is due before its planned wake: a wake-up per
+        // acquisition costs a context switch on a busy machine.
+        let wake = registry.planned.is_none_or(|planned| due < planned);
+        if wake {
+            registry.planned = Some(due);
+        }
         registry.entries.insert(
             id,
             Renewal {
@@ -104,7 +111,12 @@ impl Watchdog {
 
 fn run(pool: &r2d2::Pool<Manager>, registry: &Mutex<Registry>, nudge: &Receiver<()>) {
     loop {
-        let next = registry.lock().entries.values().map(|r| r.due).min();
+        let next = {
+            let mut reg = registry.lock();
+            let next = reg.entries.values().map(|r| r.due).min();
+            reg.planned = next;
+            next
+        };
         let wait = next.map_or(Duration::from_secs(3600), |due| {
             due.saturating_duration_since(Instant::now())
         });
