@@ -160,7 +160,7 @@ impl LockClientBuilder {
             .build_unchecked(manager()?);
 
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let watchdog = Watchdog::start(pool.clone(), &id)?;
+        let watchdog = Watchdog::start(pool.clone(), &id, c.lease)?;
         let janitor = Janitor::start(pool.clone(), &id, c.janitor_interval)?;
         Ok(LockClient {
             inner: Arc::new(ClientInner {

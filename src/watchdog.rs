@@ -48,13 +48,16 @@ pub(crate) struct Watchdog {
 }
 
 impl Watchdog {
-    pub fn start(pool: r2d2::Pool<Manager>, client_id: &str) -> Result<Watchdog> {
+    /// `lease` is the client's default lease: with no holds, the thread still wakes every sixth
+    /// of it, so a new hold with that lease (first due after a third) never needs to wake it.
+    pub fn start(pool: r2d2::Pool<Manager>, client_id: &str, lease: Duration) -> Result<Watchdog> {
+        let idle_wake = (lease / 6).max(Duration::from_millis(50));
         let registry = Arc::new(Mutex::new(Registry::default()));
         let (nudge, rx) = crossbeam_channel::unbounded();
         let reg = registry.clone();
         thread::Builder::new()
             .name(format!("fairlock-watchdog-{}", &client_id[..8]))
-            .spawn(move || run(&pool, &reg, &rx))
+            .spawn(move || run(&pool, &reg, &rx, idle_wake))
             .map_err(|e| Error::InvalidConfig {
                 setting: "threads",
                 reason: format!("cannot start the watchdog thread: {e}"),
@@ -109,17 +112,25 @@ impl Watchdog {
     }
 }
 
-fn run(pool: &r2d2::Pool<Manager>, registry: &Mutex<Registry>, nudge: &Receiver<()>) {
+fn run(
+    pool: &r2d2::Pool<Manager>,
+    registry: &Mutex<Registry>,
+    nudge: &Receiver<()>,
+    idle_wake: Duration,
+) {
     loop {
         let next = {
             let mut reg = registry.lock();
-            let next = reg.entries.values().map(|r| r.due).min();
-            reg.planned = next;
+            let next = reg
+                .entries
+                .values()
+                .map(|r| r.due)
+                .min()
+                .unwrap_or_else(|| Instant::now() + idle_wake);
+            reg.planned = Some(next);
             next
         };
-        let wait = next.map_or(Duration::from_secs(3600), |due| {
-            due.saturating_duration_since(Instant::now())
-        });
+        let wait = next.saturating_duration_since(Instant::now());
         match nudge.recv_timeout(wait) {
             Ok(()) => continue,
             Err(RecvTimeoutError::Disconnected) => return,
