@@ -182,11 +182,8 @@ pub fn child_role() -> Option<String> {
     std::env::var("FAIRLOCK_CHILD").ok()
 }
 
-/// Re-run this test binary as a child process that executes only `test_name`, with
-/// `FAIRLOCK_CHILD=role` and extra environment. The child's `test_name` test must check
-/// [`child_role`] and do the child's work; in a normal run (no FAIRLOCK_CHILD) it returns at once.
-/// Its stdout is piped so the parent can read lines it prints.
-pub fn spawn_child(test_name: &str, role: &str, env: &[(&str, String)]) -> Child {
+/// This test binary, set up to run only `test_name` as a child with `FAIRLOCK_CHILD=role`.
+fn child_command(test_name: &str, role: &str, env: &[(&str, String)]) -> Command {
     let exe = std::env::current_exe().expect("current test binary");
     let mut cmd = Command::new(exe);
     cmd.arg("--exact")
@@ -194,11 +191,20 @@ pub fn spawn_child(test_name: &str, role: &str, env: &[(&str, String)]) -> Child
         .arg("--nocapture")
         .arg("--test-threads=1")
         .env("FAIRLOCK_CHILD", role)
-        .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     for (k, v) in env {
         cmd.env(k, v);
     }
+    cmd
+}
+
+/// Re-run this test binary as a child process that executes only `test_name`, with
+/// `FAIRLOCK_CHILD=role` and extra environment. The child's `test_name` test must check
+/// [`child_role`] and do the child's work; in a normal run (no FAIRLOCK_CHILD) it returns at once.
+/// Its stdout is piped so the parent can read lines it prints.
+pub fn spawn_child(test_name: &str, role: &str, env: &[(&str, String)]) -> Child {
+    let mut cmd = child_command(test_name, role, env);
+    cmd.stdout(Stdio::piped());
     cmd.spawn().expect("spawn child test process")
 }
 
@@ -349,19 +355,8 @@ pub struct Worker {
 impl Worker {
     /// Start `test_name` of this test binary as a child with `FAIRLOCK_CHILD=role`.
     pub fn spawn(test_name: &str, role: &str, env: &[(&str, String)]) -> Worker {
-        let exe = std::env::current_exe().expect("current test binary");
-        let mut cmd = Command::new(exe);
-        cmd.arg("--exact")
-            .arg(test_name)
-            .arg("--nocapture")
-            .arg("--test-threads=1")
-            .env("FAIRLOCK_CHILD", role)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
+        let mut cmd = child_command(test_name, role, env);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn child test process");
         let stdout = child.stdout.take().unwrap();
         let stdin = child.stdin.take();
