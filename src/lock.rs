@@ -309,7 +309,6 @@ impl FairLock {
             Wait::Until(d) => d,
         };
         let mut failures = 0;
-        let mut queued = false;
         loop {
             let sent = Instant::now();
             let reply = self
@@ -318,10 +317,8 @@ impl FairLock {
                 .and_then(scripts::parse_acquire);
             let (server_ms, pttl_ms) = match reply {
                 Err(e) => {
-                    // Nothing to leave if this call never got into the queue.
-                    if queued {
-                        self.leave_after_error(&flag);
-                    }
+                    // Even a first attempt may have been queued before its reply was lost.
+                    self.leave_after_error(&flag);
                     return Err(e);
                 }
                 Ok(Acquire::Granted { token, pttl_ms, .. }) => {
@@ -333,7 +330,6 @@ impl FairLock {
                 Ok(Acquire::Busy { .. }) => return Ok(None),
                 Ok(Acquire::Queued { server_ms, pttl_ms }) => (server_ms, pttl_ms),
             };
-            queued = true;
             let janitor = &self.client.janitor;
             janitor.register(&self.keys, &flag, self.lease_ms(), &meta, ms(pttl_ms));
             let outcome = self.wait_for_grant(&flag, deadline);
@@ -390,11 +386,8 @@ impl FairLock {
         Ok(None)
     }
 
-    /// A grant reached us after its lease had run out by our own (early) estimate: the reply was
-    /// held up (a stalled network, a stopped process) and another owner may hold the lock by now,
-    /// so it must not become a guard. Run `acquire.lua` again: it renews the grant if the lock is
-    /// still ours, and queues us otherwise. After `MAX_WAIT_FAILURES` late grants in a row, pass
-    /// the lock on and fail.
+    /// Count a late grant (see [`FairLock::fresh_hold`]); after `MAX_WAIT_FAILURES` in a row,
+    /// pass the lock on and fail.
     fn late_grant(&self, flag: &str, failures: &mut u32) -> Result<()> {
         log::warn!(
             "fairlock: a grant of {:?} arrived after its lease had run out; re-checking",
