@@ -923,6 +923,35 @@ impl Bench {
         format!("bench-{}-{what}", self.run_id)
     }
 
+    /// A free loop on the lock `what` from `start` for `dur` ns; with `counter`, each hold does
+    /// GET/SET on `<what>:counter` (else the fencing token numbers the grants).
+    fn timed_spec(
+        &self,
+        lib: Lib,
+        what: &str,
+        counter: bool,
+        hold_us: u64,
+        start: u64,
+        dur: u64,
+    ) -> Spec {
+        Spec {
+            lib,
+            url: self.url.clone(),
+            name: self.name(what),
+            counter: if counter {
+                self.name(&format!("{what}:counter"))
+            } else {
+                String::new()
+            },
+            signal: String::new(),
+            hold_us,
+            start_ns: start,
+            stop_ns: start + dur,
+            give_up_ns: start + dur + self.sizes.grace,
+            max_seq: 0,
+        }
+    }
+
     fn ratio(&self, us: f64) -> String {
         format!("{:.2}", us / self.rtt_us)
     }
@@ -1310,18 +1339,7 @@ fn throughput(b: &mut Bench) {
                 i += 1;
                 let start = mono_ns() + if procs > 0 { 800 * MS } else { 200 * MS };
                 let dur = (secs * SEC as f64) as u64;
-                let spec = Spec {
-                    lib,
-                    url: b.url.clone(),
-                    name: b.name(&format!("tp{i}")),
-                    counter: b.name(&format!("tp{i}:counter")),
-                    signal: String::new(),
-                    hold_us: hold,
-                    start_ns: start,
-                    stop_ns: start + dur,
-                    give_up_ns: start + dur + b.sizes.grace,
-                    max_seq: 0,
-                };
+                let spec = b.timed_spec(lib, &format!("tp{i}"), true, hold, start, dur);
                 let window = (start + dur / 4, start + dur * 9 / 10);
                 let o = b.run_timed(&spec, procs, threads, Some(window));
                 out.push(throughput_row(b, &spec, procs, threads, &o, dur));
@@ -1445,18 +1463,14 @@ fn fifo(b: &mut Bench) {
         for hold in [0, 1000] {
             let dur = (b.sizes.throughput_secs * SEC as f64 * 0.5) as u64;
             let start = mono_ns() + if procs > 0 { 800 * MS } else { 200 * MS };
-            let spec = Spec {
-                lib: Lib::Fairlock,
-                url: b.url.clone(),
-                name: b.name(&format!("fifo{i}-{hold}")),
-                counter: b.name(&format!("fifo{i}-{hold}:counter")),
-                signal: String::new(),
-                hold_us: hold,
-                start_ns: start,
-                stop_ns: start + dur,
-                give_up_ns: start + dur + b.sizes.grace,
-                max_seq: 0,
-            };
+            let spec = b.timed_spec(
+                Lib::Fairlock,
+                &format!("fifo{i}-{hold}"),
+                true,
+                hold,
+                start,
+                dur,
+            );
             let o = run(&spec, procs, threads, None, true);
             let (audited, over, unmatched) = fifo_audit(&o);
             let clock = overtakes(&o.recs);
@@ -1499,18 +1513,14 @@ fn scaling(b: &mut Bench) {
     for &n in &b.sizes.scale_waiters.clone() {
         let dur = (b.sizes.scale_secs * SEC as f64) as u64;
         let start = mono_ns() + 300 * MS + n as u64 * MS;
-        let spec = Spec {
-            lib: Lib::Fairlock,
-            url: b.url.clone(),
-            name: b.name(&format!("scale{n}")),
-            counter: String::new(),
-            signal: String::new(),
-            hold_us: b.sizes.scale_hold_us,
-            start_ns: start,
-            stop_ns: start + dur,
-            give_up_ns: start + dur + b.sizes.grace,
-            max_seq: 0,
-        };
+        let spec = b.timed_spec(
+            Lib::Fairlock,
+            &format!("scale{n}"),
+            false,
+            b.sizes.scale_hold_us,
+            start,
+            dur,
+        );
         let window = (start + dur / 4, start + dur * 9 / 10);
         let o = b.run_timed(&spec, 0, n + 1, Some(window));
         let (lat, overlaps) = handoffs(&o.recs);
