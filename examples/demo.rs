@@ -93,7 +93,7 @@ fn parent(url: &str) -> Result<()> {
     let grants = collect(workers);
     println!("hand-offs (in fencing-token order):");
     for g in &grants {
-        println!("  token {:>3} -> {}", g.token, g.who);
+        println!("  token {} -> {}", g.token, g.who);
     }
     let served: Vec<String> = grants.iter().map(|g| g.who.clone()).collect();
     let fifo = served == queue;
@@ -124,8 +124,10 @@ fn parent(url: &str) -> Result<()> {
         elapsed,
         grants2.len() as f64 / elapsed.as_secs_f64()
     );
+    // tokens are seeded from the server clock (µs), so the range says nothing about the count
     println!(
-        "fencing tokens {}..={}: {}",
+        "{} fencing tokens, from {} to {}: {}",
+        all.len(),
         all.first().map_or(0, |g| g.token),
         all.last().map_or(0, |g| g.token),
         if increasing {

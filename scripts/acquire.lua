@@ -1,39 +1,51 @@
--- acquire.lua: first attempt of a thread that does not hold the lock (and every retry of it).
--- ARGV: [1] flag (client id:thread) [2] lease ms [3] 'try' (never queue) or 'wait'
---       [4] waiter timeout ms [5] meta "host|pid|thread"
+-- acquire.lua: an attempt of a thread that holds no guard of the lock (and every retry of it).
+-- ARGV: [3] owner [4] attempt [5] lease ms [6] 'try' (never queue) or 'wait' [7] meta "host|pid|thread"
 -- Returns {'granted', token, now_ms, pttl} | {'busy', holder pttl, now_ms} | {'queued', now_ms, pttl}
--- Invariants: no barging (a free lock with live waiters goes to the head, never to the caller);
--- idempotent for one flag (a retry after a lost reply keeps the queue place or claims the grant).
-local flag, lease, mode, waiter_ttl, meta = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[5]
+--       | {'stale'} (a newer attempt of this owner exists: this request came late, nothing done)
+-- No barging: a free lock with live waiters goes to the head, never to the caller.
+-- Network: a retry of the same attempt (reply lost, or a hand-off whose pop was lost) keeps the
+-- queue place or returns the grant; a request that arrives late, after a newer attempt of its
+-- owner reached Redis, finds that attempt and does nothing. One that arrives after its owner
+-- left for good queues (or holds) a place nobody refreshes: it is purged as dead (or the hold
+-- runs out after its lease), so it delays others but never gives two owners.
+local owner, attempt, lease, mode, meta = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local bad = foreign_key()
 if bad then return redis.error_reply(bad) end
 local now = now_ms()
 
-local owner = redis.call('HGET', k.lock, 'owner')
-if owner == flag then
-  -- Granted to this thread (a hand-off whose wake-up it never received) or a hold whose guard is
-  -- gone: the thread holds no guard, so this is a fresh hold of depth 1 with the granted token.
-  redis.call('HSET', k.lock, 'count', 1, 'lease', lease)
-  redis.call('PEXPIRE', k.lock, lease)
-  redis.call('ZREM', k.queue, flag)
-  redis.call('HDEL', k.waiters, flag)
-  redis.call('DEL', wake_key(flag))
-  return { 'granted', tonumber(redis.call('HGET', k.lock, 'token')), now, lease }
+local h = redis.call('HMGET', k.lock, 'owner', 'attempt', 'token')
+if h[1] == owner then
+  local held = tonumber(h[2]) or 0
+  if held > attempt then return { 'stale' } end
+  forget_waiter(owner)
+  if held == attempt then
+    -- this very attempt was granted; its reply or its hand-off message was lost
+    return { 'granted', h[3], now, lock_pttl() }
+  end
+  -- an older attempt of this thread holds it with no guard left (leaked, or given up as lost):
+  -- a new hold, with a new token, so a late release of the old one cannot free this one
+  redis.call('DEL', k.lock)
+  return { 'granted', fmt(take(owner, attempt, lease, meta)), now, lease }
 end
 
-if not owner then
-  local head = live_head(now)
-  if not head or head == flag then
-    redis.call('ZREM', k.queue, flag)
-    redis.call('HDEL', k.waiters, flag)
-    redis.call('DEL', wake_key(flag))
-    return { 'granted', take(flag, lease, meta, now), now, lease }
+local mine = waiter_entry(owner)
+if mine and mine.attempt > attempt then return { 'stale' } end
+if mine and mine.attempt < attempt then
+  -- an earlier attempt that was given up: a new attempt queues at the back
+  forget_waiter(owner)
+end
+
+if not h[1] then
+  local head = live_head()
+  if not head or head == owner then
+    forget_waiter(owner)
+    return { 'granted', fmt(take(owner, attempt, lease, meta)), now, lease }
   end
-  grant_next(now)
+  grant_next()
 end
 
 if mode == 'try' then
   return { 'busy', lock_pttl(), now }
 end
-enqueue(flag, now, waiter_ttl, lease, meta)
+enqueue(owner, attempt, lease, meta)
 return { 'queued', now, lock_pttl() }

@@ -1,26 +1,54 @@
 -- common.lua: helpers prepended to every fairlock script (Redis 6.2 has no function libraries).
 --
--- The keys of one lock named N under prefix P (all share the hash tag {N}, so one slot on Cluster):
---   P:{N}            HASH    owner, count, token, lease, since, meta      TTL = the holder's lease
---   P:{N}:fence      STRING  fencing counter, INCR on every new grant     no TTL (the only lasting key)
---   P:{N}:queue      ZSET    waiter flag -> arrival time (server us)      TTL >= the waiter timeout
---   P:{N}:waiters    HASH    waiter flag -> "deadline|lease|meta"         TTL >= the waiter timeout
---   P:{N}:released   ZSET    token -> release time, receipts for retries  TTL = RECEIPT
---   P:{N}:wake:<flag> LIST   one waiter's wake-ups                        TTL = grant lease / waiter timeout
+-- The keys of one lock named N under prefix P (all share the hash tag {N}, so one slot):
+--   P:{N}             HASH    owner, attempt, count, token, lease, since, meta    TTL = the lease
+--                             + wdl, vc while a hand-off waits to be picked up
+--   P:{N}:fence       STRING  the last token handed out                           TTL = fence ttl
+--   P:{N}:queue       ZSET    owner -> arrival time (server us)                   TTL = QUEUE_TTL
+--   P:{N}:waiters     HASH    owner -> "attempt|deadline|lease|meta", ~clock      TTL = QUEUE_TTL
+--   P:{N}:released    ZSET    token -> release time, receipts for retries         TTL = receipt ttl
+--   P:{N}:wake:<owner> LIST   one thread's wake-ups                               TTL = lease / waiter ttl
 --
--- States of a lock (owner = HGET P:{N} owner; head = first member of queue):
---   free                 no hash, empty queue
---   held                 hash, empty queue
---   held, queued         hash, queue non-empty (a release grants to the head)
---   granted              hash owned by a waiter whose wake list still holds "<token>|<ms>" (HANDOFF)
---   stranded             no hash, queue non-empty: the holder's lease ran out or a grant was revoked;
---                        any script that sees it (acquire, heartbeat) grants to the live head.
--- Wake-up messages: "<token>|<grant ms>" (HANDOFF: the lock is yours) or "retry" (NORMAL: run acquire
--- again, your queue entry was dropped as dead).
+-- An owner is "<client id>:<thread number>". Each call of a thread that may take the lock is an
+-- *attempt* with a number that grows with every call of that client. The attempt is stored with
+-- the queue entry and the hold, and every script acts on "this thread's" entry or hold only for
+-- the attempt it was sent for: a request that arrives late, after its sender gave up and moved on
+-- to a newer attempt, finds a newer attempt number and does nothing.
+--
+-- States of a lock (owner = HGET P:{N} owner; head = first member of the queue):
+--   free        no hash, empty queue
+--   held        hash, queue maybe non-empty (a release grants to the live head)
+--   handed off  hash with wdl whose owner's wake list still holds "g|attempt|token|ms"
+--   stranded    no hash, queue non-empty (a lease ran out, a hand-off was revoked): any script
+--               that sees it (acquire, heartbeat, force_unlock) grants to the live head
+-- Invariant: a waiters entry exists only for a queued owner (grant, leave and purge remove both;
+-- only a lost queue key breaks it, and then the owner's heartbeat tells it to retry).
+-- Wake-ups: "g|<attempt>|<token>|<grant ms>" (the lock is yours) or "r|<attempt>" (your queue
+-- entry is gone: run acquire again). A waiter ignores messages for other attempts.
+--
+-- Time. Redis's clock is the wall clock and may step. Liveness deadlines of waiters are kept on a
+-- *virtual clock* per key (field ~clock of the waiters hash, field vc of the lock hash): it
+-- advances with the wall clock, but never backwards and by at most CAP (a third of the waiter
+-- timeout) between two scripts, so a clock step of either sign neither purges live waiters nor
+-- keeps dead ones for more than a few heartbeats. Leases are Redis TTLs: a forward step of the
+-- server clock shortens them (README: Limits). Tokens are max(last + 1, server time in us), so
+-- they keep rising across data loss as long as the server clock does.
 --
 -- KEYS of every script: [1] lock hash [2] fence [3] queue [4] waiters [5] released.
+-- ARGV of every script: [1] fence ttl ms [2] waiter timeout ms; the script's own from [3].
+-- Every number that goes into a string is formatted with %.0f (Lua's tostring gives 1.7e+15).
 
 local k = { lock = KEYS[1], fence = KEYS[2], queue = KEYS[3], waiters = KEYS[4], released = KEYS[5] }
+local FENCE_TTL = tonumber(ARGV[1])
+local WAITER_TTL = tonumber(ARGV[2])
+local CAP = math.floor(WAITER_TTL / 3)
+-- the queue outlives a forward clock step of up to 10 minutes (its entries' own deadlines are
+-- virtual); it is deleted as soon as it is empty
+local QUEUE_TTL = math.max(2 * WAITER_TTL, 600000)
+
+local function fmt(n)
+  return string.format('%.0f', n)
+end
 
 -- One TIME per script (it does not change within a script anyway).
 local clock = nil
@@ -36,8 +64,36 @@ local function now_ms()
   return math.floor(now_us() / 1000)
 end
 
-local function wake_key(flag)
-  return k.lock .. ':wake:' .. flag
+-- The virtual clock kept in field `field` of hash `key` (see "Time" above). Only call it on a
+-- hash that exists or is about to be written.
+local vclocks = {}
+local function vclock(key, field)
+  local memo = vclocks[key]
+  if memo then return memo end
+  local real = now_ms()
+  local v = real
+  local c = redis.call('HGET', key, field)
+  if c then
+    local cv, cr = string.match(c, '^(%d+)|(%d+)$')
+    if cv then
+      v = tonumber(cv) + math.min(math.max(real - tonumber(cr), 0), CAP)
+    end
+  end
+  redis.call('HSET', key, field, fmt(v) .. '|' .. fmt(real))
+  vclocks[key] = v
+  return v
+end
+
+local function waiters_now()
+  return vclock(k.waiters, '~clock')
+end
+
+local function lock_now()
+  return vclock(k.lock, 'vc')
+end
+
+local function wake_key(owner)
+  return k.lock .. ':wake:' .. owner
 end
 
 local function check_fence()
@@ -59,83 +115,129 @@ local function foreign_key()
         '; another program uses this key: choose another lock name or key prefix'
     end
   end
-  -- the fence is a string either way: a non-numeric one would fail the INCR of a grant mid-script
+  -- the fence is a string either way: a non-numeric one would fail a grant mid-script
   return check_fence()
 end
 
--- "deadline|lease|meta" -> deadline, lease, meta
+-- "attempt|deadline|lease|meta" -> table
 local function parse_waiter(v)
-  local deadline, lease, meta = string.match(v, '^(%d+)|(%d+)|(.*)$')
-  return tonumber(deadline), tonumber(lease), meta
+  local attempt, deadline, lease, meta = string.match(v, '^(%d+)|(%d+)|(%d+)|(.*)$')
+  if not attempt then return nil end
+  return { attempt = tonumber(attempt), deadline = tonumber(deadline), lease = tonumber(lease),
+           meta = meta }
 end
 
--- Extend a key's TTL to at least ttl ms (never shorten: waiters of other clients may use longer ones).
-local function keep_for(key, ttl)
-  if redis.call('PTTL', key) < ttl then
-    redis.call('PEXPIRE', key, ttl)
+local function waiter_entry(owner)
+  local v = redis.call('HGET', k.waiters, owner)
+  if not v then return nil end
+  return parse_waiter(v)
+end
+
+local function write_waiter(owner, attempt, deadline, lease, meta)
+  redis.call('HSET', k.waiters, owner, fmt(attempt) .. '|' .. fmt(deadline) .. '|' .. fmt(lease) ..
+    '|' .. meta)
+end
+
+-- The waiters hash (and its clock) goes with the last queue entry.
+local function drop_waiters_if_queue_empty()
+  if redis.call('EXISTS', k.queue) == 0 then
+    redis.call('DEL', k.waiters)
+    vclocks[k.waiters] = nil
   end
 end
 
-local function enqueue(flag, now, waiter_ttl, lease, meta)
-  local added = false
-  if not redis.call('ZSCORE', k.queue, flag) then
+-- Remove an owner's queue entry and wake list, whatever attempt they belong to.
+local function forget_waiter(owner)
+  redis.call('ZREM', k.queue, owner)
+  redis.call('HDEL', k.waiters, owner)
+  redis.call('DEL', wake_key(owner))
+  drop_waiters_if_queue_empty()
+end
+
+local function enqueue(owner, attempt, lease, meta)
+  if not redis.call('ZSCORE', k.queue, owner) then
     local score = now_us()
     local tail = redis.call('ZRANGE', k.queue, -1, -1, 'WITHSCORES')
     if tail[2] and tonumber(tail[2]) >= score then
       score = tonumber(tail[2]) + 1
     end
-    redis.call('ZADD', k.queue, string.format('%.0f', score), flag)
+    redis.call('ZADD', k.queue, fmt(score), owner)
     -- a fresh wait: drop wake-ups left from an earlier one
-    redis.call('DEL', wake_key(flag))
-    added = true
+    redis.call('DEL', wake_key(owner))
   end
-  redis.call('HSET', k.waiters, flag, string.format('%.0f|%d|%s', now + waiter_ttl, lease, meta))
-  keep_for(k.queue, 2 * waiter_ttl)
-  keep_for(k.waiters, 2 * waiter_ttl)
-  return added
+  write_waiter(owner, attempt, waiters_now() + WAITER_TTL, lease, meta)
+  redis.call('PEXPIRE', k.queue, QUEUE_TTL)
+  redis.call('PEXPIRE', k.waiters, QUEUE_TTL)
 end
 
--- Only called when the lock hash does not exist (every hash fairlock writes has an owner).
-local function take(flag, lease, meta, now)
-  local token = redis.call('INCR', k.fence)
-  redis.call('HSET', k.lock, 'owner', flag, 'count', 1, 'token', token, 'lease', lease, 'since', now,
-    'meta', meta)
+-- The next token: above the last one, and above the server clock in us, so tokens keep rising
+-- when the fence is lost (restart without persistence, failover, eviction, its TTL).
+local function next_token()
+  local last = tonumber(redis.call('GET', k.fence) or '0')
+  local token = math.max(last + 1, now_us())
+  redis.call('SET', k.fence, fmt(token), 'PX', FENCE_TTL)
+  return token
+end
+
+-- A new hold (the lock hash must not exist). Returns the token.
+local function take(owner, attempt, lease, meta)
+  local token = next_token()
+  redis.call('HSET', k.lock, 'owner', owner, 'attempt', fmt(attempt), 'count', 1, 'token', fmt(token),
+    'lease', fmt(lease), 'since', fmt(now_ms()), 'meta', meta)
   redis.call('PEXPIRE', k.lock, lease)
   return token
 end
 
--- Remove dead waiters from the front of the queue; return the first live one (or nil) and its
--- waiters entry.
-local function live_head(now)
+-- Remove dead waiters from the front of the queue; return the first live one and its entry.
+local function live_head()
   while true do
     local head = redis.call('ZRANGE', k.queue, 0, 0)[1]
-    if not head then return nil end
-    local v = redis.call('HGET', k.waiters, head)
-    if v then
-      local deadline = parse_waiter(v)
-      if deadline >= now then return head, v end
+    if not head then
+      drop_waiters_if_queue_empty()
+      return nil
     end
+    local w = waiter_entry(head)
+    if w and w.deadline >= waiters_now() then return head, w end
     redis.call('ZREM', k.queue, head)
     redis.call('HDEL', k.waiters, head)
     redis.call('DEL', wake_key(head))
   end
 end
 
+local function grant_message(attempt, token)
+  return 'g|' .. fmt(attempt) .. '|' .. fmt(token) .. '|'
+end
+
 -- Hand the (free) lock to the live head of the queue: the release grants, the waiter needs no
--- further round trip. Its waiters entry stays until the grant is popped, so a janitor can revoke a
--- grant whose waiter died. Returns the grantee's flag or false.
-local function grant_next(now)
-  local head, entry = live_head(now)
+-- further round trip. The grantee's liveness moves into the lock hash (wdl, on the hash's own
+-- virtual clock vc), so a heartbeat can revoke a hand-off whose grantee died before popping it.
+-- Returns the grantee or false.
+local function grant_next()
+  local head, w = live_head()
   if not head then return false end
-  local _, lease, meta = parse_waiter(entry)
+  local left = math.max(w.deadline - waiters_now(), 0)
   redis.call('ZREM', k.queue, head)
-  local token = take(head, lease, meta, now)
+  redis.call('HDEL', k.waiters, head)
+  local token = take(head, w.attempt, w.lease, w.meta)
+  local now = now_ms()
+  redis.call('HSET', k.lock, 'vc', fmt(now) .. '|' .. fmt(now), 'wdl', fmt(now + left))
+  vclocks[k.lock] = now
   local wk = wake_key(head)
   redis.call('DEL', wk)
-  redis.call('RPUSH', wk, token .. '|' .. string.format('%.0f', now))
+  redis.call('RPUSH', wk, grant_message(w.attempt, token) .. fmt(now))
   -- the message expires with the grant, so a late pop can never hold a lock that expired meanwhile
-  redis.call('PEXPIRE', wk, lease)
+  redis.call('PEXPIRE', wk, w.lease)
+  drop_waiters_if_queue_empty()
   return head
+end
+
+-- Whether the hand-off of this hold still waits in its grantee's wake list.
+local function handoff_pending(owner, attempt, token)
+  local prefix = grant_message(attempt, token)
+  for _, msg in ipairs(redis.call('LRANGE', wake_key(owner), 0, -1)) do
+    if msg:sub(1, #prefix) == prefix then return true end
+  end
+  return false
 end
 
 local function lock_pttl()

@@ -1,55 +1,58 @@
--- heartbeat.lua: a client's janitor keeps its live waiters' places and repairs what others left.
--- ARGV: [1] waiter timeout ms, then triples: flag, lease ms, meta (this client's waiters of this lock)
--- Returns {holder pttl, flags told to retry...}
--- 1. Refresh each local waiter's deadline. A waiter with no entry (dropped as dead during a pause,
---    or lost with a Redis restart) is told "retry" through its wake list and re-queues itself.
--- 2. Purge dead waiters anywhere in the queue; revoke a grant its dead grantee never popped.
--- 3. A stranded lock (free, waiters queued: the holder died) is granted to the live head.
+-- heartbeat.lua: a client's janitor keeps its waiters' places and repairs what others left.
+-- ARGV: [3..] pairs: owner, attempt (this client's waiting attempts on this lock)
+-- Returns {holder pttl, owners told to retry...}
+-- 1. For each attempt: a queued one gets a new deadline; one whose hand-off waits unpopped keeps
+--    it alive; any other (its entry was purged during a pause, its grant lapsed unseen, its
+--    queue key was lost) is told "retry" through its wake list and queues again.
+-- 2. A hand-off whose grantee stopped refreshing it and never popped it is revoked.
+-- 3. A stranded lock (free, waiters queued: the holder died) goes to the live head, purging dead
+--    heads on the way. Cost: O(this client's waiters + dead heads), never a scan of all waiters.
+-- Network: a retry refreshes again; a late heartbeat for an attempt that has moved on does
+-- nothing (a newer attempt's entry) or pushes a "retry" for that old attempt, which its thread
+-- ignores.
 local bad = foreign_key()
 if bad then return redis.error_reply(bad) end
-local now = now_ms()
-local waiter_ttl = tonumber(ARGV[1])
-local owner = redis.call('HGET', k.lock, 'owner')
+local h = redis.call('HMGET', k.lock, 'owner', 'attempt', 'token', 'wdl')
+local own_handoff = false
 local told = {}
-for i = 2, #ARGV, 3 do
-  local flag, lease, meta = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
-  if redis.call('HEXISTS', k.waiters, flag) == 1 then
-    redis.call('HSET', k.waiters, flag, string.format('%.0f|%d|%s', now + waiter_ttl, lease, meta))
-  elseif owner ~= flag then
-    local wk = wake_key(flag)
-    redis.call('RPUSH', wk, 'retry')
-    redis.call('PEXPIRE', wk, waiter_ttl)
-    told[#told + 1] = flag
-  end
-end
-keep_for(k.queue, 2 * waiter_ttl)
-keep_for(k.waiters, 2 * waiter_ttl)
-
-local entries = redis.call('HGETALL', k.waiters)
-for i = 1, #entries, 2 do
-  local flag = entries[i]
-  local deadline = parse_waiter(entries[i + 1])
-  if deadline < now then
-    redis.call('ZREM', k.queue, flag)
-    redis.call('HDEL', k.waiters, flag)
-    if flag == owner then
-      local token = redis.call('HGET', k.lock, 'token')
-      local wk = wake_key(flag)
-      for _, msg in ipairs(redis.call('LRANGE', wk, 0, -1)) do
-        if msg:sub(1, #token + 1) == token .. '|' then
-          redis.call('DEL', k.lock)
-          owner = nil
-        end
-      end
-      redis.call('DEL', wk)
-    else
-      redis.call('DEL', wake_key(flag))
+for i = 3, #ARGV, 2 do
+  local owner, attempt = ARGV[i], tonumber(ARGV[i + 1])
+  if h[1] == owner and tonumber(h[2]) == attempt then
+    own_handoff = true
+    if h[4] then
+      redis.call('HSET', k.lock, 'wdl', fmt(lock_now() + WAITER_TTL))
+    end
+  else
+    local w = waiter_entry(owner)
+    if w and w.attempt == attempt and redis.call('ZSCORE', k.queue, owner) then
+      write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
+    elseif not (w and w.attempt > attempt) then
+      if w then forget_waiter(owner) end
+      local wk = wake_key(owner)
+      redis.call('RPUSH', wk, 'r|' .. fmt(attempt))
+      redis.call('PEXPIRE', wk, WAITER_TTL)
+      told[#told + 1] = owner
     end
   end
 end
 
-if not redis.call('HGET', k.lock, 'owner') then
-  grant_next(now)
+if h[1] and h[4] and not own_handoff and tonumber(h[4]) < lock_now()
+    and handoff_pending(h[1], tonumber(h[2]), tonumber(h[3])) then
+  redis.call('DEL', k.lock)
+  redis.call('DEL', wake_key(h[1]))
+  h[1] = nil
+end
+
+if redis.call('EXISTS', k.queue) == 1 then
+  if redis.call('EXISTS', k.lock) == 0 then
+    grant_next()
+  end
+  if redis.call('EXISTS', k.queue) == 1 then
+    redis.call('PEXPIRE', k.queue, QUEUE_TTL)
+    redis.call('PEXPIRE', k.waiters, QUEUE_TTL)
+  end
+else
+  drop_waiters_if_queue_empty()
 end
 local result = { lock_pttl() }
 for _, f in ipairs(told) do result[#result + 1] = f end

@@ -1,19 +1,24 @@
 -- leave.lua: a waiter stops waiting (its time ran out, or it failed).
--- ARGV: [1] flag [2] 'claim' (take a grant that reached us meanwhile) or 'pass' (hand it on)
--- Returns {'left'} | {'granted', token, now_ms, pttl} | {'passed', next flag or ''}
-local flag, mode = ARGV[1], ARGV[2]
+-- ARGV: [3] owner [4] attempt [5] 'claim' (take a grant that reached it meanwhile) or 'pass'
+-- Returns {'left'} | {'granted', token, now_ms, pttl} | {'passed', next owner or ''}
+-- Network: acts only on the queue entry or hold of this very attempt, so a late leave never
+-- drops a newer wait or releases a newer hold of the same thread; a retry finds nothing left
+-- (or, for 'claim', the same grant again).
+local owner, attempt, mode = ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local bad = foreign_key()
 if bad then return redis.error_reply(bad) end
 local now = now_ms()
-redis.call('ZREM', k.queue, flag)
-redis.call('HDEL', k.waiters, flag)
-redis.call('DEL', wake_key(flag))
-if redis.call('HGET', k.lock, 'owner') == flag then
+local h = redis.call('HMGET', k.lock, 'owner', 'attempt', 'token')
+if h[1] == owner and tonumber(h[2]) == attempt then
+  redis.call('DEL', wake_key(owner))
   if mode == 'claim' then
-    redis.call('HSET', k.lock, 'count', 1)
-    return { 'granted', tonumber(redis.call('HGET', k.lock, 'token')), now, lock_pttl() }
+    return { 'granted', h[3], now, lock_pttl() }
   end
   redis.call('DEL', k.lock)
-  return { 'passed', grant_next(now) or '' }
+  return { 'passed', grant_next() or '' }
+end
+local mine = waiter_entry(owner)
+if mine and mine.attempt == attempt then
+  forget_waiter(owner)
 end
 return { 'left' }

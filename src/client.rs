@@ -1,14 +1,18 @@
 //! [`LockClient`]: connections, configuration and the two background threads of one client.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::connection::{Conn, Manager};
+use parking_lot::Mutex;
+
+use crate::connection::{with_pooled, Conn, Manager};
 use crate::error::{Error, Result};
 use crate::janitor::Janitor;
 use crate::keys;
 use crate::lock::FairLock;
+use crate::raw;
 use crate::watchdog::Watchdog;
 
 /// The shortest lease accepted: renewals run every third of it, and Redis timers tick every 100 ms.
@@ -34,6 +38,10 @@ pub struct Config {
     /// How often the janitor refreshes this client's waiters and repairs locks. Default 1 s.
     /// A waiter not refreshed for 3 intervals counts as dead and is removed.
     pub janitor_interval: Duration,
+    /// How long a lock's fence (its last fencing token) is kept after its last grant. Default
+    /// 7 days. Tokens keep rising after it expires (they are seeded from the server clock); it
+    /// bounds what idle lock names cost Redis.
+    pub fence_ttl: Duration,
 }
 
 impl Config {
@@ -52,6 +60,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(2),
             read_timeout: Duration::from_secs(5),
             janitor_interval: Duration::from_secs(1),
+            fence_ttl: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -110,7 +119,20 @@ impl LockClientBuilder {
         self
     }
 
+    /// How long a lock's last fencing token is kept after its last grant (default 7 days, at
+    /// least 1 minute). Tokens rise without it too; it only bounds the memory of idle names.
+    pub fn fence_ttl(mut self, ttl: Duration) -> Self {
+        self.config.fence_ttl = ttl;
+        self
+    }
+
     /// Check the settings, connect once to check the server, and start the background threads.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a setting out of range, [`Error::InvalidUrl`],
+    /// [`Error::Connection`] when the server cannot be reached, [`Error::NotRedis`] /
+    /// [`Error::UnsupportedServer`] for a server that is not Redis 6.2+, and
+    /// [`Error::UnsafeServer`] for a Redis whose `maxmemory-policy` may evict keys.
     pub fn build(self) -> Result<LockClient> {
         let c = &self.config;
         validate_lease("lease", c.lease)?;
@@ -141,6 +163,14 @@ impl LockClientBuilder {
             });
         }
 
+        if c.fence_ttl < Duration::from_secs(60) || c.fence_ttl > Duration::from_secs(365 * 24 * 3600)
+        {
+            return Err(Error::InvalidConfig {
+                setting: "fence_ttl",
+                reason: format!("{:?} is not between 1 minute and 365 days", c.fence_ttl),
+            });
+        }
+
         let manager = || Manager::new(&self.url, c.connect_timeout, c.read_timeout);
         manager()?.check_server()?;
         let pool = r2d2::Pool::builder()
@@ -161,17 +191,31 @@ impl LockClientBuilder {
 
         let id = uuid::Uuid::new_v4().simple().to_string();
         let watchdog = Watchdog::start(pool.clone(), &id, c.lease)?;
-        let janitor = Janitor::start(pool.clone(), &id, c.janitor_interval)?;
+        let checker = manager()?;
+        let janitor = Janitor::start(
+            pool.clone(),
+            &id,
+            c.janitor_interval,
+            Box::new(move || checker.check_eviction()),
+        )?;
+        let protocol = raw::Settings {
+            fence_ttl: c.fence_ttl,
+            waiter_timeout: c.waiter_timeout(),
+            receipt_ttl: RECEIPT_TTL,
+        };
         Ok(LockClient {
             inner: Arc::new(ClientInner {
                 host: hostname(),
                 pid: std::process::id(),
                 id,
+                protocol,
                 config: self.config,
                 pool,
                 blocking,
                 watchdog,
                 janitor,
+                next_attempt: AtomicU64::new(1),
+                waiting: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -205,10 +249,19 @@ pub struct LockClient {
     pub(crate) inner: Arc<ClientInner>,
 }
 
+/// How long a full release's receipt is kept, so a retried release can tell it already happened.
+const RECEIPT_TTL: Duration = Duration::from_secs(10);
+
 pub(crate) struct ClientInner {
     /// Unique per client; with the thread's number it forms the owner flag.
     pub id: String,
     pub config: Config,
+    /// The settings every script of this client runs with.
+    pub protocol: raw::Settings,
+    /// Numbers the acquire attempts of this client (see `raw`): only ever grows.
+    next_attempt: AtomicU64,
+    /// (lock key, owner) -> the attempt that thread is making now, for `abandon_wait`.
+    pub waiting: Mutex<HashMap<(String, String), u64>>,
     pub pool: r2d2::Pool<Manager>,
     pub blocking: r2d2::Pool<Manager>,
     pub watchdog: Watchdog,
@@ -234,8 +287,7 @@ impl LockClient {
 
     /// A handle to the lock `name`. Checks the name; does not talk to Redis.
     pub fn lock(&self, name: &str) -> Result<FairLock> {
-        keys::validate_name(name)?;
-        Ok(FairLock::new(self.inner.clone(), name))
+        FairLock::new(self.inner.clone(), name)
     }
 
     /// The settings in force.
@@ -280,31 +332,31 @@ impl ClientInner {
         format!("{}|{}|{}", self.host, self.pid, name)
     }
 
-    /// Run `f` on a pooled connection. A pooled connection can be stale (Redis restarted since it
-    /// was last used); when one turns out dropped, `f` runs again on the next. All of fairlock's
-    /// calls are safe to repeat (see the scripts' headers).
+    /// A new attempt number (see `raw`).
+    pub fn next_attempt(&self) -> u64 {
+        self.next_attempt.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Refuse to act in a child process forked after this client was built: it would share the
+    /// parent's sockets and owner flags (so its guards' drops would release the parent's holds),
+    /// and it has no watchdog or janitor.
+    pub fn check_fork(&self) -> Result<()> {
+        if std::process::id() == self.pid {
+            Ok(())
+        } else {
+            Err(Error::Forked)
+        }
+    }
+
+    /// Run `f` on a pooled connection (a stale one is replaced and `f` repeated; all of
+    /// fairlock's calls are safe to repeat: see the scripts' headers).
     pub fn with_conn<T>(
         &self,
         during: &'static str,
-        mut f: impl FnMut(&mut Conn) -> Result<T>,
+        f: impl FnMut(&mut Conn) -> Result<T>,
     ) -> Result<T> {
-        let mut attempts = self.config.pool_size + 1;
-        loop {
-            let mut conn = self.pool.get().map_err(|e| Error::Connection {
-                during,
-                detail: format!(
-                    "no connection within {:?}: {e}",
-                    self.config.connect_timeout
-                ),
-            })?;
-            match f(&mut conn) {
-                Err(e) if attempts > 1 && conn.was_dropped() => {
-                    log::debug!("fairlock: stale connection while {during} ({e}); retrying");
-                    attempts -= 1;
-                }
-                other => return other,
-            }
-        }
+        self.check_fork()?;
+        with_pooled(&self.pool, during, f)
     }
 }
 

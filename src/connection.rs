@@ -10,6 +10,7 @@ use std::time::Duration;
 use redis::ConnectionLike;
 
 use crate::error::{Error, Result};
+use crate::server_check::{check_eviction_policy, EvictionCheck, UNKNOWN_POLICY_WARNING};
 
 /// Oldest Redis version fairlock supports (BLPOP with sub-second timeouts, HSET with many fields,
 /// ZRANGE with scores, script effects replication).
@@ -23,20 +24,9 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// Run a command or script invocation; any connection-level failure poisons the connection.
+    /// Run a command; any connection-level failure poisons the connection.
     pub fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
-        let result = cmd.query(&mut self.inner);
-        self.note(&result);
-        result
-    }
-
-    pub fn query_pipeline<T: redis::FromRedisValue>(
-        &mut self,
-        pipe: &redis::Pipeline,
-    ) -> redis::RedisResult<T> {
-        let result = pipe.query(&mut self.inner);
-        self.note(&result);
-        result
+        cmd.query(self)
     }
 
     pub fn set_read_timeout(&mut self, timeout: Duration) {
@@ -56,8 +46,65 @@ impl Conn {
             if is_connection_error(e) {
                 self.broken = true;
                 self.dropped =
-                    e.is_connection_dropped() || e.is_unrecoverable_error() && !e.is_timeout();
+                    e.is_connection_dropped() || (e.is_unrecoverable_error() && !e.is_timeout());
             }
+        }
+    }
+}
+
+/// Every request of fairlock (the raw layer's calls included) goes through `note`.
+impl redis::ConnectionLike for Conn {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> redis::RedisResult<redis::Value> {
+        let result = self.inner.req_packed_command(cmd);
+        self.note(&result);
+        result
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisResult<Vec<redis::Value>> {
+        let result = self.inner.req_packed_commands(cmd, offset, count);
+        self.note(&result);
+        result
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+
+    fn check_connection(&mut self) -> bool {
+        self.inner.check_connection()
+    }
+
+    fn is_open(&self) -> bool {
+        !self.broken && self.inner.is_open()
+    }
+}
+
+/// Run `f` on a connection from `pool`. A pooled connection can be stale (Redis restarted since
+/// it was last used); when one turns out dropped by the server, `f` runs again on another, up to
+/// `pool size + 1` times, without that counting as a failure. Only for calls that are safe to
+/// repeat, which all of fairlock's are (see the scripts' headers).
+pub(crate) fn with_pooled<T>(
+    pool: &r2d2::Pool<Manager>,
+    during: &'static str,
+    mut f: impl FnMut(&mut Conn) -> Result<T>,
+) -> Result<T> {
+    let mut attempts = pool.max_size() + 1;
+    loop {
+        let mut conn = pool.get().map_err(|e| Error::Connection {
+            during,
+            detail: format!("no connection available: {e}"),
+        })?;
+        match f(&mut conn) {
+            Err(e) if attempts > 1 && conn.was_dropped() => {
+                log::debug!("fairlock: stale connection while {during} ({e}); retrying");
+                attempts -= 1;
+            }
+            other => return other,
         }
     }
 }
@@ -123,7 +170,30 @@ impl Manager {
         if parse_version(&version) < MIN_VERSION {
             return Err(Error::UnsupportedServer { version });
         }
-        Ok(())
+        check_memory(&mut conn)
+    }
+
+    /// Check (again) that the server never evicts keys: the janitor calls this now and then, so
+    /// a setting changed while the client runs is reported.
+    pub fn check_eviction(&self) -> Result<()> {
+        let mut conn = self
+            .open()
+            .map_err(|e| Error::from_redis("checking the server", e))?;
+        check_memory(&mut conn)
+    }
+}
+
+fn check_memory(conn: &mut Conn) -> Result<()> {
+    let info: String = conn
+        .query(redis::cmd("INFO").arg("memory"))
+        .map_err(|e| Error::from_redis("checking the eviction policy", e))?;
+    match check_eviction_policy(&info) {
+        Ok(EvictionCheck::Unknown) => {
+            log::warn!("fairlock: {UNKNOWN_POLICY_WARNING}");
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+        Err(detail) => Err(Error::UnsafeServer { detail }),
     }
 }
 

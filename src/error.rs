@@ -71,6 +71,29 @@ pub enum Error {
     },
     /// Redis returned an error fairlock did not expect.
     Redis(redis::RedisError),
+    /// A reply did not have the shape the protocol defines: a server that is not Redis, a
+    /// script of another fairlock version under the same key prefix, or a bug in fairlock.
+    Protocol {
+        /// What was expected and what came instead.
+        detail: String,
+    },
+    /// The operating system refused something fairlock needs (starting its background threads).
+    Io {
+        /// What fairlock was doing.
+        during: &'static str,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The process forked after the client was created: the child shares the parent's
+    /// connections and owner identity but has no watchdog or janitor, so it must not use the
+    /// client. Create a new [`LockClient`](crate::LockClient) in the child.
+    Forked,
+    /// The server's configuration makes locks unsafe (e.g. a `maxmemory-policy` that may evict
+    /// a lock's keys). Nothing was changed.
+    UnsafeServer {
+        /// The setting, its value, and what to do.
+        detail: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -116,6 +139,16 @@ impl fmt::Display for Error {
                 "timed out after {waited:?} while {during}; Redis may be overloaded or unreachable"
             ),
             Error::Redis(e) => write!(f, "unexpected Redis error: {e}"),
+            Error::Protocol { detail } => write!(
+                f,
+                "unexpected reply from Redis ({detail}); is another fairlock version using the same key prefix?"
+            ),
+            Error::Io { during, source } => write!(f, "{during} failed: {source}"),
+            Error::Forked => write!(
+                f,
+                "this LockClient was created before the process forked; create a new LockClient in the child process"
+            ),
+            Error::UnsafeServer { detail } => write!(f, "unsafe Redis configuration: {detail}"),
         }
     }
 }
@@ -124,6 +157,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Redis(e) => Some(e),
+            Error::Io { source, .. } => Some(source),
             _ => None,
         }
     }
@@ -183,10 +217,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn unexpected(what: &str) -> Error {
-        Error::NotRedis {
-            detail: format!("unexpected reply: {what}"),
-        }
+    pub(crate) fn protocol(detail: String) -> Error {
+        Error::Protocol { detail }
     }
 }
 

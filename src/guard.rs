@@ -7,19 +7,21 @@ use std::fmt;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::boot_clock::BootInstant;
 use crate::error::{Error, Result};
 use crate::lock::FairLock;
-use crate::scripts::{self, Release, RECEIPT_TTL_MS};
+use crate::raw::Release;
 
 /// What the watchdog and the guards of one hold share.
 pub(crate) struct HoldState {
     pub lost: AtomicBool,
-    /// Local estimate of when the lease runs out (never later than the server's).
-    pub expires: Mutex<Instant>,
+    /// Local estimate of when the lease runs out (never later than the server's). On a clock
+    /// that counts system suspend, so the estimate stays early across one.
+    pub expires: Mutex<BootInstant>,
 }
 
 /// One thread's hold of one lock: all of its nested guards share it.
@@ -69,7 +71,7 @@ impl Hold {
     /// Lost for sure: the watchdog said so, or the lease ran out by the local estimate (which
     /// is never later than the server's).
     pub fn is_stale(&self) -> bool {
-        self.state.lost.load(Ordering::SeqCst) || *self.state.expires.lock() <= Instant::now()
+        self.state.lost.load(Ordering::SeqCst) || *self.state.expires.lock() <= BootInstant::now()
     }
 }
 
@@ -88,15 +90,20 @@ pub struct LockGuard {
 
 impl LockGuard {
     /// Start a new hold at depth 1 (the caller got a grant with this token).
-    pub(crate) fn new_hold(lock: &FairLock, token: u64, expires: Instant) -> LockGuard {
+    pub(crate) fn new_hold(lock: &FairLock, token: u64, expires: BootInstant) -> LockGuard {
         let state = Arc::new(HoldState {
             lost: AtomicBool::new(false),
             expires: Mutex::new(expires),
         });
         let renewal = lock.renewed_lease().map(|lease| {
-            lock.client()
-                .watchdog
-                .register(lock, token, lease, state.clone(), expires)
+            lock.client().watchdog.register(
+                lock.raw().clone(),
+                lock.client().flag(),
+                token,
+                lease,
+                state.clone(),
+                expires,
+            )
         });
         let hold = Rc::new(Hold {
             token,
@@ -154,7 +161,7 @@ impl LockGuard {
             .state
             .expires
             .lock()
-            .saturating_duration_since(Instant::now())
+            .saturating_duration_since(BootInstant::now())
     }
 
     /// Ask Redis whether this hold still owns the lock.
@@ -209,18 +216,15 @@ impl LockGuard {
             // hold that is being given up (the next owner's lock has another token anyway).
             forget(&self.lock, hold);
         }
-        let flag = self.lock.client().flag();
-        let keys = self.lock.keys();
-        let mut cmd = scripts::RELEASE.cmd(keys);
-        cmd.arg(&flag)
-            .arg(hold.token)
-            .arg(depth.max(1))
-            .arg(RECEIPT_TTL_MS);
-        let reply = self
+        let call = self
+            .lock
+            .raw()
+            .release(&self.lock.client().flag(), hold.token, depth.max(1));
+        let outcome = self
             .lock
             .client()
-            .with_conn("releasing", |c| scripts::RELEASE.run(c, &cmd, "releasing"))?;
-        match scripts::parse_release(reply)? {
+            .with_conn(call.during(), |c| call.run(c))?;
+        match outcome {
             Release::StillHeld | Release::Released { .. } => Ok(()),
             Release::NotHeld { holder } => {
                 hold.state.lost.store(true, Ordering::SeqCst);

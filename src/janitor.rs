@@ -3,36 +3,44 @@
 //!
 //! Each tick (every `janitor_interval`, all locks in one pipelined round trip) runs
 //! `heartbeat.lua`, which
-//! - refreshes the deadline of each local waiter (a waiter not refreshed for 3 intervals is dead),
-//!   and tells a waiter whose entry vanished to re-queue itself;
-//! - purges dead waiters anywhere in the queue and revokes a grant a dead waiter never picked up;
+//! - refreshes the deadline of each local waiting attempt (one not refreshed for 3 intervals is
+//!   dead), and tells an attempt that lost its place to queue again;
+//! - revokes a hand-off whose grantee died before picking it up;
 //! - grants a stranded lock (free, but waiters queued: its holder died) to the live head.
 //!
 //! Between ticks it also wakes when a holder's lease is due to run out, so the next waiter gets a
-//! dead holder's lock within a few milliseconds of the lease's end, not at the next tick.
+//! dead holder's lock within a few milliseconds of the lease's end, not at the next tick. Every
+//! minute it checks again that the server does not evict keys, so a changed setting is logged.
+//!
+//! The registry is never locked across a round trip (a waiting thread registering must not wait
+//! on the network): a tick sends a snapshot, so a heartbeat may speak for an attempt that has
+//! just ended. The scripts make that harmless: a refresh only touches the entry of that very
+//! attempt, and a "retry" for an ended attempt is ignored by its thread.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
-use crate::connection::Manager;
+use crate::boot_clock::BootInstant;
+use crate::connection::{with_pooled, Manager};
 use crate::error::{Error, Result};
-use crate::keys::LockKeys;
-use crate::scripts;
-use crate::watchdog::send_pipeline;
+use crate::raw::{self, RawLock};
 
 /// Margin after a lease's end before the janitor looks (Redis expires keys lazily on access, so
 /// any margin works; this one keeps us from looking a hair too early).
 const EXPIRY_MARGIN: Duration = Duration::from_millis(5);
 
+/// How often the server's eviction policy is checked again while the client lives.
+const SERVER_CHECK_INTERVAL: Duration = Duration::from_secs(60);
+
 struct Waiting {
-    keys: LockKeys,
-    /// flag -> (lease ms, meta)
-    waiters: HashMap<String, (u64, String)>,
+    raw: Arc<RawLock>,
+    /// owner -> the attempt it is waiting with
+    attempts: HashMap<String, u64>,
 }
 
 /// What the janitor thread and the waiting threads share.
@@ -42,78 +50,66 @@ struct Registry {
     locks: HashMap<String, Waiting>,
     /// When the janitor thread will wake next (`None`: idle until nudged). Kept under the same
     /// mutex as `locks`, so a new waiter always sees whether it must wake the thread.
-    planned: Option<Instant>,
+    planned: Option<BootInstant>,
 }
 
 pub(crate) struct Janitor {
     registry: Arc<Mutex<Registry>>,
-    nudge: Sender<Instant>,
-    waiter_timeout: Duration,
+    nudge: Sender<BootInstant>,
 }
+
+/// Checks the server's configuration again (see [`Manager::check_eviction`]).
+pub(crate) type ServerCheck = Box<dyn Fn() -> Result<()> + Send>;
 
 impl Janitor {
     pub fn start(
         pool: r2d2::Pool<Manager>,
         client_id: &str,
         interval: Duration,
+        server_check: ServerCheck,
     ) -> Result<Janitor> {
         let registry = Arc::new(Mutex::new(Registry::default()));
         let (nudge, rx) = crossbeam_channel::unbounded();
         let shared = registry.clone();
-        let waiter_timeout = interval * 3;
         thread::Builder::new()
             .name(format!("fairlock-janitor-{}", &client_id[..8]))
-            .spawn(move || run(&pool, &shared, &rx, interval, waiter_timeout))
-            .map_err(|e| Error::InvalidConfig {
-                setting: "threads",
-                reason: format!("cannot start the janitor thread: {e}"),
+            .spawn(move || run(&pool, &shared, &rx, interval, &*server_check))
+            .map_err(|source| Error::Io {
+                during: "starting the janitor thread",
+                source,
             })?;
-        Ok(Janitor {
-            registry,
-            nudge,
-            waiter_timeout,
-        })
+        Ok(Janitor { registry, nudge })
     }
 
-    pub fn waiter_timeout_ms(&self) -> u64 {
-        self.waiter_timeout.as_millis() as u64
-    }
-
-    /// A thread of this client now waits on `keys`. `holder_pttl` is the holder's lease left, so
-    /// the janitor can look right after it runs out.
-    pub fn register(
-        &self,
-        keys: &LockKeys,
-        flag: &str,
-        lease_ms: u64,
-        meta: &str,
-        holder_pttl: Duration,
-    ) {
+    /// `owner` now waits on `raw`'s lock with `attempt`. `holder_pttl` is the holder's lease
+    /// left, so the janitor can look right after it runs out.
+    pub fn register(&self, raw: &Arc<RawLock>, owner: &str, attempt: u64, holder_pttl: Duration) {
         let mut registry = self.registry.lock();
         registry
             .locks
-            .entry(keys.lock.clone())
+            .entry(raw.keys().lock.clone())
             .or_insert_with(|| Waiting {
-                keys: keys.clone(),
-                waiters: HashMap::new(),
+                raw: raw.clone(),
+                attempts: HashMap::new(),
             })
-            .waiters
-            .insert(flag.to_string(), (lease_ms, meta.to_string()));
+            .attempts
+            .insert(owner.to_string(), attempt);
         // Wake the thread only when it is idle or would look too late: a wake-up per waiter
         // costs a context switch per acquisition on a busy machine.
-        let at = Instant::now() + holder_pttl + EXPIRY_MARGIN;
+        let at = BootInstant::now() + holder_pttl + EXPIRY_MARGIN;
         if registry.planned.is_none_or(|planned| at < planned) {
             registry.planned = Some(at);
             let _ = self.nudge.send(at);
         }
     }
 
-    pub fn unregister(&self, keys: &LockKeys, flag: &str) {
+    pub fn unregister(&self, raw: &RawLock, owner: &str) {
         let mut registry = self.registry.lock();
-        if let Some(w) = registry.locks.get_mut(&keys.lock) {
-            w.waiters.remove(flag);
-            if w.waiters.is_empty() {
-                registry.locks.remove(&keys.lock);
+        let key = &raw.keys().lock;
+        if let Some(w) = registry.locks.get_mut(key) {
+            w.attempts.remove(owner);
+            if w.attempts.is_empty() {
+                registry.locks.remove(key);
             }
         }
     }
@@ -122,35 +118,43 @@ impl Janitor {
 fn run(
     pool: &r2d2::Pool<Manager>,
     registry: &Mutex<Registry>,
-    nudge: &Receiver<Instant>,
+    nudge: &Receiver<BootInstant>,
     interval: Duration,
-    waiter_timeout: Duration,
+    server_check: &dyn Fn() -> Result<()>,
 ) {
-    let mut next_tick = Instant::now() + interval;
-    let mut early: Option<Instant> = None;
+    let mut next_tick = BootInstant::now() + interval;
+    let mut next_server_check = BootInstant::now() + SERVER_CHECK_INTERVAL;
+    let mut early: Option<BootInstant> = None;
     loop {
-        let (idle, wake_at) = {
+        let (idle, heartbeat_at) = {
             let mut reg = registry.lock();
             let idle = reg.locks.is_empty();
-            let wake_at = (!idle).then(|| early.map_or(next_tick, |e| e.min(next_tick)));
-            reg.planned = wake_at;
-            (idle, wake_at)
+            let at = (!idle).then(|| early.map_or(next_tick, |e| e.min(next_tick)));
+            reg.planned = at;
+            (idle, at)
         };
-        let wait = wake_at.map_or(Duration::from_secs(3600), |at| {
-            at.saturating_duration_since(Instant::now())
-        });
-        match nudge.recv_timeout(wait) {
+        let wake_at = heartbeat_at.map_or(next_server_check, |at| at.min(next_server_check));
+        match nudge.recv_timeout(wake_at.saturating_duration_since(BootInstant::now())) {
             Ok(at) => {
                 if idle {
                     // first waiter after a quiet spell: tick one interval from now
-                    next_tick = Instant::now() + interval;
+                    next_tick = BootInstant::now() + interval;
                 }
                 early = Some(early.map_or(at, |e| e.min(at)));
             }
             Err(RecvTimeoutError::Disconnected) => return,
             Err(RecvTimeoutError::Timeout) => {
-                early = tick(pool, registry, waiter_timeout);
-                next_tick = Instant::now() + interval;
+                let now = BootInstant::now();
+                if now >= next_server_check {
+                    next_server_check = now + SERVER_CHECK_INTERVAL;
+                    if let Err(e) = server_check() {
+                        log::error!("fairlock: {e}");
+                    }
+                }
+                if heartbeat_at.is_some_and(|at| now + Duration::from_millis(1) >= at) {
+                    early = tick(pool, registry);
+                    next_tick = BootInstant::now() + interval;
+                }
             }
         }
     }
@@ -158,62 +162,45 @@ fn run(
 
 /// One heartbeat for every lock with local waiters. Returns when to look again early (the
 /// soonest end of a holder's lease), if any.
-fn tick(
-    pool: &r2d2::Pool<Manager>,
-    registry: &Mutex<Registry>,
-    waiter_timeout: Duration,
-) -> Option<Instant> {
-    // The registry stays locked until the replies are in: an unregister (a waiter served or
-    // leaving) waits for a heartbeat in flight, so no heartbeat ever speaks for a waiter that has
-    // already gone (it would tell it to "retry" and leave a stray wake list behind).
-    let registry = registry.lock();
-    let batch: Vec<(String, redis::Cmd)> = registry
+fn tick(pool: &r2d2::Pool<Manager>, registry: &Mutex<Registry>) -> Option<BootInstant> {
+    let calls: Vec<_> = registry
+        .lock()
         .locks
         .values()
         .map(|w| {
-            let mut cmd = scripts::HEARTBEAT.cmd(&w.keys);
-            cmd.arg(waiter_timeout.as_millis() as u64);
-            for (flag, (lease, meta)) in &w.waiters {
-                cmd.arg(flag).arg(*lease).arg(meta);
-            }
-            (w.keys.lock.clone(), cmd)
+            w.raw
+                .heartbeat(w.attempts.iter().map(|(owner, a)| (owner.as_str(), *a)))
         })
         .collect();
-    if batch.is_empty() {
+    if calls.is_empty() {
         return None;
     }
-    let mut pipe = redis::pipe();
-    for (_, cmd) in &batch {
-        pipe.add_command(cmd.clone());
-    }
-    let sent = Instant::now();
-    let replies = send_pipeline(pool, &pipe, &scripts::HEARTBEAT, "refreshing waiters");
-    drop(registry);
-    match replies {
-        Ok(values) => {
-            let mut soonest: Option<Instant> = None;
-            for ((lock, _), value) in batch.iter().zip(values) {
-                match scripts::parse_heartbeat(value) {
-                    Ok(hb) => {
-                        for flag in hb.told_to_retry {
-                            log::warn!(
-                                "fairlock: waiter {flag} of {lock} had lost its queue entry (presumed dead during a pause, or Redis restarted); it re-queues at the back"
-                            );
-                        }
-                        if hb.pttl_ms > 0 {
-                            let at =
-                                sent + Duration::from_millis(hb.pttl_ms as u64) + EXPIRY_MARGIN;
-                            soonest = Some(soonest.map_or(at, |s| s.min(at)));
-                        }
-                    }
-                    Err(e) => log::warn!("fairlock: janitor heartbeat on {lock} failed: {e}"),
-                }
-            }
-            soonest
-        }
+    let sent = BootInstant::now();
+    let replies = match with_pooled(pool, "refreshing waiters", |c| {
+        raw::run_pipeline(c, &calls)
+    }) {
+        Ok(replies) => replies,
         Err(e) => {
             log::warn!("fairlock: janitor could not reach Redis ({e}); retrying next interval");
-            None
+            return None;
+        }
+    };
+    let mut soonest: Option<BootInstant> = None;
+    for reply in replies {
+        match reply {
+            Ok(hb) => {
+                for owner in hb.told_to_retry {
+                    log::warn!(
+                        "fairlock: waiter {owner} had lost its queue place (presumed dead during a pause, a grant it never picked up lapsed, or Redis lost data); it queues again at the back"
+                    );
+                }
+                if hb.pttl_ms > 0 {
+                    let at = sent + Duration::from_millis(hb.pttl_ms as u64) + EXPIRY_MARGIN;
+                    soonest = Some(soonest.map_or(at, |s| s.min(at)));
+                }
+            }
+            Err(e) => log::warn!("fairlock: janitor heartbeat failed: {e}"),
         }
     }
+    soonest
 }

@@ -31,6 +31,7 @@
 
 #![warn(missing_docs)]
 
+mod boot_clock;
 mod client;
 mod connection;
 mod error;
@@ -38,7 +39,8 @@ mod guard;
 mod janitor;
 mod keys;
 mod lock;
-mod scripts;
+pub mod raw;
+mod server_check;
 mod status;
 mod watchdog;
 

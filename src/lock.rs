@@ -1,30 +1,33 @@
 //! [`FairLock`]: the handle users take, try and inspect a lock through.
 //!
 //! How a waiter waits (the whole wake-up path is here and in `release.lua`):
-//! 1. `acquire.lua` either grants the lock or puts the thread in the lock's FIFO queue.
+//! 1. Each acquire call is an *attempt* with a number of its own. `acquire.lua` either grants
+//!    the lock or puts the attempt in the lock's FIFO queue.
 //! 2. The thread blocks in a timed BLPOP on its own wake list, on a connection of its own (so 64
 //!    waiters never starve the command pool).
-//! 3. The release that makes this thread the head grants it the lock inside the script and pushes
-//!    `<token>|<time>` (a hand-off) to exactly that list: the BLPOP returns holding the lock, with
-//!    no further round trip. A push that lands before the BLPOP starts stays in the list, so no
-//!    wake-up is lost.
-//! 4. The janitor keeps the queue entry alive meanwhile; if the entry was ever dropped (a long
-//!    pause, a Redis restart) it pushes `retry` and the thread re-runs step 1.
+//! 3. The release that makes this attempt the head grants it the lock inside the script and
+//!    pushes `g|<attempt>|<token>|<time>` (a hand-off) to exactly that list: the BLPOP returns
+//!    holding the lock, with no further round trip. A push that lands before the BLPOP starts
+//!    stays in the list, so no wake-up is lost.
+//! 4. The janitor keeps the queue entry alive meanwhile; if the attempt lost its place (a long
+//!    pause, a lapsed grant, a Redis restart) it pushes `r|<attempt>` and the thread re-runs
+//!    step 1 with the same attempt. So does a wait that failed: with the same attempt,
+//!    `acquire.lua` keeps the place, or returns a grant whose wake-up was lost.
 //! 5. A waiter whose time runs out leaves with `leave.lua`, which takes a grant that reached it
-//!    meanwhile rather than wasting it; a waiter that fails hands such a grant on.
+//!    meanwhile rather than wasting it; a waiter that fails hands such a grant on. Both act on
+//!    this attempt only, so a late copy never touches the thread's later waits or holds.
 
 use std::fmt;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::Value;
-
+use crate::boot_clock::BootInstant;
 use crate::client::{validate_lease, ClientInner};
 use crate::error::{Error, Result};
 use crate::guard::{current_hold, forget, Hold, LockGuard};
-use crate::keys::LockKeys;
-use crate::scripts::{self, Acquire, Leave, Wake};
+use crate::raw::{self, Acquire, Leave, LeaveMode, Mode, RawLock, Wake};
 use crate::status::LockStatus;
 
 /// The longest single BLPOP: a waiter re-blocks at least this often, which bounds how long a
@@ -32,8 +35,10 @@ use crate::status::LockStatus;
 const MAX_BLOCK: Duration = Duration::from_secs(10);
 /// BLPOP timeouts below 1 ms turned into "forever" on Redis < 7.0.8 (redis/redis#11688).
 const MIN_BLOCK: Duration = Duration::from_millis(2);
-/// Consecutive failed BLPOPs before a wait gives up with the error.
+/// Consecutive failed BLPOPs (or late grants) before a wait gives up with the error.
 const MAX_WAIT_FAILURES: u32 = 3;
+/// Connections the server may close under a waiter (restarts) before it gives up.
+const MAX_DROPS: u32 = 10;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum LeaseMode {
@@ -79,27 +84,31 @@ enum LeaseMode {
 pub struct FairLock {
     client: Arc<ClientInner>,
     name: Arc<str>,
-    keys: Arc<LockKeys>,
+    raw: Arc<RawLock>,
     lease: LeaseMode,
 }
 
 /// How long an acquire call may wait.
 #[derive(Clone, Copy)]
 enum Wait {
+    /// Never queue.
     No,
-    Until(Option<Instant>),
+    /// Wait until this instant at the latest.
+    Until(Instant),
+    /// Wait as long as it takes.
+    Forever,
 }
 
 impl FairLock {
-    pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> FairLock {
-        let keys = LockKeys::new(&client.config.key_prefix, name);
+    pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> Result<FairLock> {
+        let raw = RawLock::new(&client.config.key_prefix, name, client.protocol)?;
         let lease = LeaseMode::Renewed(client.config.lease);
-        FairLock {
+        Ok(FairLock {
             client,
             name: name.into(),
-            keys: Arc::new(keys),
+            raw: Arc::new(raw),
             lease,
-        }
+        })
     }
 
     /// The lock's name.
@@ -107,8 +116,8 @@ impl FairLock {
         &self.name
     }
 
-    /// A handle to the same lock whose holds run out after `lease` and are never renewed: the
-    /// seeds' `tryLock(0, 5, SECONDS)` for scheduled jobs that must not run twice within a period.
+    /// A handle to the same lock whose holds run out after `lease` and are never renewed: a
+    /// `tryLock(0, 5, SECONDS)` for scheduled jobs that must not run twice within a period.
     /// Re-entry keeps the lease of the outer hold.
     ///
     /// ```no_run
@@ -121,6 +130,10 @@ impl FairLock {
     /// }
     /// # Ok::<(), fairlock::Error>(())
     /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a lease outside [`MIN_LEASE`](crate::MIN_LEASE) ..=
+    /// [`MAX_LEASE`](crate::MAX_LEASE).
     pub fn with_fixed_lease(&self, lease: Duration) -> Result<FairLock> {
         validate_lease("fixed lease", lease)?;
         Ok(FairLock {
@@ -130,6 +143,10 @@ impl FairLock {
     }
 
     /// A handle to the same lock whose holds use `lease`, renewed by the watchdog.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a lease outside [`MIN_LEASE`](crate::MIN_LEASE) ..=
+    /// [`MAX_LEASE`](crate::MAX_LEASE).
     pub fn with_lease(&self, lease: Duration) -> Result<FairLock> {
         validate_lease("lease", lease)?;
         Ok(FairLock {
@@ -139,47 +156,76 @@ impl FairLock {
     }
 
     /// Take the lock, waiting in FIFO order as long as it takes. Re-entry by the owning thread
-    /// returns at once. Errors only when Redis fails (then the thread's queue place is given up).
+    /// returns at once.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when Redis fails (the thread's queue place is given up then),
+    /// [`Error::ForeignData`] when another program's data sits at one of the lock's keys,
+    /// [`Error::NotHeld`] when a re-entry finds the thread's hold lost, [`Error::Forked`] in a
+    /// forked child.
     pub fn lock(&self) -> Result<LockGuard> {
-        match self.acquire(Wait::Until(None))? {
+        match self.acquire(Wait::Forever)? {
             Some(guard) => Ok(guard),
-            None => Err(Error::unexpected(
-                "a wait without deadline ended without the lock",
+            None => Err(Error::protocol(
+                "a wait without deadline ended without the lock".into(),
             )),
         }
     }
 
     /// Take the lock if it is free and nobody is queued; never waits and never queues.
+    ///
+    /// # Errors
+    /// As [`FairLock::lock`].
     pub fn try_lock(&self) -> Result<Option<LockGuard>> {
         self.acquire(Wait::No)
     }
 
     /// Take the lock, waiting in FIFO order at most `timeout`. `Ok(None)` when the time ran out;
     /// the queue place is gone then.
+    ///
+    /// # Errors
+    /// As [`FairLock::lock`].
     pub fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        self.acquire(Wait::Until(Instant::now().checked_add(timeout)))
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.acquire(Wait::Until(deadline)),
+            None => self.acquire(Wait::Forever),
+        }
     }
 
     /// Take the lock, waiting in FIFO order until `deadline` at the latest.
+    ///
+    /// # Errors
+    /// As [`FairLock::lock`].
     pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>> {
-        self.acquire(Wait::Until(Some(deadline)))
+        self.acquire(Wait::Until(deadline))
     }
 
-    /// Whether anyone holds the lock now.
+    /// Whether anyone holds the lock now (one read from Redis).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when Redis cannot be reached.
     pub fn is_locked(&self) -> Result<bool> {
         let exists: bool = self.client.with_conn("reading the lock", |c| {
-            c.query(redis::cmd("EXISTS").arg(&self.keys.lock))
+            c.query(redis::cmd("EXISTS").arg(&self.raw.keys().lock))
                 .map_err(|e| Error::from_redis("reading the lock", e))
         })?;
         Ok(exists)
     }
 
-    /// Whether the calling thread (through this client) holds the lock, as Redis sees it.
+    /// Whether the calling thread (through this client) holds the lock, as Redis sees it (one
+    /// read from Redis).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when Redis cannot be reached.
     pub fn is_held_by_current_thread(&self) -> Result<bool> {
         Ok(self.hold_count()? > 0)
     }
 
-    /// How many levels the calling thread holds (0 when it does not hold the lock).
+    /// How many levels the calling thread holds, as Redis sees it (0 when it does not hold the
+    /// lock; one read from Redis).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when Redis cannot be reached.
     pub fn hold_count(&self) -> Result<u32> {
         let (owner, count) = self.owner_and("count")?;
         Ok(match (owner, count) {
@@ -188,51 +234,68 @@ impl FairLock {
         })
     }
 
-    /// Release the lock whoever holds it, and grant it to the next waiter. For operators and
-    /// stuck jobs; the former holder's guard finds out at its next renewal or release. Returns the
-    /// owner flag of the former holder (`None` when the lock was free).
+    /// Release the lock from whoever holds it now, and grant it to the next waiter. For operators
+    /// and stuck jobs; the former holder's guard finds out at its next renewal or release.
+    /// Reads the holder first and then releases exactly that hold (owner and token), so a
+    /// repeated request never releases the next holder too. Returns the owner flag of the
+    /// released holder (`None` when the lock was free, or changed hands in between).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when Redis cannot be reached.
     pub fn force_unlock(&self) -> Result<Option<String>> {
-        let cmd = scripts::FORCE_UNLOCK.cmd(&self.keys);
-        let reply = self.client.with_conn("force-releasing", |c| {
-            scripts::FORCE_UNLOCK.run(c, &cmd, "force-releasing")
-        })?;
-        match reply {
-            Value::Array(items) => Ok(items
-                .first()
-                .and_then(scripts::text)
-                .filter(|s| !s.is_empty())),
-            other => Err(Error::unexpected(&format!("force_unlock: {other:?}"))),
-        }
+        let status = self.status()?;
+        let Some(holder) = status.holder else {
+            if !status.waiters.is_empty() {
+                // free, but waiters queued (its holder died): hand it to the live head now
+                self.force_unlock_hold("", 0)?;
+            }
+            return Ok(None);
+        };
+        let released = self.force_unlock_hold(&holder.origin.owner, holder.fencing_token)?;
+        Ok(released.then_some(holder.origin.owner))
     }
 
-    /// Give up the queue place of the waiter `owner` (an owner flag, as from
-    /// [`LockClient::current_owner`](crate::LockClient::current_owner) on the waiting thread) and
-    /// hand on a grant that already reached it; if `owner` holds the lock, it is released too.
-    /// For a process that must exit while one of its threads is blocked in [`FairLock::lock`]
-    /// (the command-line tool on Ctrl-C): that call is not woken, so exit right after. Without
-    /// this the place lapses only when the janitor stops refreshing it, and a grant made to it
-    /// meanwhile waits to be revoked.
+    /// Release the hold of `owner` with fencing token `token` (as [`FairLock::status`] shows
+    /// them), and grant the lock to the next waiter. Does nothing when that hold is over.
+    /// Returns whether it released it.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when Redis cannot be reached.
+    pub fn force_unlock_hold(&self, owner: &str, token: u64) -> Result<bool> {
+        let call = self.raw.force_unlock(owner, token);
+        let outcome = self.client.with_conn(call.during(), |c| call.run(c))?;
+        Ok(matches!(outcome, raw::ForceUnlock::Released { .. }))
+    }
+
+    /// Give up the queue place of `owner`, a thread of this client blocked in an acquire call of
+    /// this lock (its flag from [`LockClient::current_owner`](crate::LockClient::current_owner)),
+    /// and hand on a grant that already reached it. For a process that must exit while one of
+    /// its threads is blocked in [`FairLock::lock`] (the command-line tool on Ctrl-C): that call
+    /// is not woken, so exit right after. Without this the place lapses only when the janitor
+    /// stops refreshing it, and a grant made to it meanwhile waits to be revoked. Does nothing
+    /// when `owner` is not waiting on this lock through this client.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when Redis cannot be reached.
     pub fn abandon_wait(&self, owner: &str) -> Result<()> {
-        let mut cmd = scripts::LEAVE.cmd(&self.keys);
-        cmd.arg(owner).arg("pass");
-        self.client
-            .with_conn("leaving the queue", |c| {
-                scripts::LEAVE.run(c, &cmd, "leaving the queue")
-            })
-            .and_then(scripts::parse_leave)
-            .map(|_| ())
+        let key = (self.raw.keys().lock.clone(), owner.to_string());
+        let Some(attempt) = self.client.waiting.lock().get(&key).copied() else {
+            return Ok(());
+        };
+        let call = self.raw.leave(owner, attempt, LeaveMode::Pass);
+        self.client.with_conn(call.during(), |c| call.run(c))?;
+        Ok(())
     }
 
-    /// Holder, hold count, lease left, fencing counter and the waiters in queue order.
+    /// Holder, hold count, lease left, fencing counter and the waiters in queue order, read in
+    /// one atomic step.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when Redis cannot be reached, [`Error::ForeignData`].
     pub fn status(&self) -> Result<LockStatus> {
-        let cmd = scripts::STATUS.cmd(&self.keys);
-        let reply = self.client.with_conn("reading the status", |c| {
-            scripts::STATUS.run(c, &cmd, "reading the status")
-        })?;
-        Ok(LockStatus::from_raw(
-            &self.name,
-            scripts::parse_status(reply)?,
-        ))
+        let call = self.raw.status();
+        let raw = self.client.with_conn(call.during(), |c| call.run(c))?;
+        Ok(LockStatus::from_raw(&self.name, raw))
     }
 
     // ---- internals ----------------------------------------------------------------------
@@ -241,12 +304,12 @@ impl FairLock {
         &self.client
     }
 
-    pub(crate) fn keys(&self) -> &LockKeys {
-        &self.keys
+    pub(crate) fn raw(&self) -> &Arc<RawLock> {
+        &self.raw
     }
 
     pub(crate) fn hold_key(&self) -> (String, String) {
-        (self.client.id.clone(), self.keys.lock.clone())
+        (self.client.id.clone(), self.raw.keys().lock.clone())
     }
 
     /// The lease to renew, or `None` for a fixed lease.
@@ -257,9 +320,9 @@ impl FairLock {
         }
     }
 
-    fn lease_ms(&self) -> u64 {
+    fn lease(&self) -> Duration {
         match self.lease {
-            LeaseMode::Renewed(l) | LeaseMode::Fixed(l) => l.as_millis() as u64,
+            LeaseMode::Renewed(l) | LeaseMode::Fixed(l) => l,
         }
     }
 
@@ -274,7 +337,7 @@ impl FairLock {
         self.client.with_conn("reading the lock", |c| {
             c.query(
                 redis::cmd("HMGET")
-                    .arg(&self.keys.lock)
+                    .arg(&self.raw.keys().lock)
                     .arg("owner")
                     .arg(field),
             )
@@ -283,6 +346,7 @@ impl FairLock {
     }
 
     fn acquire(&self, wait: Wait) -> Result<Option<LockGuard>> {
+        self.client.check_fork()?;
         if let Some(hold) = current_hold(self) {
             if !hold.is_stale() {
                 return self.reenter(hold).map(Some);
@@ -291,78 +355,142 @@ impl FairLock {
             // lost): this is a fresh acquisition. An old guard still around releases nothing.
             forget(self, &hold);
         }
-        let flag = self.client.flag();
-        let meta = self.client.meta();
-        let mode = if matches!(wait, Wait::No) {
-            "try"
-        } else {
-            "wait"
+        let attempt = Attempt {
+            lock: self,
+            owner: self.client.flag(),
+            number: self.client.next_attempt(),
+            meta: self.client.meta(),
         };
-        let mut cmd = scripts::ACQUIRE.cmd(&self.keys);
-        cmd.arg(&flag)
-            .arg(self.lease_ms())
-            .arg(mode)
-            .arg(self.client.janitor.waiter_timeout_ms())
-            .arg(&meta);
-        let deadline = match wait {
-            Wait::No => None,
-            Wait::Until(d) => d,
+        let key = (self.raw.keys().lock.clone(), attempt.owner.clone());
+        self.client.waiting.lock().insert(key.clone(), attempt.number);
+        let result = attempt.run(wait);
+        self.client.waiting.lock().remove(&key);
+        if result.is_err() {
+            // Even a first request may have been applied (queued, or granted) before its reply
+            // was lost: leave, handing on anything granted to this attempt. Best effort: if
+            // Redis is unreachable, other clients' janitors purge the place once it goes stale.
+            attempt.leave_quietly();
+        }
+        result
+    }
+
+    fn reenter(&self, hold: Rc<Hold>) -> Result<LockGuard> {
+        let call = self
+            .raw
+            .reenter(&self.client.flag(), hold.token, hold.depth.get());
+        match self.client.with_conn(call.during(), |c| call.run(c))? {
+            raw::Reenter::Reentered(_) => Ok(LockGuard::nested(self, hold)),
+            raw::Reenter::Lost => {
+                hold.state.lost.store(true, Ordering::SeqCst);
+                forget(self, &hold);
+                Err(Error::NotHeld {
+                    name: self.name.to_string(),
+                    holder: None,
+                })
+            }
+        }
+    }
+}
+
+/// One acquire call of one thread: an attempt number the scripts tie its queue entry and its
+/// grant to (see `raw`).
+struct Attempt<'a> {
+    lock: &'a FairLock,
+    owner: String,
+    number: u64,
+    meta: String,
+}
+
+/// How a wait on the wake list ended.
+enum Waited {
+    /// The lock was granted to this attempt at the server's `grant_ms`.
+    Handoff { token: u64, grant_ms: i64 },
+    /// The caller's deadline came; it still has to leave the queue.
+    Deadline,
+    /// The attempt's queue entry was dropped: run acquire again.
+    Again,
+    /// The server dropped the connection (a restart): run acquire again (with the same attempt
+    /// it keeps the place, or returns a grant whose wake-up was lost).
+    Dropped,
+}
+
+impl Attempt<'_> {
+    fn client(&self) -> &ClientInner {
+        &self.lock.client
+    }
+
+    fn run(&self, wait: Wait) -> Result<Option<LockGuard>> {
+        let lock = self.lock;
+        let mode = match wait {
+            Wait::No => Mode::Try,
+            Wait::Until(_) | Wait::Forever => Mode::Wait,
         };
+        let call = lock
+            .raw
+            .acquire(&self.owner, self.number, lock.lease(), mode, &self.meta);
+        // Consecutive failures (failed waits, grants that arrived after their lease): a few are
+        // worth re-checking, more mean the network or the server is in trouble.
         let mut failures = 0;
+        let mut drops = 0;
         loop {
-            let sent = Instant::now();
-            let reply = self
-                .client
-                .with_conn("acquiring", |c| scripts::ACQUIRE.run(c, &cmd, "acquiring"))
-                .and_then(scripts::parse_acquire);
-            let (server_ms, pttl_ms) = match reply {
-                Err(e) => {
-                    // Even a first attempt may have been queued before its reply was lost.
-                    self.leave_after_error(&flag);
-                    return Err(e);
-                }
-                Ok(Acquire::Granted { token, pttl_ms, .. }) => {
-                    match self.fresh_hold(token, sent + ms(pttl_ms), &flag, &mut failures)? {
+            let sent = BootInstant::now();
+            let (server_ms, pttl_ms) = match self.client().with_conn(call.during(), |c| call.run(c))? {
+                Acquire::Granted(g) => {
+                    match self.fresh_hold(g.token, sent + ms(g.pttl_ms), &mut failures)? {
                         Some(guard) => return Ok(Some(guard)),
                         None => continue,
                     }
                 }
-                Ok(Acquire::Busy { .. }) => return Ok(None),
-                Ok(Acquire::Queued { server_ms, pttl_ms }) => (server_ms, pttl_ms),
+                Acquire::Busy { .. } => return Ok(None),
+                Acquire::Stale => {
+                    return Err(Error::protocol(format!(
+                        "Redis knows a newer attempt of owner {} than this one; is the client id shared with another process?",
+                        self.owner
+                    )))
+                }
+                Acquire::Queued { server_ms, pttl_ms } => (server_ms, pttl_ms),
             };
-            let janitor = &self.client.janitor;
-            janitor.register(&self.keys, &flag, self.lease_ms(), &meta, ms(pttl_ms));
-            let outcome = self.wait_for_grant(&flag, deadline);
-            // Unregister before anything else touches the queue entry (leave, re-acquire), so the
-            // janitor never refreshes or re-queues an entry this thread is done with.
-            janitor.unregister(&self.keys, &flag);
+            let janitor = &self.client().janitor;
+            janitor.register(lock.raw(), &self.owner, self.number, ms(pttl_ms));
+            let outcome = self.wait_for_grant(wait);
+            janitor.unregister(lock.raw(), &self.owner);
             let (token, expires) = match outcome {
                 Ok(Waited::Handoff { token, grant_ms }) => {
-                    // The grant's lease started at the server's grant_ms; map that onto our
-                    // clock through the (sent, server_ms) pair of the acquire call, which can only
-                    // make the estimate early, never late.
-                    let lease = ms(self.lease_ms() as i64);
-                    (token, sent + ms(grant_ms - server_ms) + lease)
+                    // The grant's lease started at the server's grant_ms: map it onto our clock
+                    // through the (sent, server_ms) pair of the acquire call. The server time
+                    // between queueing and the grant is capped by our own elapsed time, so a
+                    // forward step of the server clock cannot make the estimate late.
+                    let queued_for = ms(grant_ms - server_ms).min(sent.elapsed());
+                    (token, sent + queued_for + lock.lease())
                 }
-                Ok(Waited::Deadline) => match self.leave_at_deadline(&flag)? {
-                    Some((token, expires)) => (token, expires),
+                Ok(Waited::Deadline) => match self.leave_at_deadline()? {
+                    Some(grant) => grant,
                     None => return Ok(None),
                 },
-                Ok(Waited::Retry) => continue,
-                Err(e) if failures + 1 < MAX_WAIT_FAILURES => {
+                Ok(Waited::Again) => continue,
+                Ok(Waited::Dropped) if drops < MAX_DROPS => {
+                    drops += 1;
+                    continue;
+                }
+                Ok(Waited::Dropped) => {
+                    return Err(Error::Connection {
+                        during: "waiting for the lock",
+                        detail: format!("the server closed {MAX_DROPS} connections in a row"),
+                    })
+                }
+                Err(e) => {
                     failures += 1;
+                    if failures >= MAX_WAIT_FAILURES {
+                        return Err(e);
+                    }
                     log::debug!(
                         "fairlock: waiting on {:?} failed ({e}); re-checking",
-                        self.name
+                        lock.name
                     );
                     continue;
                 }
-                Err(e) => {
-                    self.leave_after_error(&flag);
-                    return Err(e);
-                }
             };
-            if let Some(guard) = self.fresh_hold(token, expires, &flag, &mut failures)? {
+            if let Some(guard) = self.fresh_hold(token, expires, &mut failures)? {
                 return Ok(Some(guard));
             }
         }
@@ -370,55 +498,52 @@ impl FairLock {
 
     /// Turn a grant into a guard, unless its lease already ran out by our (early) estimate: then
     /// the reply was held up (a stalled network, a stopped process) and another owner may hold
-    /// the lock by now, so it must not become a guard. `None` means: run `acquire.lua` again (it
-    /// renews the grant if the lock is still ours, and queues us otherwise).
+    /// the lock by now, so it must not become a guard. `None` means: run acquire again (with this
+    /// attempt it returns the grant with a fresh lease if the lock is still ours, and queues us
+    /// otherwise). After `MAX_WAIT_FAILURES` late grants in a row, fail.
     fn fresh_hold(
         &self,
         token: u64,
-        expires: Instant,
-        flag: &str,
+        expires: BootInstant,
         failures: &mut u32,
     ) -> Result<Option<LockGuard>> {
-        if Instant::now() < expires {
-            return Ok(Some(LockGuard::new_hold(self, token, expires)));
+        if BootInstant::now() < expires {
+            return Ok(Some(LockGuard::new_hold(self.lock, token, expires)));
         }
-        self.late_grant(flag, failures)?;
-        Ok(None)
-    }
-
-    /// Count a late grant (see [`FairLock::fresh_hold`]); after `MAX_WAIT_FAILURES` in a row,
-    /// pass the lock on and fail.
-    fn late_grant(&self, flag: &str, failures: &mut u32) -> Result<()> {
         log::warn!(
             "fairlock: a grant of {:?} arrived after its lease had run out; re-checking",
-            self.name
+            self.lock.name
         );
         *failures += 1;
         if *failures >= MAX_WAIT_FAILURES {
-            self.leave_after_error(flag);
             return Err(Error::Connection {
                 during: "acquiring",
                 detail: format!(
-                    "{MAX_WAIT_FAILURES} grants arrived after their lease of {} ms had run out",
-                    self.lease_ms()
+                    "{MAX_WAIT_FAILURES} grants arrived after their lease of {:?} had run out",
+                    self.lock.lease()
                 ),
             });
         }
-        Ok(())
+        Ok(None)
     }
 
-    /// Block on the wake list until a hand-off, a retry request or the deadline.
-    fn wait_for_grant(&self, flag: &str, deadline: Option<Instant>) -> Result<Waited> {
-        let wake_key = self.keys.wake(flag);
-        let read_margin = self.client.config.read_timeout;
-        let mut conn = self.client.blocking.get().map_err(|e| Error::Connection {
+    /// Block on the wake list until a hand-off or retry for this attempt, or the deadline.
+    /// Messages for other attempts of this thread (a "retry" a heartbeat sent for an earlier
+    /// one) are skipped. A connection the server dropped (a restart) is replaced without
+    /// counting as a failure; the wake-up it may have popped is recovered by running acquire
+    /// again.
+    fn wait_for_grant(&self, wait: Wait) -> Result<Waited> {
+        let client = self.client();
+        let read_margin = client.config.read_timeout;
+        let mut conn = client.blocking.get().map_err(|e| Error::Connection {
             during: "waiting for the lock",
             detail: e.to_string(),
         })?;
         loop {
-            let block = match deadline {
-                None => MAX_BLOCK,
-                Some(d) => {
+            let block = match wait {
+                Wait::No => return Ok(Waited::Deadline),
+                Wait::Forever => MAX_BLOCK,
+                Wait::Until(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left < MIN_BLOCK {
                         return Ok(Waited::Deadline);
@@ -427,88 +552,59 @@ impl FairLock {
                 }
             };
             conn.set_read_timeout(block + read_margin);
-            let reply: Option<(String, String)> = conn
-                .query(
-                    redis::cmd("BLPOP")
-                        .arg(&wake_key)
-                        .arg(format!("{:.3}", block.as_secs_f64())),
-                )
-                .map_err(|e| Error::from_redis("waiting for the lock", e))?;
-            match reply {
-                None => continue,
-                Some((_, msg)) => {
-                    return Ok(match scripts::parse_wake(&msg)? {
-                        Wake::Handoff { token, server_ms } => Waited::Handoff {
-                            token,
-                            grant_ms: server_ms,
-                        },
-                        Wake::Retry => Waited::Retry,
-                    })
-                }
+            let reply: Option<(String, String)> = match conn
+                .query(&self.lock.raw.wait_cmd(&self.owner, block))
+            {
+                Ok(reply) => reply,
+                Err(_) if conn.was_dropped() => return Ok(Waited::Dropped),
+                Err(e) => return Err(Error::from_redis("waiting for the lock", e)),
+            };
+            let Some((_, msg)) = reply else { continue };
+            let wake = raw::parse_wake(&msg)?;
+            if wake.attempt() != self.number {
+                continue;
             }
+            return Ok(match wake {
+                Wake::Grant {
+                    token, server_ms, ..
+                } => Waited::Handoff {
+                    token,
+                    grant_ms: server_ms,
+                },
+                Wake::Retry { .. } => Waited::Again,
+            });
         }
     }
 
     /// The deadline passed: leave the queue, but keep a grant that reached us meanwhile
     /// (returned as its token and lease end).
-    fn leave_at_deadline(&self, flag: &str) -> Result<Option<(u64, Instant)>> {
-        let mut cmd = scripts::LEAVE.cmd(&self.keys);
-        cmd.arg(flag).arg("claim");
-        let at = Instant::now();
-        let reply = self.client.with_conn("leaving the queue", |c| {
-            scripts::LEAVE.run(c, &cmd, "leaving the queue")
-        })?;
-        Ok(match scripts::parse_leave(reply)? {
-            Leave::Granted { token, pttl_ms, .. } => Some((token, at + ms(pttl_ms))),
-            Leave::Left | Leave::Passed => None,
-        })
+    fn leave_at_deadline(&self) -> Result<Option<(u64, BootInstant)>> {
+        let call = self
+            .lock
+            .raw
+            .leave(&self.owner, self.number, LeaveMode::Claim);
+        let at = BootInstant::now();
+        Ok(
+            match self.client().with_conn(call.during(), |c| call.run(c))? {
+                Leave::Granted(g) => Some((g.token, at + ms(g.pttl_ms))),
+                Leave::Left | Leave::Passed { .. } => None,
+            },
+        )
     }
 
-    /// After an error: give up the queue place and hand on anything granted to us, best effort
-    /// (if Redis is unreachable the janitors of other clients remove the entry once it is stale).
-    fn leave_after_error(&self, flag: &str) {
-        let mut cmd = scripts::LEAVE.cmd(&self.keys);
-        cmd.arg(flag).arg("pass");
-        let result = self.client.with_conn("leaving the queue", |c| {
-            scripts::LEAVE.run(c, &cmd, "leaving the queue")
-        });
-        if let Err(e) = result {
+    /// After an error: give up the queue place and hand on anything granted to this attempt.
+    fn leave_quietly(&self) {
+        let call = self
+            .lock
+            .raw
+            .leave(&self.owner, self.number, LeaveMode::Pass);
+        if let Err(e) = self.client().with_conn(call.during(), |c| call.run(c)) {
             log::debug!(
                 "fairlock: could not leave the queue of {:?}: {e}",
-                self.name
+                self.lock.name
             );
         }
     }
-
-    fn reenter(&self, hold: Rc<Hold>) -> Result<LockGuard> {
-        let mut cmd = scripts::REENTER.cmd(&self.keys);
-        cmd.arg(self.client.flag())
-            .arg(hold.token)
-            .arg(hold.depth.get());
-        let reply = self.client.with_conn("re-entering", |c| {
-            scripts::REENTER.run(c, &cmd, "re-entering")
-        })?;
-        if scripts::int(&reply).unwrap_or(0) == 0 {
-            hold.state
-                .lost
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-            forget(self, &hold);
-            return Err(Error::NotHeld {
-                name: self.name.to_string(),
-                holder: None,
-            });
-        }
-        Ok(LockGuard::nested(self, hold))
-    }
-}
-
-enum Waited {
-    /// HANDOFF: the lock was granted to us at the server's `grant_ms`.
-    Handoff { token: u64, grant_ms: i64 },
-    /// The caller's deadline came; it still has to leave the queue.
-    Deadline,
-    /// NORMAL: our queue entry was dropped; run acquire again.
-    Retry,
 }
 
 fn ms(v: i64) -> Duration {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::scripts::RawStatus;
+use crate::raw::RawStatus;
 
 /// Who holds a lock and who waits for it, read in one atomic step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,7 +76,7 @@ impl LockStatus {
         let holder = (!raw.owner.is_empty()).then(|| Holder {
             origin: origin(raw.owner.clone(), &raw.meta),
             hold_count: raw.count.max(0) as u32,
-            fencing_token: raw.token.max(0) as u64,
+            fencing_token: raw.token,
             lease_remaining: ms(raw.pttl_ms),
             held_for: ms(raw.server_ms - raw.since_ms),
         });
@@ -91,7 +91,7 @@ impl LockStatus {
         LockStatus {
             name: name.to_string(),
             holder,
-            fencing_counter: raw.fence.max(0) as u64,
+            fencing_counter: raw.fence,
             waiters,
         }
     }

@@ -10,27 +10,24 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
-use redis::Value;
 
-use crate::connection::Manager;
+use crate::boot_clock::BootInstant;
+use crate::connection::{with_pooled, Manager};
 use crate::error::{Error, Result};
 use crate::guard::HoldState;
-use crate::keys::LockKeys;
-use crate::lock::FairLock;
-use crate::scripts::{self, is_noscript};
+use crate::raw::{self, RawLock};
 
 struct Renewal {
-    name: String,
-    keys: LockKeys,
-    flag: String,
+    raw: Arc<RawLock>,
+    owner: String,
     token: u64,
     lease: Duration,
     state: Arc<HoldState>,
-    due: Instant,
+    due: BootInstant,
 }
 
 #[derive(Default)]
@@ -38,7 +35,7 @@ struct Registry {
     entries: HashMap<u64, Renewal>,
     /// When the thread will wake next (`None`: idle). Under the same mutex as `entries`, so a new
     /// hold always knows whether it must wake the thread.
-    planned: Option<Instant>,
+    planned: Option<BootInstant>,
 }
 
 pub(crate) struct Watchdog {
@@ -58,9 +55,9 @@ impl Watchdog {
         thread::Builder::new()
             .name(format!("fairlock-watchdog-{}", &client_id[..8]))
             .spawn(move || run(&pool, &reg, &rx, idle_wake))
-            .map_err(|e| Error::InvalidConfig {
-                setting: "threads",
-                reason: format!("cannot start the watchdog thread: {e}"),
+            .map_err(|source| Error::Io {
+                during: "starting the watchdog thread",
+                source,
             })?;
         Ok(Watchdog {
             registry,
@@ -71,17 +68,18 @@ impl Watchdog {
 
     pub fn register(
         &self,
-        lock: &FairLock,
+        raw: Arc<RawLock>,
+        owner: String,
         token: u64,
         lease: Duration,
         state: Arc<HoldState>,
-        expires: Instant,
+        expires: BootInstant,
     ) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // First renewal when a third of the lease has passed (measured from the grant).
         let due = expires
             .checked_sub(lease * 2 / 3)
-            .unwrap_or_else(Instant::now);
+            .unwrap_or_else(BootInstant::now);
         let mut registry = self.registry.lock();
         // Wake the thread only if this hold is due before its planned wake: a wake-up per
         // acquisition costs a context switch on a busy machine.
@@ -92,9 +90,8 @@ impl Watchdog {
         registry.entries.insert(
             id,
             Renewal {
-                name: lock.name().to_string(),
-                keys: lock.keys().clone(),
-                flag: lock.client().flag(),
+                raw,
+                owner,
                 token,
                 lease,
                 state,
@@ -126,11 +123,11 @@ fn run(
                 .values()
                 .map(|r| r.due)
                 .min()
-                .unwrap_or_else(|| Instant::now() + idle_wake);
+                .unwrap_or_else(|| BootInstant::now() + idle_wake);
             reg.planned = Some(next);
             next
         };
-        let wait = next.saturating_duration_since(Instant::now());
+        let wait = next.saturating_duration_since(BootInstant::now());
         match nudge.recv_timeout(wait) {
             Ok(()) => continue,
             Err(RecvTimeoutError::Disconnected) => return,
@@ -140,108 +137,72 @@ fn run(
 }
 
 fn renew_due(pool: &r2d2::Pool<Manager>, registry: &Mutex<Registry>) {
-    let now = Instant::now();
+    let now = BootInstant::now();
     // Snapshot what is due and let go of the registry: guards must never wait on the network.
-    let due: Vec<(u64, redis::Cmd)> = registry
+    let (ids, calls): (Vec<u64>, Vec<_>) = registry
         .lock()
         .entries
         .iter()
         .filter(|(_, r)| r.due <= now + Duration::from_millis(5))
-        .map(|(id, r)| {
-            let mut cmd = scripts::RENEW.cmd(&r.keys);
-            cmd.arg(&r.flag)
-                .arg(r.token)
-                .arg(r.lease.as_millis() as u64);
-            (*id, cmd)
-        })
-        .collect();
-    if due.is_empty() {
+        .map(|(id, r)| (*id, r.raw.renew(&r.owner, r.token, r.lease)))
+        .unzip();
+    if calls.is_empty() {
         return;
     }
-    let mut pipe = redis::pipe();
-    for (_, cmd) in &due {
-        pipe.add_command(cmd.clone());
-    }
-    let sent = Instant::now();
-    let replies = send(pool, &pipe);
+    let sent = BootInstant::now();
+    let replies = with_pooled(pool, "renewing leases", |c| raw::run_pipeline(c, &calls));
 
     let mut reg = registry.lock();
-    match replies {
-        Ok(values) => {
-            for ((id, _), value) in due.iter().zip(values) {
-                let Some(r) = reg.entries.get_mut(id) else {
-                    continue; // released meanwhile: its result means nothing now
-                };
-                if scripts::int(&value) == Some(1) {
-                    *r.state.expires.lock() = sent + r.lease;
-                    r.due = sent + r.lease / 3;
-                } else {
-                    log::warn!(
-                        "fairlock: lock {:?} (token {}) was lost: renewal found it gone or held by another owner",
-                        r.name, r.token
-                    );
-                    r.state.lost.store(true, Ordering::SeqCst);
-                    reg.entries.remove(id);
-                }
-            }
-        }
+    let replies = match replies {
+        Ok(replies) => replies,
         Err(e) => {
-            for (id, _) in &due {
-                let Some(r) = reg.entries.get_mut(id) else {
-                    continue;
-                };
-                let expires = *r.state.expires.lock();
-                if Instant::now() >= expires {
-                    log::warn!(
-                        "fairlock: lock {:?} (token {}) is presumed lost: its lease ran out while Redis could not be reached ({e})",
-                        r.name, r.token
-                    );
-                    r.state.lost.store(true, Ordering::SeqCst);
-                    reg.entries.remove(id);
-                } else {
-                    log::warn!(
-                        "fairlock: renewing lock {:?} failed ({e}); retrying",
-                        r.name
-                    );
-                    r.due = Instant::now() + (r.lease / 10).min(Duration::from_millis(500));
+            for id in &ids {
+                if let Some(r) = reg.entries.get_mut(id) {
+                    retry_or_give_up(r, &e);
                 }
             }
+            reg.entries.retain(|_, r| !r.state.lost.load(Ordering::SeqCst));
+            return;
+        }
+    };
+    for (id, reply) in ids.iter().zip(replies) {
+        let Some(r) = reg.entries.get_mut(id) else {
+            continue; // released meanwhile: its result means nothing now
+        };
+        match reply {
+            Ok(true) => {
+                *r.state.expires.lock() = sent + r.lease;
+                r.due = sent + r.lease / 3;
+            }
+            Ok(false) => {
+                log::warn!(
+                    "fairlock: lock {:?} (token {}) was lost: renewal found it gone or held by another owner",
+                    r.raw.key_names()[0], r.token
+                );
+                r.state.lost.store(true, Ordering::SeqCst);
+                reg.entries.remove(id);
+            }
+            Err(e) => retry_or_give_up(r, &e),
         }
     }
+    reg.entries.retain(|_, r| !r.state.lost.load(Ordering::SeqCst));
 }
 
-/// Send a pipeline of renew (or heartbeat) scripts; load the script and resend on NOSCRIPT.
-pub(crate) fn send_pipeline(
-    pool: &r2d2::Pool<Manager>,
-    pipe: &redis::Pipeline,
-    script: &scripts::LuaScript,
-    during: &'static str,
-) -> Result<Vec<Value>> {
-    let mut conn = pool.get().map_err(|e| Error::Connection {
-        during,
-        detail: e.to_string(),
-    })?;
-    let first: redis::RedisResult<Vec<Value>> = conn.query_pipeline(pipe);
-    let values = match first {
-        Err(e) if is_noscript(&e) => {
-            script.load(&mut conn, during)?;
-            conn.query_pipeline(pipe)
-        }
-        other => other,
+/// A renewal failed on the network (or the server): retry soon, unless the lease ran out
+/// meanwhile by our estimate, and then the hold is presumed lost.
+fn retry_or_give_up(r: &mut Renewal, e: &Error) {
+    let expires = *r.state.expires.lock();
+    if BootInstant::now() >= expires {
+        log::warn!(
+            "fairlock: lock {:?} (token {}) is presumed lost: its lease ran out while it could not be renewed ({e})",
+            r.raw.key_names()[0], r.token
+        );
+        r.state.lost.store(true, Ordering::SeqCst);
+    } else {
+        log::warn!(
+            "fairlock: renewing lock {:?} failed ({e}); retrying",
+            r.raw.key_names()[0]
+        );
+        r.due = BootInstant::now() + (r.lease / 10).min(Duration::from_millis(500));
     }
-    .map_err(|e| Error::from_redis(during, e))?;
-    if values
-        .iter()
-        .any(|v| matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT"))
-    {
-        script.load(&mut conn, during)?;
-        return conn
-            .query_pipeline(pipe)
-            .map_err(|e| Error::from_redis(during, e));
-    }
-    Ok(values)
-}
-
-fn send(pool: &r2d2::Pool<Manager>, pipe: &redis::Pipeline) -> Result<Vec<Value>> {
-    send_pipeline(pool, pipe, &scripts::RENEW, "renewing leases")
 }

@@ -1,0 +1,751 @@
+//! The raw protocol: one typed call per state transition of a lock, each one atomic Lua script of
+//! `scripts/`. Like `lock_api`'s `RawMutex` beneath `Mutex`: [`FairLock`](crate::FairLock),
+//! [`LockGuard`](crate::LockGuard), the watchdog and the janitor reach Redis only through it, and
+//! tools (the protocol fuzzer among them) can drive the scripts directly, with many logical
+//! clients on one connection.
+//!
+//! A call is built first and run later ([`Call`]): its command can be sent on any connection, in
+//! a pipeline, twice, or late, and its reply parsed apart from sending it. Nothing here waits,
+//! retries or keeps state; every script is safe to run again or late (see each script's header
+//! and `scripts/common.lua`).
+//!
+//! Owners are strings `<client id>:<thread number>`; an *attempt* is a number that grows with
+//! every acquire call of a client: scripts act on an owner's queue entry or hold only for the
+//! attempt they were sent for, so a request that arrives after its sender moved on does nothing.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{ConnectionLike, Value};
+
+use crate::error::{Error, Result};
+use crate::keys::LockKeys;
+
+const COMMON: &str = include_str!("../scripts/common.lua");
+
+/// Settings every script of one lock client is run with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// How long the fence (the last token handed out) is kept after the last grant. Tokens stay
+    /// increasing without it (they are seeded from the server clock); it only keeps them dense.
+    pub fence_ttl: Duration,
+    /// How long a waiter lives without a heartbeat before others purge it as dead.
+    pub waiter_timeout: Duration,
+    /// How long a full release's receipt is kept, so a retried release knows it happened.
+    pub receipt_ttl: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            fence_ttl: Duration::from_secs(7 * 24 * 3600),
+            waiter_timeout: Duration::from_secs(3),
+            receipt_ttl: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One compiled-in script: `common.lua` followed by the transition's own file, and its SHA1.
+pub struct Script {
+    code: String,
+    sha: String,
+}
+
+impl Script {
+    fn new(body: &str) -> Script {
+        let code = format!("{COMMON}\n{body}");
+        let sha = redis::Script::new(&code).get_hash().to_string();
+        Script { code, sha }
+    }
+
+    /// Load the script into the server's script cache (EVALSHA fails with NOSCRIPT until then).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when Redis cannot be reached.
+    pub fn load(&self, conn: &mut dyn ConnectionLike) -> Result<()> {
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(&self.code)
+            .query::<String>(conn)
+            .map(|_| ())
+            .map_err(|e| Error::from_redis("loading a script", e))
+    }
+}
+
+macro_rules! lua {
+    ($name:literal) => {
+        LazyLock::new(|| Script::new(include_str!(concat!("../scripts/", $name, ".lua"))))
+    };
+}
+
+static ACQUIRE: LazyLock<Script> = lua!("acquire");
+static REENTER: LazyLock<Script> = lua!("reenter");
+static RELEASE: LazyLock<Script> = lua!("release");
+static RENEW: LazyLock<Script> = lua!("renew");
+static LEAVE: LazyLock<Script> = lua!("leave");
+static FORCE_UNLOCK: LazyLock<Script> = lua!("force_unlock");
+static HEARTBEAT: LazyLock<Script> = lua!("heartbeat");
+static STATUS: LazyLock<Script> = lua!("status");
+
+/// Every script, for loading them ahead of use.
+pub fn scripts() -> [&'static Script; 8] {
+    [
+        &ACQUIRE,
+        &REENTER,
+        &RELEASE,
+        &RENEW,
+        &LEAVE,
+        &FORCE_UNLOCK,
+        &HEARTBEAT,
+        &STATUS,
+    ]
+}
+
+/// A request built and not yet sent: the EVALSHA command, the script it names and the parser of
+/// its reply.
+pub struct Call<T> {
+    script: &'static Script,
+    cmd: redis::Cmd,
+    parse: fn(Value) -> Result<T>,
+    during: &'static str,
+}
+
+impl<T> Call<T> {
+    /// The command, to send on any connection or in a pipeline.
+    pub fn cmd(&self) -> &redis::Cmd {
+        &self.cmd
+    }
+
+    /// The script this call runs (load it on NOSCRIPT).
+    pub fn script(&self) -> &'static Script {
+        self.script
+    }
+
+    /// What the call is doing, for error messages ("acquiring", "releasing", ...).
+    pub fn during(&self) -> &'static str {
+        self.during
+    }
+
+    /// Parse a reply to this call's command (a server error reply becomes the matching
+    /// [`Error`]).
+    ///
+    /// # Errors
+    /// The server's error ([`Error::ForeignData`] for another program's data at a lock key), or
+    /// [`Error::Protocol`] when the reply has an unexpected shape.
+    pub fn parse(&self, reply: Value) -> Result<T> {
+        let reply = reply
+            .extract_error()
+            .map_err(|e| Error::from_redis(self.during, e))?;
+        (self.parse)(reply)
+    }
+
+    /// Send the command and parse the reply; on NOSCRIPT (a restarted or flushed server) load
+    /// the script and send it once more.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when Redis cannot be reached or does not answer in time (the call
+    /// may or may not have been applied), and what [`Call::parse`] returns.
+    pub fn run(&self, conn: &mut dyn ConnectionLike) -> Result<T> {
+        let send = |conn: &mut dyn ConnectionLike| {
+            conn.req_command(&self.cmd)
+                .and_then(|reply| reply.extract_error())
+        };
+        match send(conn) {
+            Err(e) if is_noscript(&e) => {
+                self.script.load(conn)?;
+                let reply = send(conn).map_err(|e| Error::from_redis(self.during, e))?;
+                self.parse(reply)
+            }
+            Err(e) => Err(Error::from_redis(self.during, e)),
+            Ok(reply) => self.parse(reply),
+        }
+    }
+}
+
+/// Send many calls in one pipeline (one round trip) and parse each reply; scripts the server
+/// lacks are loaded and the pipeline sent once more.
+///
+/// # Errors
+/// The outer error is the connection's; the inner ones are each call's own.
+pub fn run_pipeline<T>(conn: &mut dyn ConnectionLike, calls: &[Call<T>]) -> Result<Vec<Result<T>>> {
+    if calls.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for call in calls {
+        pipe.add_command(call.cmd.clone());
+    }
+    let during = calls[0].during;
+    let packed = pipe.get_packed_pipeline();
+    // req_packed_commands keeps each reply as it came, server errors included (a typed
+    // pipeline query would fail whole on the first NOSCRIPT)
+    let send = |conn: &mut dyn ConnectionLike| -> Result<Vec<Value>> {
+        conn.req_packed_commands(&packed, 0, calls.len())
+            .map_err(|e| Error::from_redis(during, e))
+    };
+    let mut replies = send(conn)?;
+    let missing: Vec<&Script> = calls
+        .iter()
+        .zip(&replies)
+        .filter(|(_, v)| matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT"))
+        .map(|(c, _)| c.script)
+        .collect();
+    if !missing.is_empty() {
+        for script in missing {
+            script.load(conn)?;
+        }
+        replies = send(conn)?;
+    }
+    Ok(calls
+        .iter()
+        .zip(replies)
+        .map(|(call, v)| call.parse(v))
+        .collect())
+}
+
+pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// Whether an acquire attempt may queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Take the lock if it is free and nobody waits; never queue.
+    Try,
+    /// Take it, or queue for it.
+    Wait,
+}
+
+/// What a leaving waiter does with a grant that reached it meanwhile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaveMode {
+    /// Keep it (the caller becomes the holder).
+    Claim,
+    /// Hand it on to the next waiter.
+    Pass,
+}
+
+/// A grant: the caller holds the lock with this token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The hold's fencing token.
+    pub token: u64,
+    /// The server's clock when the reply was made (ms).
+    pub server_ms: i64,
+    /// The lease left on the server (ms).
+    pub pttl_ms: i64,
+}
+
+/// What the acquire script decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acquire {
+    /// The caller holds the lock now.
+    Granted(Grant),
+    /// [`Mode::Try`]: held by someone, or others are queued.
+    Busy {
+        /// The holder's lease left (ms; 0 when free but others are queued).
+        pttl_ms: i64,
+    },
+    /// Queued: wait on the wake list.
+    Queued {
+        /// The server's clock when the caller was queued (ms).
+        server_ms: i64,
+        /// The holder's lease left (ms).
+        pttl_ms: i64,
+    },
+    /// A newer attempt of this owner reached Redis first: this request came late and did
+    /// nothing.
+    Stale,
+}
+
+/// What the re-enter script did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reenter {
+    /// Re-entered; the hold's count is now this.
+    Reentered(u32),
+    /// The lock is no longer this hold's.
+    Lost,
+}
+
+/// What the release script did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// An inner level was released; the hold goes on.
+    StillHeld,
+    /// Fully released (or a retry found its receipt); granted to this waiter, if any.
+    Released {
+        /// The waiter the lock was handed to.
+        next: Option<String>,
+    },
+    /// This hold did not own the lock; nothing changed.
+    NotHeld {
+        /// The current owner, if any.
+        holder: Option<String>,
+    },
+}
+
+/// What the leave script did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Leave {
+    /// The attempt's queue entry is gone (or was already).
+    Left,
+    /// [`LeaveMode::Claim`]: the attempt had been granted the lock; the caller holds it.
+    Granted(Grant),
+    /// [`LeaveMode::Pass`]: the attempt had been granted the lock; it went to the next waiter.
+    Passed {
+        /// The waiter it went to, if any.
+        next: Option<String>,
+    },
+}
+
+/// What the force-unlock script did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ForceUnlock {
+    /// The named hold was released; the lock went to this waiter, if any.
+    Released {
+        /// The waiter the lock was handed to.
+        next: Option<String>,
+    },
+    /// The named hold does not hold the lock (any more); nothing was released.
+    NotHeld {
+        /// The current owner and its token, if any.
+        holder: Option<(String, u64)>,
+    },
+}
+
+/// The janitor's view of one lock after a heartbeat.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// The holder's lease left (ms; 0 when free).
+    pub pttl_ms: i64,
+    /// Owners whose attempt had lost its place and were told to retry.
+    pub told_to_retry: Vec<String>,
+}
+
+/// A snapshot of one lock, as the status script returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawStatus {
+    /// The server's clock (ms).
+    pub server_ms: i64,
+    /// The holder (empty when free).
+    pub owner: String,
+    /// The holder's re-entry count.
+    pub count: i64,
+    /// The holder's token.
+    pub token: u64,
+    /// The holder's lease left (ms).
+    pub pttl_ms: i64,
+    /// When the hold began (server ms).
+    pub since_ms: i64,
+    /// The holder's "host|pid|thread".
+    pub meta: String,
+    /// The last token handed out.
+    pub fence: u64,
+    /// (owner, arrival time in server us, meta) in queue order.
+    pub queue: Vec<(String, i64, String)>,
+}
+
+/// A wake-up message popped from a waiter's wake list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// The lock was granted to this attempt with this token at the server's `server_ms`.
+    Grant {
+        /// The attempt it is for.
+        attempt: u64,
+        /// The hold's token.
+        token: u64,
+        /// The server's clock at the grant (ms).
+        server_ms: i64,
+    },
+    /// The attempt's queue entry is gone: run acquire again.
+    Retry {
+        /// The attempt it is for.
+        attempt: u64,
+    },
+}
+
+impl Wake {
+    /// The attempt the message is for.
+    pub fn attempt(&self) -> u64 {
+        match *self {
+            Wake::Grant { attempt, .. } | Wake::Retry { attempt } => attempt,
+        }
+    }
+}
+
+/// Parse a wake-up message (`g|attempt|token|ms` or `r|attempt`).
+///
+/// # Errors
+/// [`Error::Protocol`] for any other text.
+pub fn parse_wake(msg: &str) -> Result<Wake> {
+    let bad = || Error::protocol(format!("wake-up message {msg:?}"));
+    let mut parts = msg.split('|');
+    let kind = parts.next().ok_or_else(bad)?;
+    let mut num = || -> Result<u64> { parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad) };
+    match kind {
+        "g" => Ok(Wake::Grant {
+            attempt: num()?,
+            token: num()?,
+            server_ms: num()? as i64,
+        }),
+        "r" => Ok(Wake::Retry { attempt: num()? }),
+        _ => Err(bad()),
+    }
+}
+
+/// The keys and settings of one lock: builds its calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawLock {
+    keys: LockKeys,
+    settings: Settings,
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
+impl RawLock {
+    /// The lock `name` under key prefix `prefix`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] / [`Error::InvalidConfig`] for a name or prefix that cannot be a key.
+    pub fn new(prefix: &str, name: &str, settings: Settings) -> Result<RawLock> {
+        crate::keys::validate_prefix(prefix)?;
+        crate::keys::validate_name(name)?;
+        Ok(RawLock {
+            keys: LockKeys::new(prefix, name),
+            settings,
+        })
+    }
+
+    pub(crate) fn keys(&self) -> &LockKeys {
+        &self.keys
+    }
+
+    /// The settings the calls carry.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The lock's keys (lock hash, fence, queue, waiters, receipts; wake lists are
+    /// `<lock hash>:wake:<owner>`).
+    pub fn key_names(&self) -> [&str; 5] {
+        self.keys.all()
+    }
+
+    /// The wake list of `owner`.
+    pub fn wake_key(&self, owner: &str) -> String {
+        self.keys.wake(owner)
+    }
+
+    /// A BLPOP on `owner`'s wake list for at most `block` (rounded to ms; at least 1 ms).
+    pub fn wait_cmd(&self, owner: &str, block: Duration) -> redis::Cmd {
+        let mut cmd = redis::cmd("BLPOP");
+        cmd.arg(self.wake_key(owner))
+            .arg(format!("{:.3}", block.max(Duration::from_millis(1)).as_secs_f64()));
+        cmd
+    }
+
+    fn call<T>(
+        &self,
+        script: &'static LazyLock<Script>,
+        during: &'static str,
+        parse: fn(Value) -> Result<T>,
+    ) -> Call<T> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&script.sha)
+            .arg(5)
+            .arg(&self.keys.all()[..])
+            .arg(millis(self.settings.fence_ttl).max(1))
+            .arg(millis(self.settings.waiter_timeout).max(3));
+        Call {
+            script,
+            cmd,
+            parse,
+            during,
+        }
+    }
+
+    /// An attempt to take the lock (`Mode::Wait`: or queue for it).
+    pub fn acquire(
+        &self,
+        owner: &str,
+        attempt: u64,
+        lease: Duration,
+        mode: Mode,
+        meta: &str,
+    ) -> Call<Acquire> {
+        let mut c = self.call(&ACQUIRE, "acquiring", parse_acquire);
+        c.cmd
+            .arg(owner)
+            .arg(attempt)
+            .arg(millis(lease))
+            .arg(match mode {
+                Mode::Try => "try",
+                Mode::Wait => "wait",
+            })
+            .arg(meta);
+        c
+    }
+
+    /// The holder of `token` takes the lock once more; `depth` is its depth before.
+    pub fn reenter(&self, owner: &str, token: u64, depth: u32) -> Call<Reenter> {
+        let mut c = self.call(&REENTER, "re-entering", parse_reenter);
+        c.cmd.arg(owner).arg(token).arg(depth);
+        c
+    }
+
+    /// The holder of `token` releases one level; `depth` is its depth before (1: the whole hold).
+    pub fn release(&self, owner: &str, token: u64, depth: u32) -> Call<Release> {
+        let mut c = self.call(&RELEASE, "releasing", parse_release);
+        c.cmd
+            .arg(owner)
+            .arg(token)
+            .arg(depth.max(1))
+            .arg(millis(self.settings.receipt_ttl));
+        c
+    }
+
+    /// Extend the lease of the hold `token` to `lease` from now. `true` when renewed.
+    pub fn renew(&self, owner: &str, token: u64, lease: Duration) -> Call<bool> {
+        let mut c = self.call(&RENEW, "renewing a lease", parse_renew);
+        c.cmd.arg(owner).arg(token).arg(millis(lease));
+        c
+    }
+
+    /// The waiting `attempt` stops waiting.
+    pub fn leave(&self, owner: &str, attempt: u64, mode: LeaveMode) -> Call<Leave> {
+        let mut c = self.call(&LEAVE, "leaving the queue", parse_leave);
+        c.cmd.arg(owner).arg(attempt).arg(match mode {
+            LeaveMode::Claim => "claim",
+            LeaveMode::Pass => "pass",
+        });
+        c
+    }
+
+    /// Keep these waiting attempts (owner, attempt) alive, and repair the lock.
+    pub fn heartbeat<'a>(
+        &self,
+        waiting: impl IntoIterator<Item = (&'a str, u64)>,
+    ) -> Call<Heartbeat> {
+        let mut c = self.call(&HEARTBEAT, "refreshing waiters", parse_heartbeat);
+        for (owner, attempt) in waiting {
+            c.cmd.arg(owner).arg(attempt);
+        }
+        c
+    }
+
+    /// Release the hold of `owner` with `token`, whoever asks; nothing when that hold is gone.
+    pub fn force_unlock(&self, owner: &str, token: u64) -> Call<ForceUnlock> {
+        let mut c = self.call(&FORCE_UNLOCK, "force-releasing", parse_force_unlock);
+        c.cmd.arg(owner).arg(token);
+        c
+    }
+
+    /// Read the lock's holder, fence and queue in one atomic step.
+    pub fn status(&self) -> Call<RawStatus> {
+        self.call(&STATUS, "reading the status", parse_status)
+    }
+}
+
+// ---- reply parsing -------------------------------------------------------------------------
+
+pub(crate) fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Okay => Some("OK".into()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+pub(crate) fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(_) | Value::SimpleString(_) => text(v)?.parse::<i64>().ok(),
+        _ => None,
+    }
+}
+
+fn array(v: Value, during: &str) -> Result<Vec<Value>> {
+    match v {
+        Value::Array(items) => Ok(items),
+        other => Err(Error::protocol(format!("{during}: {other:?}"))),
+    }
+}
+
+fn field_int(items: &[Value], i: usize, during: &str) -> Result<i64> {
+    items
+        .get(i)
+        .and_then(int)
+        .ok_or_else(|| Error::protocol(format!("{during}: field {i} of {items:?}")))
+}
+
+fn field_text(items: &[Value], i: usize) -> String {
+    items.get(i).and_then(text).unwrap_or_default()
+}
+
+fn field_opt(items: &[Value], i: usize) -> Option<String> {
+    Some(field_text(items, i)).filter(|s| !s.is_empty())
+}
+
+fn grant_at(items: &[Value], i: usize, during: &str) -> Result<Grant> {
+    Ok(Grant {
+        token: field_int(items, i, during)? as u64,
+        server_ms: field_int(items, i + 1, during)?,
+        pttl_ms: field_int(items, i + 2, during)?,
+    })
+}
+
+fn parse_acquire(v: Value) -> Result<Acquire> {
+    const D: &str = "acquire";
+    let items = array(v, D)?;
+    match field_text(&items, 0).as_str() {
+        "granted" => Ok(Acquire::Granted(grant_at(&items, 1, D)?)),
+        "busy" => Ok(Acquire::Busy {
+            pttl_ms: field_int(&items, 1, D)?,
+        }),
+        "queued" => Ok(Acquire::Queued {
+            server_ms: field_int(&items, 1, D)?,
+            pttl_ms: field_int(&items, 2, D)?,
+        }),
+        "stale" => Ok(Acquire::Stale),
+        _ => Err(Error::protocol(format!("{D}: {items:?}"))),
+    }
+}
+
+fn parse_reenter(v: Value) -> Result<Reenter> {
+    match int(&v) {
+        Some(0) => Ok(Reenter::Lost),
+        Some(n) if n > 0 => Ok(Reenter::Reentered(n.min(u32::MAX as i64) as u32)),
+        _ => Err(Error::protocol(format!("re-enter: {v:?}"))),
+    }
+}
+
+fn parse_renew(v: Value) -> Result<bool> {
+    match int(&v) {
+        Some(n) => Ok(n == 1),
+        None => Err(Error::protocol(format!("renew: {v:?}"))),
+    }
+}
+
+fn parse_release(v: Value) -> Result<Release> {
+    const D: &str = "release";
+    let items = array(v, D)?;
+    match field_text(&items, 0).as_str() {
+        "held" => Ok(Release::StillHeld),
+        "released" => Ok(Release::Released {
+            next: field_opt(&items, 1),
+        }),
+        "not_held" => Ok(Release::NotHeld {
+            holder: field_opt(&items, 1),
+        }),
+        _ => Err(Error::protocol(format!("{D}: {items:?}"))),
+    }
+}
+
+fn parse_leave(v: Value) -> Result<Leave> {
+    const D: &str = "leave";
+    let items = array(v, D)?;
+    match field_text(&items, 0).as_str() {
+        "left" => Ok(Leave::Left),
+        "passed" => Ok(Leave::Passed {
+            next: field_opt(&items, 1),
+        }),
+        "granted" => Ok(Leave::Granted(grant_at(&items, 1, D)?)),
+        _ => Err(Error::protocol(format!("{D}: {items:?}"))),
+    }
+}
+
+fn parse_force_unlock(v: Value) -> Result<ForceUnlock> {
+    const D: &str = "force_unlock";
+    let items = array(v, D)?;
+    match field_text(&items, 0).as_str() {
+        "released" => Ok(ForceUnlock::Released {
+            next: field_opt(&items, 1),
+        }),
+        "not_held" => Ok(ForceUnlock::NotHeld {
+            holder: field_opt(&items, 1)
+                .map(|o| (o, items.get(2).and_then(int).unwrap_or(0) as u64)),
+        }),
+        _ => Err(Error::protocol(format!("{D}: {items:?}"))),
+    }
+}
+
+fn parse_heartbeat(v: Value) -> Result<Heartbeat> {
+    const D: &str = "heartbeat";
+    let items = array(v, D)?;
+    Ok(Heartbeat {
+        pttl_ms: field_int(&items, 0, D)?,
+        told_to_retry: items[1..].iter().filter_map(text).collect(),
+    })
+}
+
+fn parse_status(v: Value) -> Result<RawStatus> {
+    const D: &str = "status";
+    let items = array(v, D)?;
+    if items.len() < 8 {
+        return Err(Error::protocol(format!("{D}: {items:?}")));
+    }
+    let queue = items[8..]
+        .chunks(3)
+        .map(|c| {
+            (
+                field_text(c, 0),
+                c.get(1).and_then(int).unwrap_or(0),
+                field_text(c, 2),
+            )
+        })
+        .collect();
+    Ok(RawStatus {
+        server_ms: field_int(&items, 0, D)?,
+        owner: field_text(&items, 1),
+        count: field_int(&items, 2, D)?,
+        token: field_int(&items, 3, D)?.max(0) as u64,
+        pttl_ms: field_int(&items, 4, D)?,
+        since_ms: field_int(&items, 5, D)?,
+        meta: field_text(&items, 6),
+        fence: field_int(&items, 7, D)?.max(0) as u64,
+        queue,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wake_messages_parse() {
+        assert_eq!(parse_wake("r|7").unwrap(), Wake::Retry { attempt: 7 });
+        assert_eq!(
+            parse_wake("g|7|1763812345678901|1763812345678").unwrap(),
+            Wake::Grant {
+                attempt: 7,
+                token: 1763812345678901,
+                server_ms: 1763812345678
+            }
+        );
+        for bad in ["garbage", "retry", "g|1|2", "r|x", ""] {
+            assert!(parse_wake(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn scripts_are_distinct_and_start_with_common() {
+        for s in scripts() {
+            assert!(s.code.starts_with(COMMON));
+            assert_eq!(s.sha.len(), 40);
+        }
+        assert_ne!(ACQUIRE.sha, RELEASE.sha);
+    }
+
+    #[test]
+    fn every_call_carries_the_common_arguments() {
+        let lock = RawLock::new("p", "n", Settings::default()).unwrap();
+        let packed = lock.renew("o", 5, Duration::from_secs(1)).cmd().get_packed_command();
+        let text = String::from_utf8_lossy(&packed);
+        assert!(text.contains("604800000"), "{text}");
+        assert!(text.contains("p:{n}:released"), "{text}");
+    }
+}
