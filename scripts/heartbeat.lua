@@ -5,8 +5,9 @@
 --    it alive; any other (its entry was purged during a pause, its grant lapsed unseen, its
 --    queue key was lost) is told "retry" through its wake list and queues again.
 -- 2. A hand-off whose grantee stopped refreshing it and never popped it is revoked.
--- 3. A stranded lock (free, waiters queued: the holder died) goes to the live head, purging dead
---    heads on the way. Cost: O(this client's waiters + dead heads), never a scan of all waiters.
+-- 3. Dead waiters at the head of the queue are purged; a stranded lock (free, waiters queued:
+--    the holder died) goes to the live head.
+-- Cost: O(this client's waiters + dead heads), never a scan of all waiters.
 -- Network: a retry refreshes again; a late heartbeat for an attempt that has moved on does
 -- nothing (a newer attempt's entry) or pushes a "retry" for that old attempt, which its thread
 -- ignores.
@@ -46,6 +47,8 @@ end
 if redis.call('EXISTS', k.queue) == 1 then
   if redis.call('EXISTS', k.lock) == 0 then
     grant_next()
+  else
+    live_head()
   end
   if redis.call('EXISTS', k.queue) == 1 then
     redis.call('PEXPIRE', k.queue, QUEUE_TTL)

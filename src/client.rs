@@ -163,7 +163,8 @@ impl LockClientBuilder {
             });
         }
 
-        if c.fence_ttl < Duration::from_secs(60) || c.fence_ttl > Duration::from_secs(365 * 24 * 3600)
+        if c.fence_ttl < Duration::from_secs(60)
+            || c.fence_ttl > Duration::from_secs(365 * 24 * 3600)
         {
             return Err(Error::InvalidConfig {
                 setting: "fence_ttl",
@@ -208,6 +209,7 @@ impl LockClientBuilder {
                 host: hostname(),
                 pid: std::process::id(),
                 id,
+                url: self.url.clone(),
                 protocol,
                 config: self.config,
                 pool,
@@ -255,6 +257,7 @@ const RECEIPT_TTL: Duration = Duration::from_secs(10);
 pub(crate) struct ClientInner {
     /// Unique per client; with the thread's number it forms the owner flag.
     pub id: String,
+    pub url: String,
     pub config: Config,
     /// The settings every script of this client runs with.
     pub protocol: raw::Settings,
@@ -303,6 +306,23 @@ impl LockClient {
     /// The owner flag of the calling thread: `<client id>:<thread number>`, as stored in Redis.
     pub fn current_owner(&self) -> String {
         self.inner.flag()
+    }
+
+    /// Check now that the server is still safe for locks: its `maxmemory-policy` must not
+    /// evict keys. The janitor thread runs the same check every minute and logs an error when
+    /// it fails; call this from a health check to see it.
+    ///
+    /// # Errors
+    /// [`Error::UnsafeServer`] naming the setting, [`Error::Connection`] when the server cannot
+    /// be reached.
+    pub fn check_server(&self) -> Result<()> {
+        self.inner.check_fork()?;
+        Manager::new(
+            &self.inner.url,
+            self.inner.config.connect_timeout,
+            self.inner.config.read_timeout,
+        )?
+        .check_eviction()
     }
 }
 

@@ -176,9 +176,7 @@ fn tick(pool: &r2d2::Pool<Manager>, registry: &Mutex<Registry>) -> Option<BootIn
         return None;
     }
     let sent = BootInstant::now();
-    let replies = match with_pooled(pool, "refreshing waiters", |c| {
-        raw::run_pipeline(c, &calls)
-    }) {
+    let replies = match with_pooled(pool, "refreshing waiters", |c| raw::run_pipeline(c, &calls)) {
         Ok(replies) => replies,
         Err(e) => {
             log::warn!("fairlock: janitor could not reach Redis ({e}); retrying next interval");

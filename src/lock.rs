@@ -362,7 +362,10 @@ impl FairLock {
             meta: self.client.meta(),
         };
         let key = (self.raw.keys().lock.clone(), attempt.owner.clone());
-        self.client.waiting.lock().insert(key.clone(), attempt.number);
+        self.client
+            .waiting
+            .lock()
+            .insert(key.clone(), attempt.number);
         let result = attempt.run(wait);
         self.client.waiting.lock().remove(&key);
         if result.is_err() {
@@ -552,13 +555,12 @@ impl Attempt<'_> {
                 }
             };
             conn.set_read_timeout(block + read_margin);
-            let reply: Option<(String, String)> = match conn
-                .query(&self.lock.raw.wait_cmd(&self.owner, block))
-            {
-                Ok(reply) => reply,
-                Err(_) if conn.was_dropped() => return Ok(Waited::Dropped),
-                Err(e) => return Err(Error::from_redis("waiting for the lock", e)),
-            };
+            let reply: Option<(String, String)> =
+                match conn.query(&self.lock.raw.wait_cmd(&self.owner, block)) {
+                    Ok(reply) => reply,
+                    Err(_) if conn.was_dropped() => return Ok(Waited::Dropped),
+                    Err(e) => return Err(Error::from_redis("waiting for the lock", e)),
+                };
             let Some((_, msg)) = reply else { continue };
             let wake = raw::parse_wake(&msg)?;
             if wake.attempt() != self.number {

@@ -441,8 +441,10 @@ impl RawLock {
     /// A BLPOP on `owner`'s wake list for at most `block` (rounded to ms; at least 1 ms).
     pub fn wait_cmd(&self, owner: &str, block: Duration) -> redis::Cmd {
         let mut cmd = redis::cmd("BLPOP");
-        cmd.arg(self.wake_key(owner))
-            .arg(format!("{:.3}", block.max(Duration::from_millis(1)).as_secs_f64()));
+        cmd.arg(self.wake_key(owner)).arg(format!(
+            "{:.3}",
+            block.max(Duration::from_millis(1)).as_secs_f64()
+        ));
         cmd
     }
 
@@ -743,7 +745,10 @@ mod tests {
     #[test]
     fn every_call_carries_the_common_arguments() {
         let lock = RawLock::new("p", "n", Settings::default()).unwrap();
-        let packed = lock.renew("o", 5, Duration::from_secs(1)).cmd().get_packed_command();
+        let packed = lock
+            .renew("o", 5, Duration::from_secs(1))
+            .cmd()
+            .get_packed_command();
         let text = String::from_utf8_lossy(&packed);
         assert!(text.contains("604800000"), "{text}");
         assert!(text.contains("p:{n}:released"), "{text}");

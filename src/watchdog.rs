@@ -161,7 +161,8 @@ fn renew_due(pool: &r2d2::Pool<Manager>, registry: &Mutex<Registry>) {
                     retry_or_give_up(r, &e);
                 }
             }
-            reg.entries.retain(|_, r| !r.state.lost.load(Ordering::SeqCst));
+            reg.entries
+                .retain(|_, r| !r.state.lost.load(Ordering::SeqCst));
             return;
         }
     };
@@ -185,7 +186,8 @@ fn renew_due(pool: &r2d2::Pool<Manager>, registry: &Mutex<Registry>) {
             Err(e) => retry_or_give_up(r, &e),
         }
     }
-    reg.entries.retain(|_, r| !r.state.lost.load(Ordering::SeqCst));
+    reg.entries
+        .retain(|_, r| !r.state.lost.load(Ordering::SeqCst));
 }
 
 /// A renewal failed on the network (or the server): retry soon, unless the lease ran out

@@ -1,0 +1,629 @@
+//! The protocol at its edges, one test per fault found by review: late requests from abandoned
+//! connections, lost replies to force-unlock, lapsed grants, eviction, clock steps, data loss,
+//! forks. Most drive the raw protocol layer (`fairlock::raw`) directly against a real
+//! redis-server, as a client whose replies were lost or whose requests arrived late would.
+
+mod support;
+
+#[path = "fuzz/faketime.rs"]
+#[allow(dead_code)]
+mod faketime;
+#[path = "fuzz/rng.rs"]
+#[allow(dead_code)]
+mod rng;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use fairlock::raw::{
+    self, Acquire, ForceUnlock, Leave, LeaveMode, Mode, RawLock, Reenter, Release, Settings, Wake,
+};
+use fairlock::Error;
+use support::{eventually, RedisServer};
+
+const LEASE: Duration = Duration::from_secs(30);
+const WAITER_TIMEOUT: Duration = Duration::from_millis(600);
+
+fn raw_lock(name: &str) -> RawLock {
+    RawLock::new(
+        "fairlock",
+        name,
+        Settings {
+            waiter_timeout: WAITER_TIMEOUT,
+            ..Settings::default()
+        },
+    )
+    .unwrap()
+}
+
+fn granted(reply: Acquire) -> u64 {
+    match reply {
+        Acquire::Granted(g) => g.token,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+fn queued(reply: Acquire) {
+    assert!(
+        matches!(reply, Acquire::Queued { .. }),
+        "expected queued, got {reply:?}"
+    );
+}
+
+/// Pop `owner`'s next wake-up message, if any.
+fn pop(conn: &mut redis::Connection, lock: &RawLock, owner: &str) -> Option<Wake> {
+    let msg: Option<String> = redis::cmd("LPOP")
+        .arg(lock.wake_key(owner))
+        .query(conn)
+        .unwrap();
+    msg.map(|m| raw::parse_wake(&m).unwrap())
+}
+
+fn holder(conn: &mut redis::Connection, lock: &RawLock) -> (Option<String>, Option<u64>) {
+    redis::cmd("HMGET")
+        .arg(lock.key_names()[0])
+        .arg("owner")
+        .arg("token")
+        .query(conn)
+        .unwrap()
+}
+
+fn queue(conn: &mut redis::Connection, lock: &RawLock) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(lock.key_names()[2])
+        .arg(0)
+        .arg(-1)
+        .query(conn)
+        .unwrap()
+}
+
+/// Fault 1: a waiter learns of its grant late (a slow reply, a pause before its BLPOP) and the
+/// grant lapses unseen. Before, its waiters entry survived, every heartbeat refreshed it and
+/// never said "retry": the waiter hung while newcomers took the free lock.
+#[test]
+fn an_attempt_whose_grant_lapsed_unseen_is_told_to_retry() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let lock = raw_lock("lapsed");
+    granted(
+        lock.acquire("h:1", 1, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    queued(
+        lock.acquire("w:1", 7, Duration::from_millis(300), Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    let release = lock.release("h:1", holder(&mut c, &lock).1.unwrap(), 1);
+    assert_eq!(
+        release.run(&mut c).unwrap(),
+        Release::Released {
+            next: Some("w:1".into())
+        }
+    );
+    // w never pops its 300 ms grant
+    thread::sleep(Duration::from_millis(450));
+    assert_eq!(holder(&mut c, &lock).0, None, "the grant lapsed");
+    let hb = lock.heartbeat([("w:1", 7)]).run(&mut c).unwrap();
+    assert_eq!(hb.told_to_retry, ["w:1"]);
+    assert_eq!(pop(&mut c, &lock, "w:1"), Some(Wake::Retry { attempt: 7 }));
+    // and its retry (same attempt) takes the free lock
+    granted(
+        lock.acquire("w:1", 7, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+}
+
+/// Fault 1, second way in: the queue key is lost (evicted) while the waiters entry stays.
+#[test]
+fn a_waiter_whose_queue_key_vanished_is_told_to_retry() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let lock = raw_lock("evicted-queue");
+    granted(
+        lock.acquire("h:1", 1, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    queued(
+        lock.acquire("w:1", 2, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    let _: () = redis::cmd("DEL")
+        .arg(lock.key_names()[2])
+        .query(&mut c)
+        .unwrap();
+    let hb = lock.heartbeat([("w:1", 2)]).run(&mut c).unwrap();
+    assert_eq!(hb.told_to_retry, ["w:1"]);
+    assert_eq!(pop(&mut c, &lock, "w:1"), Some(Wake::Retry { attempt: 2 }));
+}
+
+/// Fault 2: a force-unlock whose reply was lost is sent again. Before, the second run released
+/// whoever held the lock, i.e. the waiter it had just been granted to.
+#[test]
+fn a_retried_force_unlock_never_releases_the_next_holder() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let lock = raw_lock("forced");
+    let t1 = granted(
+        lock.acquire("a:1", 1, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    queued(
+        lock.acquire("b:1", 2, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    let force = lock.force_unlock("a:1", t1);
+    assert_eq!(
+        force.run(&mut c).unwrap(),
+        ForceUnlock::Released {
+            next: Some("b:1".into())
+        }
+    );
+    let (owner, t2) = holder(&mut c, &lock);
+    assert_eq!(owner.as_deref(), Some("b:1"));
+    // the same request again (the connection layer's retry): nothing changes
+    assert_eq!(
+        force.run(&mut c).unwrap(),
+        ForceUnlock::NotHeld {
+            holder: Some(("b:1".into(), t2.unwrap()))
+        }
+    );
+    assert_eq!(holder(&mut c, &lock), (Some("b:1".into()), t2));
+}
+
+/// Fault 3: after a read timeout the request may still reach Redis later. An abandoned
+/// attempt's late `leave` used to match on the owner alone and release the thread's newer
+/// hold; a late `acquire` reset a deep re-entry count to 1.
+#[test]
+fn late_requests_of_an_abandoned_attempt_change_nothing() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let lock = raw_lock("late");
+    let th = granted(
+        lock.acquire("h:1", 1, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    // attempt 5 of w is applied (queued) but w never hears of it; its leave is held up too
+    queued(
+        lock.acquire("w:1", 5, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    let late_acquire = lock.acquire("w:1", 5, LEASE, Mode::Wait, "m");
+    let late_leave = lock.leave("w:1", 5, LeaveMode::Pass);
+    // w tries again with attempt 6 and is served
+    queued(
+        lock.acquire("w:1", 6, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    lock.release("h:1", th, 1).run(&mut c).unwrap();
+    let Some(Wake::Grant {
+        attempt: 6, token, ..
+    }) = pop(&mut c, &lock, "w:1")
+    else {
+        panic!("no grant for attempt 6");
+    };
+    // w re-enters twice: depth 3
+    for depth in 1..3 {
+        assert_eq!(
+            lock.reenter("w:1", token, depth).run(&mut c).unwrap(),
+            Reenter::Reentered(depth + 1)
+        );
+    }
+    // then the late requests arrive
+    assert_eq!(late_leave.run(&mut c).unwrap(), Leave::Left);
+    assert_eq!(late_acquire.run(&mut c).unwrap(), Acquire::Stale);
+    assert_eq!(holder(&mut c, &lock), (Some("w:1".into()), Some(token)));
+    let count: u32 = redis::cmd("HGET")
+        .arg(lock.key_names()[0])
+        .arg("count")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(count, 3);
+}
+
+/// Fault 4: a release that timed out unapplied, then a new acquire by the same thread. The new
+/// hold used to get the old token, so the late release matched it and freed the new hold.
+#[test]
+fn a_new_hold_of_the_same_thread_gets_a_new_token_a_late_release_cannot_free() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let lock = raw_lock("retaken");
+    let t1 = granted(
+        lock.acquire("w:1", 1, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    let late_release = lock.release("w:1", t1, 1);
+    let t2 = granted(
+        lock.acquire("w:1", 2, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    assert!(t2 > t1, "tokens {t1} then {t2}");
+    assert_eq!(
+        late_release.run(&mut c).unwrap(),
+        Release::NotHeld {
+            holder: Some("w:1".into())
+        }
+    );
+    assert_eq!(holder(&mut c, &lock), (Some("w:1".into()), Some(t2)));
+}
+
+/// Fault 5: the only waiter is granted the lock and dies before popping it; nobody heartbeats,
+/// the waiters hash goes. A newcomer's heartbeats used to never see the dead grantee, so the
+/// lock stayed with it for the grant's whole lease (30 s here) instead of a few waiter timeouts.
+#[test]
+fn a_dead_grantee_is_revoked_within_waiter_timeouts_not_its_lease() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let lock = raw_lock("dead-grantee");
+    let th = granted(
+        lock.acquire("h:1", 1, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    queued(
+        lock.acquire("dead:1", 2, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    lock.release("h:1", th, 1).run(&mut c).unwrap();
+    assert_eq!(holder(&mut c, &lock).0.as_deref(), Some("dead:1"));
+    // nobody heartbeats: the waiters hash is gone (here at once, as the queue emptied)
+    let waiters: bool = redis::cmd("EXISTS")
+        .arg(lock.key_names()[3])
+        .query(&mut c)
+        .unwrap();
+    assert!(!waiters);
+    queued(
+        lock.acquire("x:1", 3, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    let start = Instant::now();
+    // x's janitor heartbeats every third of the waiter timeout
+    let served = eventually(Duration::from_secs(10), || {
+        thread::sleep(WAITER_TIMEOUT / 3);
+        lock.heartbeat([("x:1", 3)]).run(&mut c).unwrap();
+        holder(&mut c, &lock).0.as_deref() == Some("x:1")
+    });
+    let took = start.elapsed();
+    assert!(served, "the dead grantee kept the lock");
+    assert!(took < WAITER_TIMEOUT * 4, "revoked after {took:?}");
+    assert!(matches!(
+        pop(&mut c, &lock, "x:1"),
+        Some(Wake::Grant { attempt: 3, .. })
+    ));
+    assert_eq!(
+        pop(&mut c, &lock, "dead:1"),
+        None,
+        "the stale grant was removed"
+    );
+}
+
+/// Fault 8: a re-entry applied with its reply lost leaves the server's count above the thread's
+/// depth. The outermost release used to see count 2, answer "held", and leave the lock held
+/// until its lease ran out.
+#[test]
+fn the_outermost_release_frees_the_lock_whatever_the_count() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let lock = raw_lock("diverged");
+    let t = granted(
+        lock.acquire("w:1", 1, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    // applied, reply lost: the thread stays at depth 1
+    lock.reenter("w:1", t, 1).run(&mut c).unwrap();
+    assert_eq!(
+        lock.release("w:1", t, 1).run(&mut c).unwrap(),
+        Release::Released { next: None }
+    );
+    assert_eq!(holder(&mut c, &lock), (None, None));
+}
+
+/// Fault 11: tokens went back to 1 after data loss (a restart without persistence, a lagging
+/// replica, eviction of the fence).
+#[test]
+fn tokens_keep_rising_across_data_loss() {
+    let mut server = RedisServer::start();
+    let lock = raw_lock("lossy");
+    let mut c = server.conn();
+    let t1 = granted(
+        lock.acquire("w:1", 1, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    lock.release("w:1", t1, 1).run(&mut c).unwrap();
+    let t2 = granted(
+        lock.acquire("w:1", 2, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    assert!(t2 > t1);
+    let _: () = redis::cmd("FLUSHALL").query(&mut c).unwrap();
+    let t3 = granted(
+        lock.acquire("w:1", 3, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    assert!(t3 > t2, "after FLUSHALL: {t3} after {t2}");
+    server.restart();
+    let mut c = server.conn();
+    let t4 = granted(
+        lock.acquire("w:1", 4, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    assert!(
+        t4 > t3,
+        "after a restart without persistence: {t4} after {t3}"
+    );
+    // and the fence carries the client's TTL (fault 15), default 7 days
+    let fence_ttl: i64 = redis::cmd("PTTL")
+        .arg(lock.key_names()[1])
+        .query(&mut c)
+        .unwrap();
+    assert!(fence_ttl > 6 * 24 * 3600 * 1000, "fence TTL {fence_ttl}");
+}
+
+/// Fault 12: waiter deadlines were absolute server times, so a forward step of the server clock
+/// larger than the waiter timeout purged every live waiter (FIFO scrambled), and a backward step
+/// kept dead ones alive for as long as the step.
+#[test]
+fn server_clock_steps_neither_purge_live_waiters_nor_keep_dead_ones() {
+    let mut server = faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let lock = raw_lock("stepped");
+    let th = granted(
+        lock.acquire("h:1", 1, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    for (owner, attempt) in [("a:1", 2), ("b:1", 3), ("dead:1", 4)] {
+        queued(
+            lock.acquire(owner, attempt, LEASE, Mode::Wait, "m")
+                .run(&mut c)
+                .unwrap(),
+        );
+    }
+    let live = [("a:1", 2), ("b:1", 3)];
+    // forward by 10 s (16 waiter timeouts, within the holder's 30 s lease): the live ones keep
+    // their places
+    server.set_offset_ms(10_000);
+    for _ in 0..3 {
+        lock.heartbeat(live).run(&mut c).unwrap();
+        thread::sleep(WAITER_TIMEOUT / 4);
+    }
+    assert_eq!(queue(&mut c, &lock)[..2], ["a:1", "b:1"]);
+    // back by 40 s: nothing moves backwards; a and b keep their places
+    server.set_offset_ms(-30_000);
+    for _ in 0..3 {
+        lock.heartbeat(live).run(&mut c).unwrap();
+        thread::sleep(WAITER_TIMEOUT / 4);
+    }
+    assert_eq!(queue(&mut c, &lock), ["a:1", "b:1", "dead:1"]);
+    // FIFO: a, then b
+    lock.release("h:1", th, 1).run(&mut c).unwrap();
+    let Some(Wake::Grant { token: ta, .. }) = pop(&mut c, &lock, "a:1") else {
+        panic!("a was not served first: {:?}", queue(&mut c, &lock));
+    };
+    lock.release("a:1", ta, 1).run(&mut c).unwrap();
+    let Some(Wake::Grant { token: tb, .. }) = pop(&mut c, &lock, "b:1") else {
+        panic!("b was not served second");
+    };
+    assert!(tb > ta);
+    // the dead waiter (never heartbeated) is purged when it reaches the head
+    let start = Instant::now();
+    let gone = eventually(Duration::from_secs(10), || {
+        lock.heartbeat([("b:1", 3)]).run(&mut c).unwrap();
+        thread::sleep(WAITER_TIMEOUT / 4);
+        queue(&mut c, &lock).is_empty()
+    });
+    assert!(gone, "a dead waiter survived a backward clock step");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// Fault 6: a forward step of the server clock between a waiter's queueing and its grant made
+/// the local lease estimate late (the estimate added the server time in between).
+#[test]
+fn a_server_clock_step_cannot_make_a_lease_estimate_late() {
+    let mut server = faketime::FakeClockRedis::start();
+    let client = fairlock::LockClient::builder(&server.url())
+        .janitor_interval(Duration::from_millis(200))
+        .lease(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let lock = client.lock("estimate").unwrap();
+    let held = lock.lock().unwrap();
+    let waiter = {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            let g = lock.lock().unwrap();
+            let left = g.expires_in();
+            g.unlock().unwrap();
+            left
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), || lock
+        .status()
+        .unwrap()
+        .waiters
+        .len()
+        == 1));
+    server.set_offset_ms(3_000);
+    held.unlock().unwrap();
+    let left = waiter.join().unwrap();
+    assert!(
+        left <= Duration::from_secs(5),
+        "estimated {left:?} of a 5 s lease"
+    );
+}
+
+/// Fault 7: under an evicting `maxmemory-policy` Redis may drop a lock's keys (a second holder,
+/// tokens restarting, lost places). Such a server is refused, naming the setting, and a change
+/// while the client runs is reported.
+#[test]
+fn a_server_that_may_evict_keys_is_refused_by_name() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    match fairlock::LockClient::connect(&server.url()) {
+        Err(e @ Error::UnsafeServer { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("maxmemory-policy"), "{msg}");
+            assert!(msg.contains("allkeys-lru"), "{msg}");
+            assert!(msg.contains("noeviction"), "{msg}");
+        }
+        Err(other) => panic!("expected UnsafeServer, got {other:?}"),
+        Ok(_) => panic!("an evicting server was accepted"),
+    }
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    client.check_server().unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("volatile-ttl")
+        .query(&mut server.conn())
+        .unwrap();
+    assert!(matches!(
+        client.check_server(),
+        Err(Error::UnsafeServer { .. })
+    ));
+}
+
+/// Fault 9: after a restart every pooled connection is stale. A waiter's BLPOP on one counted as
+/// a failure, and three of them ended the wait with an error; a dropped connection is now
+/// replaced without counting.
+#[test]
+fn a_waiter_survives_more_restarts_than_its_failure_budget() {
+    let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let client = support::client(&server);
+    let lock = client.lock("restarts").unwrap();
+    let held = lock.lock().unwrap();
+    let waiter = {
+        let lock = lock.clone();
+        thread::spawn(move || lock.lock().map(|g| g.fencing_token()))
+    };
+    assert!(eventually(Duration::from_secs(5), || lock
+        .status()
+        .unwrap()
+        .waiters
+        .len()
+        == 1));
+    for _ in 0..4 {
+        server.restart();
+        assert!(eventually(Duration::from_secs(10), || lock
+            .status()
+            .is_ok_and(|s| s.waiters.len() == 1)));
+    }
+    let token = held.fencing_token();
+    held.unlock().unwrap();
+    let got = waiter.join().unwrap().expect("the waiter gave up");
+    assert!(got > token);
+}
+
+/// Fault 16: a child forked after the client was built shares its sockets and owner flags but
+/// has no watchdog or janitor; it gets `Error::Forked` and sends nothing.
+#[test]
+fn a_forked_child_is_refused() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.lock("forked").unwrap();
+    let guard = lock.lock().unwrap();
+    // SAFETY: the child only calls into fairlock (which refuses at once) and then _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let ok = matches!(lock.try_lock(), Err(Error::Forked))
+            && matches!(lock.status(), Err(Error::Forked))
+            && matches!(guard.is_held(), Err(Error::Forked));
+        std::mem::forget(guard);
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child status {status}"
+    );
+    assert!(
+        guard.is_held().unwrap(),
+        "the child released the parent's hold"
+    );
+    guard.unlock().unwrap();
+}
+
+/// Fault 17: every heartbeat read the whole waiters hash, so Redis's work grew with all
+/// waiters of all clients. A heartbeat now costs the same with 10 or 300 others waiting.
+#[test]
+fn a_heartbeat_costs_the_same_however_many_others_wait() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let lock = raw_lock("crowded");
+    granted(
+        lock.acquire("h:1", 1, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    queued(
+        lock.acquire("me:1", 2, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    // every command Redis ran, the scripts' own calls included
+    let all_calls = |c: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+        info.lines()
+            .filter_map(|l| {
+                l.split_once(":calls=")?
+                    .1
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    let calls_of_one_heartbeat = |c: &mut redis::Connection| {
+        let before = all_calls(c);
+        lock.heartbeat([("me:1", 2)]).run(c).unwrap();
+        all_calls(c) - before
+    };
+    let mut attempt = 10;
+    let mut add = |c: &mut redis::Connection, n: usize| {
+        for _ in 0..n {
+            attempt += 1;
+            let owner = format!("other:{attempt}");
+            queued(
+                lock.acquire(&owner, attempt, LEASE, Mode::Wait, "m")
+                    .run(c)
+                    .unwrap(),
+            );
+        }
+    };
+    add(&mut c, 10);
+    let few = calls_of_one_heartbeat(&mut c);
+    add(&mut c, 290);
+    let many = calls_of_one_heartbeat(&mut c);
+    // (give or take the INFO calls that measure it)
+    assert!(
+        many <= few + 3,
+        "commands per heartbeat: {few} with 11 waiting, {many} with 301"
+    );
+    assert_eq!(server.command_calls("hgetall"), 0);
+}
