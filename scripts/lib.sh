@@ -14,6 +14,19 @@ ensure_redis_server() {
   command -v redis-server >/dev/null 2>&1 || { echo "could not install redis-server" >&2; return 1; }
 }
 
+# Install libfaketime (the protocol tests step redis-server's clock with it) when missing.
+ensure_faketime() {
+  if ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "libfaketime not found: installing faketime from Debian packages" >&2
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq faketime >/dev/null
+  ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || { echo "could not install faketime" >&2; return 1; }
+}
+
 # A free loopback TCP port (nothing answers on it), below the kernel's ephemeral range
 # (32768-60999) so a burst of client connections cannot take it before the server binds it.
 free_port() {

@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 ensure_redis_server
+ensure_faketime
 echo "== redis-server: $(redis-server --version | head -n1)"
 
 echo "== cargo fmt --check"

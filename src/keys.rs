@@ -8,8 +8,8 @@ pub const MAX_NAME_LEN: usize = 512;
 /// The longest key prefix accepted, in bytes.
 pub const MAX_PREFIX_LEN: usize = 128;
 
-/// The Redis keys of one lock. All share the hash tag `{name}`, so they live in one Cluster slot
-/// and one script may touch them all.
+/// The Redis keys of one lock. All share the hash tag `{name}`, so one script may touch them
+/// all (and they would share one Cluster slot; the client itself talks to one node only).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct LockKeys {
     /// The lock hash: owner, count, token, lease, since, meta. Also the base of the wake lists.

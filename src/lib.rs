@@ -24,7 +24,7 @@
 //! # Ok::<(), fairlock::Error>(())
 //! ```
 //!
-//! Layers, as in `lock_api`: `scripts/*.lua` with their Rust wrappers in `scripts` are the raw
+//! Layers, as in `lock_api`: `scripts/*.lua` with their typed calls in [`raw`] are the raw
 //! protocol; [`FairLock`] and [`LockGuard`] are what users touch; the watchdog (lease renewal)
 //! and the janitor (waiter heartbeats and crash repair) run in the background, one thread each
 //! per [`LockClient`].

@@ -62,13 +62,20 @@ enum LeaseMode {
 /// - **Leases**: a hold's lease (default 30 s) is renewed every third of it while the guard lives
 ///   ([`FairLock::with_fixed_lease`] turns renewal off). A holder that dies holds the lock until
 ///   its lease runs out; then the next waiter gets it within milliseconds.
-/// - **Fencing**: each new hold gets a token greater than all before it ([`LockGuard::fencing_token`]).
+/// - **Fencing**: each new hold gets a token greater than all before it
+///   ([`LockGuard::fencing_token`]): `max(last + 1, server time in µs)`, so tokens keep rising
+///   across a restart without persistence, eviction or a failover, as long as the server clock
+///   does not go back.
+/// - **Late and repeated requests** (a lost reply, a request arriving after its sender gave
+///   up, a retry) never act on a later wait or hold of the same thread: each acquire call is an
+///   attempt the scripts check.
 ///
 /// # Limits
 /// A lease is time-based: a holder paused longer than its lease (GC, swap, SIGSTOP) may still run
-/// while another holds the lock. Use the fencing token at the resource. A Redis without
-/// persistence that restarts, or a failover to a replica that missed the last writes, forgets
-/// locks and queue places.
+/// while another holds the lock; so may a holder whose server clock stepped forward by more than
+/// its remaining lease (Redis TTLs follow the wall clock). Use the fencing token at the resource.
+/// A Redis without persistence that restarts, or a failover to a replica that missed the last
+/// writes, forgets locks and queue places. One Redis node only (no Cluster or Sentinel yet).
 ///
 /// ```no_run
 /// use std::time::Duration;

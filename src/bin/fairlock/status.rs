@@ -31,9 +31,15 @@ pub fn status(lock: &FairLock, as_json: bool) -> Result<u8, Failure> {
 
 /// Force-release the lock, saying who held it.
 pub fn release(lock: &FairLock) -> Result<u8, Failure> {
-    // read first, to name the holder: force_unlock itself only returns the owner flag
+    // read first, then release exactly that hold (owner and token): a request repeated after a
+    // lost reply can then never release the holder after it
     let before = lock.status()?;
-    let released = lock.force_unlock()?;
+    let released = match &before.holder {
+        Some(h) => lock
+            .force_unlock_hold(&h.origin.owner, h.fencing_token)?
+            .then(|| h.origin.owner.clone()),
+        None => lock.force_unlock()?,
+    };
     let text = match released {
         None => format!("lock {:?} was free: nothing to release\n", lock.name()),
         Some(owner) => {
