@@ -225,10 +225,11 @@ fn handoffs_with_release(recs: &[Rec]) -> (Vec<u64>, Vec<u64>, usize) {
     let mut out = vec![];
     let mut release = vec![];
     let mut overlaps = 0;
-    for (seq, a) in &by_seq {
-        let Some(b) = by_seq.get(&(seq + 1)) else {
-            continue;
-        };
+    // consecutive grants: seq is a dense counter, or the fencing token (strictly increasing,
+    // time-seeded, so not dense): pair each grant with the next one in order either way
+    let grants: Vec<&Rec> = by_seq.values().copied().collect();
+    for pair in grants.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
         if b.got < a.rel {
             overlaps += 1;
             continue;
