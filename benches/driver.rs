@@ -349,11 +349,14 @@ struct Cost {
     bg_wakes: Option<[f64; 2]>,
 }
 
+/// `scripted_set`: the lock's scripts run SET themselves (fairlock's fence) and its client never
+/// does, so a SET is not a round trip.
 fn cost(
     before: &HashMap<String, (u64, u64)>,
     after: &HashMap<String, (u64, u64)>,
     acquisitions: u64,
     bench_counter: bool,
+    scripted_set: bool,
 ) -> Option<Cost> {
     if acquisitions == 0 {
         return None;
@@ -383,7 +386,7 @@ fn cost(
             continue;
         }
         all += c;
-        if CLIENT_COMMANDS.contains(&name.as_str()) {
+        if CLIENT_COMMANDS.contains(&name.as_str()) && !(scripted_set && name == "set") {
             rt += c;
             usec += u; // a client command's usec includes the commands its script ran
         }
@@ -875,7 +878,14 @@ fn run(
     let cost = match (window, stats.as_slice()) {
         (Some((a, b)), [before, after]) => {
             let n = recs.iter().filter(|r| r.got >= a && r.got < b).count() as u64;
-            cost(before, after, n, !spec.counter.is_empty()).map(|mut c| {
+            cost(
+                before,
+                after,
+                n,
+                !spec.counter.is_empty(),
+                spec.lib == Lib::Fairlock,
+            )
+            .map(|mut c| {
                 if let [b0, b1] = bg.as_slice() {
                     c.bg_wakes = Some([0, 1].map(|i| r2((b1[i] - b0[i]) as f64 / n as f64)));
                 }
@@ -1057,7 +1067,7 @@ fn micro(b: &mut Bench) {
 
     // Run `op` n times, each after a timed PING; `op` returns the moment between its two halves
     // (acquire | release). Returns the whole, the halves, Redis's cost per op and the RTT.
-    let mut measure = |n: usize, op: &mut dyn FnMut() -> u64| {
+    let mut measure = |n: usize, scripted_set: bool, op: &mut dyn FnMut() -> u64| {
         let before = commandstats(&mut conn);
         let bg = background_switches();
         let (mut both, mut first, mut second, mut pings) = (vec![], vec![], vec![], vec![]);
@@ -1077,7 +1087,7 @@ fn micro(b: &mut Bench) {
         let bg1 = background_switches();
         let wakes = [0, 1].map(|i| r2((bg1[i] - bg[i]) as f64 / n as f64));
         let after = commandstats(&mut conn);
-        let c = cost(&before, &after, n as u64, false).map(|mut c| {
+        let c = cost(&before, &after, n as u64, false, scripted_set).map(|mut c| {
             c.bg_wakes = Some(wakes);
             c.round_trips = r2(c.round_trips - 1.0); // the PING of each iteration
             c.all = r2(c.all - 1.0);
@@ -1093,7 +1103,7 @@ fn micro(b: &mut Bench) {
         .prepare_invoke()
         .invoke::<i64>(&mut c2)
         .expect("EVALSHA");
-    let (d, _, _, cost, rtt) = measure(n, &mut || {
+    let (d, _, _, cost, rtt) = measure(n, false, &mut || {
         trivial
             .prepare_invoke()
             .invoke::<i64>(&mut c2)
@@ -1119,7 +1129,7 @@ fn micro(b: &mut Bench) {
             }))
             .unwrap();
         let outer = reentrant.then(|| lock.lock().expect("lock"));
-        let (both, acq, rel, cost, rtt) = measure(n, &mut || {
+        let (both, acq, rel, cost, rtt) = measure(n, true, &mut || {
             let g = lock.lock().expect("lock");
             let mid = mono_ns();
             g.unlock().expect("unlock");
@@ -1169,7 +1179,7 @@ fn micro(b: &mut Bench) {
             n
         };
         let mut locker = Locker::new(lib, &b.url, &b.name("uncontended"), None, "micro").unwrap();
-        let (d, _, _, cost, rtt) = measure(n, &mut || {
+        let (d, _, _, cost, rtt) = measure(n, lib == Lib::Fairlock, &mut || {
             locker.acquire(u64::MAX).unwrap().expect("uncontended");
             locker.release().unwrap();
             0

@@ -179,11 +179,11 @@ local function next_token()
   return token
 end
 
--- A new hold (the lock hash must not exist). Returns the token.
-local function take(owner, attempt, lease, meta)
+-- A new hold (the lock hash must not exist). Returns the token. `...`: more field, value pairs.
+local function take(owner, attempt, lease, meta, ...)
   local token = next_token()
   redis.call('HSET', k.lock, 'owner', owner, 'attempt', fmt(attempt), 'count', 1, 'token', fmt(token),
-    'lease', fmt(lease), 'since', fmt(now_ms()), 'meta', meta)
+    'lease', fmt(lease), 'since', fmt(now_ms()), 'meta', meta, ...)
   redis.call('PEXPIRE', k.lock, lease)
   return token
 end
@@ -218,9 +218,9 @@ local function grant_next()
   local left = math.max(w.deadline - waiters_now(), 0)
   redis.call('ZREM', k.queue, head)
   redis.call('HDEL', k.waiters, head)
-  local token = take(head, w.attempt, w.lease, w.meta)
   local now = now_ms()
-  redis.call('HSET', k.lock, 'vc', fmt(now) .. '|' .. fmt(now), 'wdl', fmt(now + left))
+  local token = take(head, w.attempt, w.lease, w.meta, 'vc', fmt(now) .. '|' .. fmt(now), 'wdl',
+    fmt(now + left))
   vclocks[k.lock] = now
   local wk = wake_key(head)
   redis.call('DEL', wk)
