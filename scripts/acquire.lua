@@ -20,7 +20,7 @@ if h[1] == owner then
   forget_waiter(owner)
   if held == attempt then
     -- this very attempt was granted; its reply or its hand-off message was lost
-    return { 'granted', h[3], now, lock_pttl() }
+    return { 'granted', h[3], now, grant_pttl() }
   end
   -- an older attempt of this thread holds it with no guard left (leaked, or given up as lost):
   -- a new hold, with a new token, so a late release of the old one cannot free this one

@@ -245,3 +245,10 @@ local function lock_pttl()
   if p < 0 then return 0 end
   return p
 end
+
+-- The lease left of a grant, as reported to its holder: at most the hold's lease, since a
+-- backward step of the server clock can leave a TTL longer than that, which no renewal keeps.
+local function grant_pttl()
+  local lease = tonumber(redis.call('HGET', k.lock, 'lease')) or 0
+  return math.min(lock_pttl(), lease)
+end

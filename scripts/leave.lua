@@ -12,7 +12,7 @@ local h = redis.call('HMGET', k.lock, 'owner', 'attempt', 'token')
 if h[1] == owner and tonumber(h[2]) == attempt then
   redis.call('DEL', wake_key(owner))
   if mode == 'claim' then
-    return { 'granted', h[3], now, lock_pttl() }
+    return { 'granted', h[3], now, grant_pttl() }
   end
   redis.call('DEL', k.lock)
   return { 'passed', grant_next() or '' }

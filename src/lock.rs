@@ -446,7 +446,8 @@ impl Attempt<'_> {
             let sent = BootInstant::now();
             let (server_ms, pttl_ms) = match self.client().with_conn(call.during(), |c| call.run(c))? {
                 Acquire::Granted(g) => {
-                    match self.fresh_hold(g.token, sent + ms(g.pttl_ms), &mut failures)? {
+                    let lease_left = ms(g.pttl_ms).min(lock.lease());
+                    match self.fresh_hold(g.token, sent + lease_left, &mut failures)? {
                         Some(guard) => return Ok(Some(guard)),
                         None => continue,
                     }
@@ -595,7 +596,7 @@ impl Attempt<'_> {
         let at = BootInstant::now();
         Ok(
             match self.client().with_conn(call.during(), |c| call.run(c))? {
-                Leave::Granted(g) => Some((g.token, at + ms(g.pttl_ms))),
+                Leave::Granted(g) => Some((g.token, at + ms(g.pttl_ms).min(self.lock.lease()))),
                 Leave::Left | Leave::Passed { .. } => None,
             },
         )

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The long protocol fuzzer run: seeded steps of many logical clients over the real Lua scripts,
+# with lost replies, late deliveries, retries, crashes, pauses, evictions, data loss and server
+# clock steps (tests/fuzz.rs). Prints steps/s, the seeds, the faults injected by kind and every
+# violation (with its shrunk step list); exits non-zero on a violation.
+#
+#   scripts/fuzz.sh [STEPS]          default 1000000 steps (the short mode runs in scripts/test.sh)
+#   FAIRLOCK_FUZZ_SEED=N             first seed (consecutive seeds follow; default from the clock)
+#   FAIRLOCK_FUZZ_SECONDS=N          stop after N seconds even if the steps are not done
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+
+steps=${1:-1000000}
+case "$steps" in
+  ''|*[!0-9]*) echo "usage: scripts/fuzz.sh [STEPS]" >&2; exit 2 ;;
+esac
+
+# libfaketime steps the server's wall clock (tests/fuzz/faketime.rs)
+if ! declare -F ensure_faketime >/dev/null; then
+  ensure_faketime() {
+    if compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null \
+       || [ -e /usr/lib/faketime/libfaketime.so.1 ]; then
+      return 0
+    fi
+    echo "libfaketime not found: installing Debian's faketime package" >&2
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq faketime >/dev/null
+    compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null \
+      || { echo "could not install faketime" >&2; return 1; }
+  }
+fi
+
+ensure_redis_server
+ensure_faketime
+echo "== redis-server: $(redis-server --version | head -n1)"
+echo "== fuzz long mode: ${steps} steps (release build)"
+FAIRLOCK_FUZZ_STEPS="$steps" cargo test --release --test fuzz -- --ignored --exact long --nocapture

@@ -1,0 +1,440 @@
+//! The checks. After every request that reaches Redis an atomic snapshot of each lock (holder,
+//! queue, waiters) is compared with the one before: a new token is a grant, which must carry the
+//! highest token so far and must not pass over a live waiter queued ahead. After every step the
+//! model's beliefs are compared with a fresh snapshot: one holder at most, the one Redis shows;
+//! live waiters keep their places and their hand-offs; every key has a TTL.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::LazyLock;
+
+use redis::Value;
+
+use crate::model::{Handoff, State};
+use crate::world::World;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Check {
+    MutualExclusion,
+    RedisDisagrees,
+    TokenOrder,
+    KeyWithoutTtl,
+    Overtaken,
+    WaiterLost,
+    HandoffVanished,
+    ReleaseIneffective,
+    BadReply,
+    ScriptError,
+    Liveness,
+}
+
+#[derive(Clone, Debug)]
+pub struct Violation {
+    pub check: Check,
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.check, self.message)
+    }
+}
+
+/// One lock as Redis had it at a snapshot (`token` 0: no hash).
+#[derive(Clone, Default, Debug)]
+pub struct LockSnap {
+    pub owner: String,
+    pub attempt: u64,
+    pub token: u64,
+    /// (owner, score) in queue order.
+    pub queue: Vec<(String, f64)>,
+    /// owner -> attempt of its waiters entry.
+    pub waiters: HashMap<String, u64>,
+}
+
+pub struct Snapshot {
+    pub locks: Vec<LockSnap>,
+    /// Every key with its PTTL, when asked for.
+    pub keys: Vec<(String, i64)>,
+    /// Fuzzer and real time when the reply arrived (after the snapshot was taken).
+    pub fz: f64,
+    pub real: f64,
+}
+
+/// What the checks remember between snapshots.
+pub struct Checker {
+    pub last: Vec<LockSnap>,
+    max_token: Vec<u64>,
+    /// Tokens of holds that lost the guarantee by design (force-unlocked, data lost).
+    exempt: Vec<HashSet<u64>>,
+    /// The fence may be gone (evicted, data loss) since the last grant.
+    pub fence_lost: Vec<bool>,
+}
+
+impl Checker {
+    pub fn new(locks: usize) -> Checker {
+        Checker {
+            last: vec![LockSnap::default(); locks],
+            max_token: vec![0; locks],
+            exempt: vec![HashSet::new(); locks],
+            fence_lost: vec![false; locks],
+        }
+    }
+
+    pub fn exempt(&mut self, lock: usize, token: u64) {
+        self.exempt[lock].insert(token);
+    }
+
+    pub fn is_exempt(&self, lock: usize, token: u64) -> bool {
+        self.exempt[lock].contains(&token)
+    }
+}
+
+/// Reads every lock's holder, queue and waiters in one atomic step (and, when asked, the PTTL
+/// of every key on the server). KEYS: lock hash, queue, waiters per lock.
+static SNAPSHOT: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local out = {}
+for i = 0, #KEYS / 3 - 1 do
+  local h = redis.call('HMGET', KEYS[3 * i + 1], 'owner', 'attempt', 'token')
+  out[#out + 1] = { h[1] or '', h[2] or '0', h[3] or '0',
+                    redis.call('ZRANGE', KEYS[3 * i + 2], 0, -1, 'WITHSCORES'),
+                    redis.call('HGETALL', KEYS[3 * i + 3]) }
+end
+local keys = {}
+if ARGV[1] == '1' then
+  for _, k in ipairs(redis.call('KEYS', '*')) do
+    keys[#keys + 1] = k
+    keys[#keys + 1] = redis.call('PTTL', k)
+  end
+end
+out[#out + 1] = keys
+return out
+",
+    )
+});
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        _ => String::new(),
+    }
+}
+
+fn items(v: &Value) -> &[Value] {
+    match v {
+        Value::Array(a) => a,
+        _ => &[],
+    }
+}
+
+fn parse_lock(v: &Value) -> LockSnap {
+    let f = items(v);
+    let num = |i: usize| f.get(i).map(text).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let queue = f
+        .get(3)
+        .map(items)
+        .unwrap_or(&[])
+        .chunks(2)
+        .map(|p| (text(&p[0]), text(&p[1]).parse().unwrap_or(0.0)))
+        .collect();
+    let waiters = f
+        .get(4)
+        .map(items)
+        .unwrap_or(&[])
+        .chunks(2)
+        .filter(|p| !text(&p[0]).starts_with('~'))
+        .map(|p| {
+            let attempt = text(&p[1])
+                .split('|')
+                .next()
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(0);
+            (text(&p[0]), attempt)
+        })
+        .collect();
+    LockSnap {
+        owner: f.first().map(text).unwrap_or_default(),
+        attempt: num(1),
+        token: num(2),
+        queue,
+        waiters,
+    }
+}
+
+impl World {
+    pub fn snapshot(&mut self, with_keys: bool) -> Snapshot {
+        let mut inv = SNAPSHOT.prepare_invoke();
+        for lock in &self.locks {
+            let k = lock.key_names();
+            inv.key(k[0]).key(k[2]).key(k[3]);
+        }
+        inv.arg(if with_keys { "1" } else { "0" });
+        let v: Value = inv.invoke(&mut self.conns[0]).expect("snapshot");
+        let all = items(&v);
+        let n = self.locks.len();
+        let locks = all[..n].iter().map(parse_lock).collect();
+        let keys = items(&all[n])
+            .chunks(2)
+            .map(|p| (text(&p[0]), text(&p[1]).parse().unwrap_or(-3)))
+            .collect();
+        Snapshot {
+            locks,
+            keys,
+            fz: self.clock.fz(),
+            real: self.clock.real(),
+        }
+    }
+
+    /// The thread waiting on `lock` as `owner` with `attempt`, if any.
+    fn waiter(&self, owner: &str, lock: usize, attempt: u64) -> Option<(usize, usize)> {
+        for (c, cl) in self.clients.iter().enumerate() {
+            for (t, th) in cl.threads.iter().enumerate() {
+                if th.owner == owner {
+                    if let State::Waiting(w) = &th.state {
+                        if w.lock == lock && w.attempt == attempt {
+                            return Some((c, t));
+                        }
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// After a request reached Redis (sent at fuzzer time `sent`; `actor` is the thread that
+    /// sent it, whose model reacts only after this): look for a grant, check it.
+    pub fn after_call(&mut self, actor: Option<(usize, usize)>, sent: f64) {
+        let snap = self.snapshot(false);
+        for (l, cur) in snap.locks.iter().enumerate() {
+            let prev = self.checker.last[l].clone();
+            if cur.token == 0 || cur.token == prev.token {
+                continue;
+            }
+            // 2. tokens strictly rise
+            if cur.token <= self.checker.max_token[l] {
+                let behind = self.server.offset_ms() < self.max_offset_ms;
+                if self.checker.fence_lost[l] && behind {
+                    self.say(format!(
+                        " (token check restarts: fence lost while the server clock is behind \
+                         its furthest; token {} <= {})",
+                        cur.token, self.checker.max_token[l]
+                    ));
+                    self.stats
+                        .add("exempt: token after fence loss on a stepped-back clock", 1);
+                } else {
+                    self.violate(
+                        Check::TokenOrder,
+                        format!(
+                            "lock {l} granted token {} to {} but token {} was granted before",
+                            cur.token, cur.owner, self.checker.max_token[l]
+                        ),
+                    );
+                }
+                self.checker.max_token[l] = cur.token;
+            }
+            self.checker.max_token[l] = self.checker.max_token[l].max(cur.token);
+            self.checker.fence_lost[l] = false;
+            // 4. no live waiter overtaken (a holder renewing itself with a newer attempt of
+            //    the same thread takes nothing from the queue: the lock never became free)
+            if prev.owner != cur.owner {
+                let x_score = prev
+                    .queue
+                    .iter()
+                    .find(|(o, _)| *o == cur.owner)
+                    .map(|q| q.1);
+                for (y, score) in &prev.queue {
+                    if *y == cur.owner || x_score.is_some_and(|xs| *score >= xs) {
+                        continue;
+                    }
+                    let Some(&ay) = prev.waiters.get(y) else {
+                        continue;
+                    };
+                    let Some((c, t)) = self.waiter(y, l, ay) else {
+                        continue;
+                    };
+                    if Some((c, t)) == actor {
+                        continue;
+                    }
+                    let State::Waiting(w) = &self.clients[c].threads[t].state else {
+                        continue;
+                    };
+                    if w.live(&self.cfg, snap.real) && !w.granted_seen {
+                        self.violate(
+                            Check::Overtaken,
+                            format!(
+                                "lock {l} granted (token {}) to {} attempt {} while live waiter \
+                                 c{c}:t{t} ({y} attempt {ay}) was queued ahead of it",
+                                cur.token, cur.owner, cur.attempt
+                            ),
+                        );
+                    }
+                }
+            }
+            if let Some((c, t)) = self.waiter(&cur.owner, l, cur.attempt) {
+                if let State::Waiting(w) = &mut self.clients[c].threads[t].state {
+                    w.granted_seen = true;
+                    w.handoff = Some(Handoff {
+                        token: cur.token,
+                        earliest_end: sent + w.lease_ms as f64,
+                    });
+                }
+            }
+        }
+        self.checker.last = snap.locks;
+    }
+
+    /// After every step: mutual exclusion, Redis's agreement, live waiters' places and
+    /// hand-offs, key TTLs.
+    pub fn step_checks(&mut self) {
+        let snap = self.snapshot(true);
+        // 3. key hygiene
+        let bad: Vec<&(String, i64)> = snap.keys.iter().filter(|(_, p)| *p == -1).collect();
+        if !bad.is_empty() {
+            self.violate(Check::KeyWithoutTtl, format!("keys without a TTL: {bad:?}"));
+        }
+        for (l, cur) in snap.locks.iter().enumerate() {
+            // 1. mutual exclusion, and Redis agrees with the holder
+            let mut holders = vec![];
+            for (c, cl) in self.clients.iter().enumerate() {
+                for (t, th) in cl.threads.iter().enumerate() {
+                    if let State::Holding(h) = &th.state {
+                        if h.lock == l && h.expires > snap.fz && !self.checker.is_exempt(l, h.token)
+                        {
+                            holders.push((c, t, th.owner.clone(), h.clone()));
+                        }
+                    }
+                }
+            }
+            let list = |hs: &[(usize, usize, String, crate::model::Hold)]| {
+                hs.iter()
+                    .map(|(c, t, _, h)| {
+                        format!(
+                            "c{c}:t{t} (attempt {}) token {} for {:.0}ms more (estimate from {})",
+                            h.attempt,
+                            h.token,
+                            h.expires - snap.fz,
+                            h.origin
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            if holders.len() > 1 {
+                self.violate(
+                    Check::MutualExclusion,
+                    format!("lock {l} held by {} at once", list(&holders)),
+                );
+            } else if let Some((_, _, owner, h)) = holders.first() {
+                if cur.owner != *owner || cur.token != h.token {
+                    self.violate(
+                        Check::RedisDisagrees,
+                        format!(
+                            "{} holds lock {l} by its estimate, but Redis has owner {:?} token {}",
+                            list(&holders),
+                            cur.owner,
+                            cur.token
+                        ),
+                    );
+                }
+            }
+        }
+        // 4'. live waiters keep their places, and their hand-offs until their lease could end
+        let mut found = vec![];
+        for (c, cl) in self.clients.iter_mut().enumerate() {
+            for (t, th) in cl.threads.iter_mut().enumerate() {
+                let State::Waiting(w) = &mut th.state else {
+                    continue;
+                };
+                let cur = &snap.locks[w.lock];
+                let granted = cur.owner == th.owner && cur.attempt == w.attempt;
+                let live = w.live(&self.cfg, snap.real);
+                if let Some(h) = w.handoff {
+                    if cur.token != h.token {
+                        w.handoff = None;
+                        if live
+                            && snap.fz < h.earliest_end
+                            && !self.checker.is_exempt(w.lock, h.token)
+                        {
+                            found.push((
+                                Check::HandoffVanished,
+                                format!(
+                                    "the hand-off of lock {} to live waiter c{c}:t{t} ({} attempt \
+                                     {}, token {}) vanished before its lease could end; Redis \
+                                     has owner {:?} token {}",
+                                    w.lock, th.owner, w.attempt, h.token, cur.owner, cur.token
+                                ),
+                            ));
+                        }
+                    }
+                    continue;
+                }
+                if granted {
+                    w.granted_seen = true;
+                    continue;
+                }
+                if w.granted_seen || !live {
+                    continue;
+                }
+                let queued = cur.waiters.get(&th.owner) == Some(&w.attempt)
+                    && cur.queue.iter().any(|(o, _)| *o == th.owner);
+                if !queued {
+                    found.push((
+                        Check::WaiterLost,
+                        format!(
+                            "live waiter c{c}:t{t} ({} attempt {}) has neither a queue place nor \
+                             a grant on lock {}: queue {:?}, waiters {:?}, holder {:?}",
+                            th.owner, w.attempt, w.lock, cur.queue, cur.waiters, cur.owner
+                        ),
+                    ));
+                }
+            }
+        }
+        for (check, msg) in found {
+            self.violate(check, msg);
+        }
+        self.checker.last = snap.locks;
+    }
+
+    /// The end state after the quiet phase: every lock free, nothing queued, and only the fence,
+    /// the release receipts and short-lived wake lists left.
+    pub fn settled(&mut self) -> Result<(), String> {
+        let snap = self.snapshot(true);
+        let mut wrong = vec![];
+        for (l, cur) in snap.locks.iter().enumerate() {
+            if cur.token != 0 || !cur.owner.is_empty() {
+                wrong.push(format!("lock {l} held by {:?}", cur.owner));
+            }
+            if !cur.queue.is_empty() || !cur.waiters.is_empty() {
+                wrong.push(format!(
+                    "lock {l} queue {:?} waiters {:?}",
+                    cur.queue, cur.waiters
+                ));
+            }
+        }
+        // a backward clock step lengthens every TTL by as much as the clock is now behind
+        let behind = self.max_offset_ms - self.server.offset_ms();
+        for (key, pttl) in &snap.keys {
+            let ok = if key.ends_with(":fence") {
+                *pttl > 0
+            } else if key.ends_with(":released") {
+                *pttl > 0 && *pttl <= self.cfg.receipt_ttl_ms as i64 + behind
+            } else if key.contains(":wake:") {
+                *pttl > 0 && *pttl <= self.cfg.waiter_timeout_ms as i64 + behind
+            } else {
+                false
+            };
+            if !ok {
+                wrong.push(format!("key {key} (pttl {pttl})"));
+            }
+        }
+        if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(wrong.join("; "))
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! A redis-server whose wall clock the fuzzer can step, through libfaketime.
+//!
+//! libfaketime re-reads `FAKETIME_TIMESTAMP_FILE` on every time call (`FAKETIME_NO_CACHE=1`), so
+//! rewriting that file ("+12.345" / "-0.500": seconds from the real clock) steps the server's
+//! `TIME`, its key expiry and the scripts' clock at once. `DONT_FAKE_MONOTONIC=1` leaves
+//! CLOCK_MONOTONIC alone: only the wall clock moves, as with an NTP step.
+//!
+//! Debian's redis-server allocates with jemalloc, which calls `clock_gettime` while libfaketime
+//! is still resolving its own symbols: the server deadlocks at start (libfaketime issue #130).
+//! Preloading glibc's `libc_malloc_debug.so.0` first routes `malloc` and friends to glibc's
+//! allocator, which never asks for the time, and breaks that cycle. jemalloc stays loaded for
+//! Redis's `mallctl` statistics and allocates nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A throwaway redis-server (no persistence, loopback only) on a steppable wall clock.
+pub struct FakeClockRedis {
+    pub port: u16,
+    dir: PathBuf,
+    offset_file: PathBuf,
+    offset_ms: i64,
+    child: Option<Child>,
+}
+
+/// The first existing file among `<dir>/<name>` and `<dir>/*/<name>` for the usual library dirs.
+fn find_lib(env: &str, name: &str) -> Option<PathBuf> {
+    if let Ok(p) = std::env::var(env) {
+        return Some(PathBuf::from(p));
+    }
+    for dir in ["/usr/lib", "/lib", "/usr/local/lib", "/lib64", "/usr/lib64"] {
+        let direct = Path::new(dir).join(name);
+        if direct.exists() {
+            return Some(direct);
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path().join(name);
+            if p.exists() {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+impl FakeClockRedis {
+    /// Start a server at clock offset 0 and check that `TIME` follows the offset file.
+    pub fn start() -> FakeClockRedis {
+        let faketime = find_lib("FAIRLOCK_LIBFAKETIME", "faketime/libfaketime.so.1").expect(
+            "libfaketime not found: install Debian's faketime package \
+             (scripts/fuzz.sh does: apt-get install -y faketime) or set FAIRLOCK_LIBFAKETIME",
+        );
+        let mut preload = faketime.display().to_string();
+        if let Some(glibc_malloc) = find_lib("FAIRLOCK_LIBC_MALLOC", "libc_malloc_debug.so.0") {
+            preload = format!("{}:{preload}", glibc_malloc.display());
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "fairlock-fuzz-{}-{}",
+            std::process::id(),
+            crate::rng::mix(unique())
+        ));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        let offset_file = dir.join("clock-offset");
+        let mut server = FakeClockRedis {
+            port: 0,
+            dir,
+            offset_file,
+            offset_ms: 0,
+            child: None,
+        };
+        server.write_offset(0);
+        // a port taken between free_port and the bind: try a few
+        for _ in 0..5 {
+            server.port = crate::support::free_port();
+            let child = Command::new("redis-server")
+                .args(["--port", &server.port.to_string(), "--bind", "127.0.0.1"])
+                .arg("--dir")
+                .arg(&server.dir)
+                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                .arg("--logfile")
+                .arg(server.dir.join("redis.log"))
+                .env("LD_PRELOAD", &preload)
+                .env("FAKETIME_TIMESTAMP_FILE", &server.offset_file)
+                .env("FAKETIME_NO_CACHE", "1")
+                .env("DONT_FAKE_MONOTONIC", "1")
+                .env_remove("FAKETIME")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server must be installed (scripts/test.sh installs it)");
+            server.child = Some(child);
+            if server.wait_ready() {
+                server.verify_clock();
+                return server;
+            }
+            server.kill();
+        }
+        panic!(
+            "redis-server under libfaketime ({preload}) did not start; log in {}",
+            server.dir.display()
+        );
+    }
+
+    fn wait_ready(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                return false;
+            }
+            if let Ok(mut c) = self.try_conn() {
+                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// The server must follow the offset file: step it by +1000 s and back.
+    fn verify_clock(&mut self) {
+        let mut c = self.conn();
+        let before = server_time_us(&mut c);
+        self.set_offset_ms(1_000_000);
+        let stepped = server_time_us(&mut c);
+        self.set_offset_ms(0);
+        let back = server_time_us(&mut c);
+        let jump = stepped - before;
+        assert!(
+            (999_000_000..1_002_000_000).contains(&jump) && back < stepped - 999_000_000,
+            "redis-server's TIME does not follow libfaketime's offset file \
+             (before {before}, stepped {stepped}, back {back})"
+        );
+    }
+
+    fn try_conn(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(1))
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A connection whose reads and writes time out after 5 s, so no call can hang a run.
+    pub fn conn(&self) -> redis::Connection {
+        let c = self.try_conn().expect("connect to the fuzz redis-server");
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+        c
+    }
+
+    /// The server clock's offset from the real wall clock (ms).
+    pub fn offset_ms(&self) -> i64 {
+        self.offset_ms
+    }
+
+    /// Step the server's wall clock to `offset_ms` from the real one.
+    pub fn set_offset_ms(&mut self, offset_ms: i64) {
+        self.offset_ms = offset_ms;
+        self.write_offset(offset_ms);
+    }
+
+    /// Written to a temporary file and renamed, so the server never reads half a line.
+    fn write_offset(&self, offset_ms: i64) {
+        let text = format!("{:+.3}\n", offset_ms as f64 / 1000.0);
+        let tmp = self.offset_file.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("write the clock offset");
+        std::fs::rename(&tmp, &self.offset_file).expect("replace the clock offset");
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for FakeClockRedis {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The server's `TIME` in µs.
+pub fn server_time_us(conn: &mut redis::Connection) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(conn).expect("TIME");
+    s * 1_000_000 + us
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+}

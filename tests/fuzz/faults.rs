@@ -1,0 +1,262 @@
+//! The operator's force-unlock and the faults: stray duplicates and late deliveries, crashes,
+//! pauses, time passing, evictions, data loss and server clock steps.
+
+use std::time::Duration;
+
+use crate::faketime::server_time_us;
+use crate::model::{Client, State};
+use crate::steps::{EvictKey, Fault, Who};
+use crate::world::{describe, World, MAX_BEHIND_MS};
+
+impl World {
+    /// The operator reads the holder and releases exactly that hold (owner and token).
+    pub fn force_unlock(&mut self, lock: usize, fault: Fault) -> bool {
+        if lock >= self.locks.len() {
+            return false;
+        }
+        self.say(format!("operator force-unlock lock={lock}: status"));
+        let call = self.locks[lock].status();
+        let s = self.exec(
+            Some(Who::Operator),
+            "operator status".into(),
+            call,
+            Fault::None,
+        );
+        let Ok(st) = s.reply else {
+            return true;
+        };
+        let (owner, token) = if !st.owner.is_empty() {
+            // the named hold loses the mutual exclusion guarantee from here on, by design
+            self.checker.exempt(lock, st.token);
+            (st.owner.clone(), st.token)
+        } else if !st.queue.is_empty() {
+            (String::new(), 0)
+        } else {
+            self.say(" -> free, nothing to do");
+            return true;
+        };
+        self.say(format!(" -> holder {owner:?} token={token}; force_unlock"));
+        let label = format!("operator force_unlock {owner:?} token={token}");
+        let call = self.locks[lock].force_unlock(&owner, token);
+        let fault = match fault {
+            Fault::Lost | Fault::Retried => Fault::Retried,
+            Fault::Late => Fault::Late,
+            Fault::None | Fault::Dropped => Fault::None,
+        };
+        let mut s = self.exec(Some(Who::Operator), label.clone(), call, fault);
+        if fault == Fault::Late {
+            // the operator's connection layer sends it again now; the first copy comes later
+            let call = self.locks[lock].force_unlock(&owner, token);
+            s = self.exec(Some(Who::Operator), label, call, Fault::None);
+        }
+        self.say(format!(" -> {}", describe(&s.reply)));
+        true
+    }
+
+    /// A stray duplicate of the last command of a thread (or the operator); nobody reads it.
+    pub fn resend(&mut self, who: Who) -> bool {
+        let last = match who {
+            Who::Thread(c, t) if c < self.clients.len() && t < self.clients[c].threads.len() => {
+                self.clients[c].threads[t].last.clone()
+            }
+            Who::Thread(..) => None,
+            Who::Operator => self.operator_last.clone(),
+        };
+        let Some(last) = last else {
+            return false;
+        };
+        self.say(format!("stray duplicate of \"{}\"", last.label()));
+        let sent = self.clock.fz();
+        let reply = last.resend(&mut self.conns[Self::conn_of(Some(who))]);
+        self.after_call(None, sent);
+        self.say(format!(" -> {reply}"));
+        self.stats.add("fault: stray duplicate", 1);
+        true
+    }
+
+    pub fn deliver_late(&mut self, n: usize) -> bool {
+        if self.late.is_empty() {
+            return false;
+        }
+        // half the time the newest: a request just a little late races its sender's next one
+        let i = if n.is_multiple_of(2) {
+            self.late.len() - 1
+        } else {
+            (n / 2) % self.late.len()
+        };
+        let r = self.late.remove(i);
+        self.say(format!("late delivery of \"{}\"", r.label()));
+        let sent = self.clock.fz();
+        let reply = r.resend(&mut self.conns[0]);
+        self.after_call(None, sent);
+        self.say(format!(" -> {reply}"));
+        true
+    }
+
+    pub fn deliver_all_late(&mut self) {
+        while !self.late.is_empty() {
+            self.say("; ");
+            self.deliver_late(0);
+        }
+    }
+
+    // ---- process faults --------------------------------------------------------------------
+
+    pub fn crash(&mut self, c: usize) -> bool {
+        if c >= self.clients.len() {
+            return false;
+        }
+        let old = &self.clients[c];
+        let (generation, next) = (old.generation + 1, old.next_attempt);
+        let mut fresh = Client::new(self.cfg.seed, c, generation, self.cfg.threads);
+        fresh.next_attempt = next;
+        self.say(format!("c{c} crashes; restarts as {}", fresh.id));
+        self.clients[c] = fresh;
+        self.stats.add("fault: crash", 1);
+        true
+    }
+
+    pub fn pause(&mut self, c: usize, ms: u64) -> bool {
+        if !self.active(c) {
+            return false;
+        }
+        self.clients[c].paused_until = self.clock.real() + ms as f64;
+        self.say(format!("c{c} paused for {ms}ms"));
+        self.stats.add("fault: pause", 1);
+        true
+    }
+
+    pub fn sleep(&mut self, ms: u64) -> bool {
+        self.say(format!("time passes: {ms}ms"));
+        self.keepalive();
+        std::thread::sleep(Duration::from_millis(ms));
+        self.keepalive();
+        true
+    }
+
+    // ---- data faults ------------------------------------------------------------------------
+
+    /// Holds of `lock` that a lost hash or data loss takes from under their holders: exempt.
+    pub fn exempt_current_holds(&mut self, lock: usize) {
+        let hash_token = self.checker.last[lock].token;
+        if hash_token != 0 {
+            self.checker.exempt(lock, hash_token);
+        }
+        let tokens: Vec<u64> = self
+            .clients
+            .iter()
+            .flat_map(|cl| cl.threads.iter())
+            .filter_map(|th| match &th.state {
+                State::Holding(h) if h.lock == lock => Some(h.token),
+                _ => None,
+            })
+            .collect();
+        for token in tokens {
+            self.checker.exempt(lock, token);
+        }
+    }
+
+    pub fn places_lost(&mut self, lock: usize) {
+        for cl in &mut self.clients {
+            for th in &mut cl.threads {
+                if let State::Waiting(w) = &mut th.state {
+                    if w.lock == lock {
+                        w.place = false;
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn evict(&mut self, lock: usize, key: EvictKey) -> bool {
+        if lock >= self.locks.len() {
+            return false;
+        }
+        let names = self.locks[lock].key_names().map(str::to_string);
+        let victim = match key {
+            EvictKey::Hash => {
+                self.exempt_current_holds(lock);
+                names[0].clone()
+            }
+            EvictKey::Fence => {
+                self.checker.fence_lost[lock] = true;
+                names[1].clone()
+            }
+            EvictKey::Queue | EvictKey::Waiters => {
+                self.places_lost(lock);
+                names[if key == EvictKey::Queue { 2 } else { 3 }].clone()
+            }
+            EvictKey::Released => names[4].clone(),
+            EvictKey::Wake(c, t) => {
+                if c >= self.clients.len() || t >= self.clients[c].threads.len() {
+                    return false;
+                }
+                let owner = self.owner(c, t);
+                self.locks[lock].wake_key(&owner)
+            }
+        };
+        let n: i64 = redis::cmd("DEL")
+            .arg(&victim)
+            .query(&mut self.conns[0])
+            .unwrap_or(0);
+        self.after_call(None, self.clock.fz());
+        self.say(format!(
+            "evict {victim}{}",
+            if n == 0 { " (absent)" } else { "" }
+        ));
+        self.stats.add("fault: eviction", 1);
+        true
+    }
+
+    pub fn data_loss(&mut self) -> bool {
+        for lock in 0..self.locks.len() {
+            self.exempt_current_holds(lock);
+            self.places_lost(lock);
+            self.checker.fence_lost[lock] = true;
+        }
+        let conn = &mut self.conns[0];
+        let _: redis::RedisResult<()> = redis::cmd("FLUSHALL").query(conn);
+        let _: redis::RedisResult<()> = redis::cmd("SCRIPT").arg("FLUSH").query(conn);
+        self.after_call(None, self.clock.fz());
+        self.say("data loss: FLUSHALL + SCRIPT FLUSH");
+        self.stats.add("fault: data loss", 1);
+        true
+    }
+
+    pub fn clock_step(&mut self, ms: i64) -> bool {
+        let current = self.server.offset_ms();
+        let mut target = current + ms;
+        if ms < 0 {
+            target = target.max(self.max_offset_ms - MAX_BEHIND_MS);
+        }
+        if target == current {
+            return false;
+        }
+        self.server.set_offset_ms(target);
+        if target > current {
+            self.clock.step_forward((target - current) as f64);
+            for cl in &mut self.clients {
+                for th in &mut cl.threads {
+                    if let State::Waiting(w) = &mut th.state {
+                        w.forward_steps += 1;
+                    }
+                }
+            }
+            self.max_offset_ms = self.max_offset_ms.max(target);
+        }
+        let now = server_time_us(&mut self.conns[0]);
+        self.say(format!(
+            "server clock steps {:+}ms (offset {target}ms, TIME {now})",
+            target - current
+        ));
+        self.stats.add(
+            if target > current {
+                "fault: clock step forward"
+            } else {
+                "fault: clock step back"
+            },
+            1,
+        );
+        true
+    }
+}

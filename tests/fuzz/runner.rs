@@ -1,0 +1,267 @@
+//! One run: a fresh server, steps generated from the seed (or replayed from a list), the checks
+//! after every step, then the quiet phase where faults stop and every live thread must be served.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use crate::checks::{Check, Violation};
+use crate::model::{Config, State};
+use crate::rng::Rng;
+use crate::steps::{self, Fault, Step};
+use crate::world::{Stats, World};
+
+/// How long the quiet phase may take to serve every live thread and clean up.
+pub const QUIET_LIMIT: Duration = Duration::from_secs(20);
+/// Heartbeat period in the quiet phase (the real janitor's: a third of the waiter timeout).
+const QUIET_HEARTBEAT_MS: f64 = 150.0;
+/// Quiet-phase log lines kept for a report (the phase can run many rounds).
+const QUIET_LOG_LINES: usize = 80;
+
+pub enum Source<'a> {
+    /// Choose steps from the seed, until either limit.
+    Generate {
+        max_steps: usize,
+        max_time: Duration,
+    },
+    Replay(&'a [Step]),
+}
+
+pub struct Outcome {
+    /// One line per step (replays: skipped steps too), then the quiet phase's last lines.
+    pub log: Vec<String>,
+    /// The steps applied (generated runs) or the list replayed.
+    pub steps: Vec<Step>,
+    /// Whether each step fitted the state (a replayed step may not: it then did nothing).
+    pub applied: Vec<bool>,
+    /// The violation and the index of the step it followed (`steps.len()`: the quiet phase).
+    pub violation: Option<(usize, Violation)>,
+    pub stats: Stats,
+    pub elapsed: Duration,
+    /// How long the quiet phase took to serve everyone and settle.
+    pub quiet: Duration,
+}
+
+/// Run the steps, then (with `quiet`: its time limit) the quiet phase.
+pub fn run(cfg: &Config, source: Source, quiet: Option<Duration>) -> Outcome {
+    let began = Instant::now();
+    let mut world = World::new(cfg);
+    let mut rng = Rng::new(cfg.seed);
+    let mut log = vec![];
+    let mut steps = vec![];
+    let mut applied_steps = vec![];
+    let mut violation = None;
+    let mut i = 0;
+    loop {
+        let step = match &source {
+            Source::Generate {
+                max_steps,
+                max_time,
+            } => {
+                if i >= *max_steps || began.elapsed() >= *max_time {
+                    break;
+                }
+                steps::choose(&world, &mut rng)
+            }
+            Source::Replay(list) => match list.get(i) {
+                Some(s) => s.clone(),
+                None => break,
+            },
+        };
+        world.line.clear();
+        let applied = world.apply(&step);
+        if applied {
+            world.step_checks();
+            log.push(format!("#{i:<5} {}", world.line));
+        } else {
+            log.push(format!("#{i:<5} {step} (skipped: does not fit)"));
+        }
+        if applied || matches!(source, Source::Replay(_)) {
+            steps.push(step);
+            applied_steps.push(applied);
+        }
+        if let Some(v) = world.violation.take() {
+            violation = Some((steps.len() - 1, v));
+            break;
+        }
+        i += 1;
+    }
+    let quiet_began = Instant::now();
+    if let (None, Some(limit)) = (&violation, quiet) {
+        if let Some(v) = world.quiet(&mut log, limit) {
+            violation = Some((steps.len(), v));
+        }
+    }
+    let quiet = quiet_began.elapsed();
+    Outcome {
+        log,
+        steps,
+        applied: applied_steps,
+        violation,
+        stats: world.stats.clone(),
+        elapsed: began.elapsed(),
+        quiet,
+    }
+}
+
+impl World {
+    /// Faults stop; every live client behaves like the real one: holders release, waiters pop
+    /// and heartbeat, and each thread takes the lock once more. Within `limit` every thread
+    /// must have held the lock and the locks must end free and clean.
+    fn quiet(&mut self, log: &mut Vec<String>, limit: Duration) -> Option<Violation> {
+        let began = self.clock.real();
+        let mut lines = vec![];
+        self.line.clear();
+        self.say("quiet: faults stop; late requests arrive");
+        self.deliver_all_late();
+        // a clock stepped back lengthens every TTL (a dead holder's lease too) by as much as
+        // it lags: bring it back to its furthest, a forward step the estimates account for
+        let behind = self.max_offset_ms - self.server.offset_ms();
+        if behind > 0 {
+            self.say("; ");
+            self.clock_step(behind);
+        }
+        for cl in &mut self.clients {
+            cl.paused_until = 0.0;
+        }
+        lines.push(std::mem::take(&mut self.line));
+        // threads that held the lock since the faults stopped
+        let mut served: HashSet<(usize, usize)> = HashSet::new();
+        let mut last_heartbeat = f64::MIN;
+        let mut leftover = String::new();
+        let result = loop {
+            if self.clock.real() - began > limit.as_secs_f64() * 1000.0 {
+                break Some(Violation {
+                    check: Check::Liveness,
+                    message: self.liveness_report(&served, &leftover, limit),
+                });
+            }
+            self.line.clear();
+            if self.clock.real() - last_heartbeat >= QUIET_HEARTBEAT_MS {
+                last_heartbeat = self.clock.real();
+                for c in 0..self.clients.len() {
+                    for lock in 0..self.locks.len() {
+                        let before = self.line.len();
+                        self.say("; ");
+                        if !self.heartbeat(c, lock, Fault::None) {
+                            self.line.truncate(before);
+                        }
+                    }
+                }
+            }
+            for c in 0..self.clients.len() {
+                for t in 0..self.clients[c].threads.len() {
+                    let now = self.clock.fz();
+                    self.say("; ");
+                    match self.state(c, t) {
+                        State::Holding(_) => {
+                            served.insert((c, t));
+                            self.release(c, t, Fault::None);
+                        }
+                        State::Waiting(w) if w.deadline.is_some_and(|d| d <= now) => {
+                            self.leave_claim(c, t, Fault::None, Fault::None);
+                        }
+                        State::Waiting(_) => {
+                            self.pop(c, t, Fault::None, Fault::None);
+                        }
+                        State::Idle if !served.contains(&(c, t)) => {
+                            self.acquire(
+                                c,
+                                t,
+                                c % self.locks.len(),
+                                true,
+                                500,
+                                None,
+                                Fault::None,
+                                Fault::None,
+                            );
+                        }
+                        State::Idle => {}
+                    }
+                    if matches!(self.state(c, t), State::Holding(_)) {
+                        served.insert((c, t));
+                    }
+                }
+            }
+            self.step_checks();
+            let quiet_line: String = self
+                .line
+                .split("; ")
+                .filter(|p| !p.is_empty() && !p.ends_with("-> None"))
+                .filter(|p| !p.contains(" pop ") || !p.ends_with("-> empty"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            if !quiet_line.is_empty() {
+                lines.push(format!("quiet {quiet_line}"));
+            }
+            if let Some(v) = self.violation.take() {
+                break Some(v);
+            }
+            let all_done = self.clients.iter().enumerate().all(|(c, cl)| {
+                cl.threads
+                    .iter()
+                    .enumerate()
+                    .all(|(t, th)| served.contains(&(c, t)) && matches!(th.state, State::Idle))
+            });
+            if all_done {
+                match self.settled() {
+                    Ok(()) => break None,
+                    Err(e) => leftover = e,
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let skipped = lines.len().saturating_sub(QUIET_LOG_LINES);
+        if skipped > 0 {
+            log.push(format!("quiet ... {skipped} lines omitted"));
+        }
+        log.extend(lines.into_iter().skip(skipped));
+        result
+    }
+
+    /// Who was not served, and what Redis holds for them.
+    fn liveness_report(
+        &mut self,
+        served: &HashSet<(usize, usize)>,
+        leftover: &str,
+        limit: Duration,
+    ) -> String {
+        let mut out = vec![];
+        for c in 0..self.clients.len() {
+            for t in 0..self.clients[c].threads.len() {
+                let th = &self.clients[c].threads[t];
+                let what = match &th.state {
+                    State::Idle if served.contains(&(c, t)) => continue,
+                    State::Idle => "idle, never served".to_string(),
+                    State::Holding(h) => format!("still holding token {}", h.token),
+                    State::Waiting(w) => {
+                        let snap = &self.checker.last[w.lock];
+                        let wake: Vec<String> = redis::cmd("LRANGE")
+                            .arg(self.locks[w.lock].wake_key(&th.owner))
+                            .arg(0)
+                            .arg(-1)
+                            .query(&mut self.conns[0])
+                            .unwrap_or_default();
+                        format!(
+                            "waiting on lock {} with attempt {}: queue entry {:?}, holder {:?} \
+                             attempt {}, wake list {wake:?}",
+                            w.lock,
+                            w.attempt,
+                            snap.waiters.get(&th.owner),
+                            snap.owner,
+                            snap.attempt
+                        )
+                    }
+                };
+                out.push(format!("c{c}:t{t} ({}) {what}", th.owner));
+            }
+        }
+        if !leftover.is_empty() {
+            out.push(format!("left in Redis: {leftover}"));
+        }
+        format!(
+            "not settled {}s after faults stopped: {}",
+            limit.as_secs(),
+            out.join(" | ")
+        )
+    }
+}

@@ -1,0 +1,293 @@
+//! The world of one run: a redis-server on a steppable clock, a few plain connections, the locks
+//! and the simulated clients. Every request goes through [`World::exec`], which injects the
+//! network faults (lost reply, late delivery, lost request, connection-layer retry) and runs the
+//! per-call checks. The steps themselves are in `actions.rs` (threads and clients, reacting to
+//! replies the way the real client does) and `faults.rs` (operator, network, process, data).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::rc::Rc;
+use std::time::Duration;
+
+use fairlock::raw::{Call, RawLock, Settings};
+
+use crate::checks::{Check, Checker, Violation};
+use crate::faketime::FakeClockRedis;
+use crate::model::{Client, Clock, Config, State, Wait};
+use crate::steps::{Fault, Step, Who};
+
+/// Counters by name: steps by kind, faults by kind, exemptions.
+#[derive(Clone, Default)]
+pub struct Stats(pub BTreeMap<String, u64>);
+
+impl Stats {
+    pub fn add(&mut self, key: &str, n: u64) {
+        *self.0.entry(key.to_string()).or_default() += n;
+    }
+
+    pub fn merge(&mut self, other: &Stats) {
+        for (k, v) in &other.0 {
+            self.add(k, *v);
+        }
+    }
+}
+
+/// A request that can be sent again (a stray duplicate, a late delivery) whatever it returns.
+pub trait Resend {
+    fn label(&self) -> &str;
+    /// Send it and describe the reply.
+    fn resend(&self, conn: &mut redis::Connection) -> String;
+}
+
+struct Labeled<T> {
+    call: Call<T>,
+    label: String,
+}
+
+impl<T: fmt::Debug> Resend for Labeled<T> {
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn resend(&self, conn: &mut redis::Connection) -> String {
+        describe(&self.call.run(conn).map_err(|e| e.to_string()))
+    }
+}
+
+pub fn describe<T: fmt::Debug>(r: &Result<T, String>) -> String {
+    match r {
+        Ok(v) => format!("{v:?}"),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+/// A reply as the caller saw it, with the fuzzer times the request was sent at.
+pub struct Sent<T> {
+    pub reply: Result<T, String>,
+    pub sent: f64,
+    pub sent_real: f64,
+}
+
+/// What an acquire (or its re-run with the same attempt) asks for.
+#[derive(Clone, Copy)]
+pub struct Plan {
+    pub lock: usize,
+    pub attempt: u64,
+    pub lease_ms: u64,
+    pub wait: bool,
+    pub deadline: Option<f64>,
+}
+
+impl Plan {
+    pub fn of(w: &Wait) -> Plan {
+        Plan {
+            lock: w.lock,
+            attempt: w.attempt,
+            lease_ms: w.lease_ms,
+            wait: true,
+            deadline: w.deadline,
+        }
+    }
+}
+
+/// Client connections besides the admin one (index 0: checks, operator, faults).
+const CLIENT_CONNS: usize = 3;
+/// A backward clock step never takes the server more than this below its furthest offset, so
+/// the fence (1 h TTL) cannot expire while tokens would be seeded from a lagging clock.
+pub const MAX_BEHIND_MS: i64 = 60_000;
+
+pub struct World {
+    pub cfg: Config,
+    pub server: FakeClockRedis,
+    pub conns: Vec<redis::Connection>,
+    pub locks: Vec<RawLock>,
+    pub clients: Vec<Client>,
+    pub clock: Clock,
+    /// Requests held in the network.
+    pub late: Vec<Rc<dyn Resend>>,
+    pub operator_last: Option<Rc<dyn Resend>>,
+    pub checker: Checker,
+    /// The log line of the step being applied.
+    pub line: String,
+    pub stats: Stats,
+    pub violation: Option<Violation>,
+    pub max_offset_ms: i64,
+}
+
+impl World {
+    pub fn new(cfg: &Config) -> World {
+        let server = FakeClockRedis::start();
+        let conns = (0..=CLIENT_CONNS).map(|_| server.conn()).collect();
+        let settings = Settings {
+            fence_ttl: Duration::from_secs(3600),
+            waiter_timeout: Duration::from_millis(cfg.waiter_timeout_ms),
+            receipt_ttl: Duration::from_millis(cfg.receipt_ttl_ms),
+        };
+        let locks = (0..cfg.locks)
+            .map(|i| RawLock::new("fz", &format!("L{i}"), settings).expect("lock name"))
+            .collect();
+        World {
+            clients: (0..cfg.clients)
+                .map(|c| Client::new(cfg.seed, c, 0, cfg.threads))
+                .collect(),
+            checker: Checker::new(cfg.locks),
+            cfg: cfg.clone(),
+            server,
+            conns,
+            locks,
+            clock: Clock::new(),
+            late: Vec::new(),
+            operator_last: None,
+            line: String::new(),
+            stats: Stats::default(),
+            violation: None,
+            max_offset_ms: 0,
+        }
+    }
+
+    pub fn say(&mut self, text: impl AsRef<str>) {
+        self.line.push_str(text.as_ref());
+    }
+
+    pub fn violate(&mut self, check: Check, message: String) {
+        if self.violation.is_none() {
+            self.violation = Some(Violation { check, message });
+        }
+    }
+
+    /// Not paused (a paused client does nothing at all).
+    pub fn active(&self, c: usize) -> bool {
+        c < self.clients.len() && self.clients[c].paused_until <= self.clock.real()
+    }
+
+    pub fn owner(&self, c: usize, t: usize) -> String {
+        self.clients[c].threads[t].owner.clone()
+    }
+
+    pub fn state(&mut self, c: usize, t: usize) -> &mut State {
+        &mut self.clients[c].threads[t].state
+    }
+
+    pub fn fits(&self, c: usize, t: usize) -> bool {
+        c < self.clients.len() && t < self.clients[c].threads.len() && self.active(c)
+    }
+
+    pub fn conn_of(who: Option<Who>) -> usize {
+        match who {
+            Some(Who::Thread(c, _)) => 1 + c % CLIENT_CONNS,
+            _ => 0,
+        }
+    }
+
+    /// Send one request under `fault`; the per-call checks run after every copy that reaches
+    /// Redis. `who` sent it (its last command, for a stray duplicate later).
+    pub fn exec<T: fmt::Debug + 'static>(
+        &mut self,
+        who: Option<Who>,
+        label: String,
+        call: Call<T>,
+        fault: Fault,
+    ) -> Sent<T> {
+        let call = Rc::new(Labeled { call, label });
+        match who {
+            Some(Who::Thread(c, t)) => self.clients[c].threads[t].last = Some(call.clone()),
+            Some(Who::Operator) => self.operator_last = Some(call.clone()),
+            None => {}
+        }
+        let actor = match who {
+            Some(Who::Thread(c, t)) => Some((c, t)),
+            _ => None,
+        };
+        let conn = Self::conn_of(who);
+        let sent = self.clock.fz();
+        let sent_real = self.clock.real();
+        let send = |w: &mut World| {
+            let r = call.call.run(&mut w.conns[conn]).map_err(|e| e.to_string());
+            w.after_call(actor, sent);
+            r
+        };
+        let reply = match fault {
+            Fault::None => {
+                let r = send(self);
+                if let Err(e) = &r {
+                    let label = call.label.clone();
+                    self.violate(Check::ScriptError, format!("{label} failed: {e}"));
+                }
+                r
+            }
+            Fault::Lost => {
+                let r = send(self);
+                self.say(format!(" [reply lost: {}]", describe(&r)));
+                Err("reply lost".into())
+            }
+            Fault::Dropped => {
+                self.say(" [request lost]");
+                Err("request lost".into())
+            }
+            Fault::Late => {
+                self.late.push(call.clone());
+                self.say(" [delayed in the network]");
+                Err("no reply (request delayed)".into())
+            }
+            Fault::Retried => {
+                let first = send(self);
+                self.say(format!(" [sent twice; first reply {}]", describe(&first)));
+                send(self)
+            }
+        };
+        if fault != Fault::None {
+            self.stats.add(&format!("fault: {}", fault_name(fault)), 1);
+        }
+        Sent {
+            reply,
+            sent,
+            sent_real,
+        }
+    }
+
+    /// Apply one step; `false` when it does not fit the current state (skipped).
+    pub fn apply(&mut self, step: &Step) -> bool {
+        let applied = match *step {
+            Step::Acquire {
+                c,
+                t,
+                lock,
+                wait,
+                lease_ms,
+                deadline_ms,
+                fault,
+                then,
+            } => self.acquire(c, t, lock, wait, lease_ms, deadline_ms, fault, then),
+            Step::Pop { c, t, fault, then } => self.pop(c, t, fault, then),
+            Step::Reenter { c, t, fault } => self.reenter(c, t, fault),
+            Step::Release { c, t, fault } => self.release(c, t, fault),
+            Step::Renew { c, t, fault } => self.renew(c, t, fault),
+            Step::LeaveClaim { c, t, fault, then } => self.leave_claim(c, t, fault, then),
+            Step::LeavePass { c, t, fault } => self.leave_pass(c, t, fault),
+            Step::Heartbeat { c, lock, fault } => self.heartbeat(c, lock, fault),
+            Step::ForceUnlock { lock, fault } => self.force_unlock(lock, fault),
+            Step::Resend { who } => self.resend(who),
+            Step::DeliverLate { n } => self.deliver_late(n),
+            Step::Crash { c } => self.crash(c),
+            Step::Pause { c, ms } => self.pause(c, ms),
+            Step::Sleep { ms } => self.sleep(ms),
+            Step::Evict { lock, key } => self.evict(lock, key),
+            Step::DataLoss => self.data_loss(),
+            Step::Clock { ms } => self.clock_step(ms),
+        };
+        if applied {
+            self.stats.add(&format!("step: {}", step.kind()), 1);
+        }
+        applied
+    }
+}
+
+pub fn fault_name(f: Fault) -> &'static str {
+    match f {
+        Fault::None => "none",
+        Fault::Lost => "lost reply",
+        Fault::Late => "late delivery",
+        Fault::Dropped => "lost request",
+        Fault::Retried => "sent twice",
+    }
+}
