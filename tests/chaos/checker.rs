@@ -1,66 +1,127 @@
 //! The checker: merges the histories into one timeline and looks for violations.
 //!
 //! 1. `overlap`: two owners inside one lock's critical section at once (ACQ..REL intervals
-//!    overlap; a SIGKILLed holder's interval ends at the kill) that no fault explains.
+//!    overlap; a SIGKILLed holder's interval ends at the kill, a force-unlocked one's at the
+//!    force-unlock) that no fault explains.
 //!    Explained: a SIGSTOP of the earlier holder's process in [its REQ, later ACQ] or of the later
-//!    holder's process in [its REQ, its ACQ], a proxy fault or a Redis restart in [earlier of the
-//!    two REQs, later ACQ]. The REQ side matters: a grant whose reply the network held back (or
-//!    whose process was stopped) reaches its thread late, with less of its lease left. An
-//!    unexplained overlap whose earlier holder saw its lease lost is reported as
-//!    `overlap_lease_lost` (a pause that no fault made: the watchdog could not renew in time).
+//!    holder's process in [its REQ, its ACQ], a proxy fault that holds back or cuts all traffic
+//!    (drop, black hole, latency) or a Redis restart in [earlier of the two REQs, later ACQ]. The
+//!    REQ side matters: a grant whose reply the network held back (or whose process was stopped)
+//!    reaches its thread late, with less of its lease left. An unexplained overlap whose earlier
+//!    holder saw its lease lost is reported as `overlap_lease_lost` (a pause that no fault made:
+//!    the watchdog could not renew in time).
+//!    Never explained: a late delivery (one request of an abandoned connection reaching Redis
+//!    after its thread moved on: the per-attempt numbers and tokens must make it harmless), a
+//!    force-unlock other than of the hold it named, and a server clock step. Steps back only
+//!    lengthen leases on the server; a forward step of S shortens every lease on the server by S
+//!    (Redis TTLs follow the wall clock, a documented limit) while the holder's estimate does
+//!    not know, so a step larger than the lease left on the server could give two owners. The
+//!    harness keeps S below a quarter of the lease: renewals come every third of it, so the
+//!    server holds at least two thirds of a lease when the step comes, and no exemption is
+//!    needed (`clock_step_too_large` if the history shows a larger forward step).
 //!    `expired_grant`: `lock()` returned a guard whose own estimate of the lease left was 0 (the
 //!    library knew the hold might be someone else's already).
 //! 2. `stale_token_accepted` / `token_reused` / `token_order` / `state_lost`: the fenced resource
 //!    accepted a token lower than one it accepted earlier (in Redis's order), two holders wrote
 //!    with one token, holds were granted tokens out of order, or the resource was reset although
-//!    no restart without persistence happened.
+//!    no restart without persistence happened. Tokens are only compared, never counted: they are
+//!    max(last + 1, server time in us), so neither dense nor starting at 1.
 //! 3. `lost_update`: per lock, the counter's read-modify-writes must chain (each `before` equals
-//!    the previous `after`) except across an explained overlap, a fault window, a holder killed
-//!    mid-section, or a restart without persistence (the counter then starts over at 0).
+//!    the previous `after`) except across an explained overlap, a force-unlocked hold, the
+//!    window of a fault that explains overlaps, a holder killed mid-section, or a restart without
+//!    persistence (the counter then starts over at 0).
 //! 4. `fifo`: a live waiter overtaken: A.REQ + 100 ms < B.REQ but B.ACQ < A.ACQ on one lock,
-//!    with no fault and no error of A's or B's thread in [A.REQ, A.ACQ].
+//!    with no fault (but a clock step or a force-unlock, which must keep the order) and no error
+//!    of A's or B's thread in [A.REQ, A.ACQ]. B.REQ dates back over the calls of B's thread on
+//!    that lock right before it (within 10 s) whose request or hold may still be on the server:
+//!    a `lock()` call that failed (its request may reach Redis late, after a black hole say, and
+//!    be granted when it is next in line) or a hold whose release failed (a restart with AOF
+//!    keeps it until its lease runs out). The thread's next call takes such a hold over as its
+//!    own (acquire.lua: "an older attempt of this thread holds it") instead of queueing: the
+//!    thread never left the head of the line.
 //! 5. `liveness`: in the quiet phase after the faults, a request not granted within lease + 3 s,
 //!    or an error.
 //! 6. `keys_left` and 7. `panic` / `worker_exit`: from the end state the parent collected.
+//! 8. Force-unlocks (the operator names the hold: owner and token, as `status()` showed them).
+//!    The named hold ends at the force-unlock for mutual exclusion (unless every call is known to
+//!    have found it gone); if the force-unlock released it (the lost reply says so, or a call
+//!    returned true), its thread must find out: its release fails as not held, or the hold is
+//!    marked lost (`force_unnoticed`); the next hold of the lock must have a greater token
+//!    (`force_token_order`); and the same hold can be released once only
+//!    (`force_released_twice`: the library's retry of the lost reply or the operator's retry
+//!    released something).
+//!    `hold_lost`: a hold the operator did not name was lost (its release found it not held, or
+//!    `is_lost()`) with no fault in [its REQ, the return of its release] that could take a lease
+//!    away (a proxy fault, a restart, a late delivery, a SIGSTOP of its process): for instance a
+//!    retried force-unlock that released the NEXT holder.
 //!
 //! Recovery: for each SIGKILL of a process that held a lock while another process waited for
 //! it, the time from the kill to the next ACQ of that lock by another process. `slow_recovery`
-//! when it exceeds lease + 1 s with no other fault in that window.
+//! when it exceeds lease + 1 s with no other fault in that window (nor a clock step in the lease
+//! before it: a step back lengthens the dead holder's lease on the server).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::{json, Value};
 
-use super::history::{Event, Fence, Kind};
+use super::history::{detail_value, Event, FaultKind, Fence, Kind};
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
 /// How much later B must have asked than A before B's earlier grant counts as overtaking.
 const FIFO_MARGIN: u64 = 100 * MS;
+/// How long a failed `lock()` call's request may still be granted (it reached Redis late), or a
+/// hold whose release failed may stay, for the thread's next call to take it over: a generous
+/// bound (held requests come out within a few seconds; a hold nobody renews lasts a lease).
+const FAILED_CALL_REACH: u64 = 10 * S;
 
 #[derive(Clone, Debug)]
 pub struct Fault {
-    pub kind: String,
+    pub kind: FaultKind,
     pub start: u64,
     pub end: u64,
     pub target: Option<u32>,
+    /// The `key=value` words of the start and of the end line.
+    pub detail: String,
+    pub end_detail: String,
 }
 
 impl Fault {
     fn overlaps(&self, from: u64, to: u64) -> bool {
         self.start <= to && self.end >= from
     }
-    fn is_proxy(&self) -> bool {
-        matches!(self.kind.as_str(), "drop" | "blackhole" | "latency")
-    }
-    fn is_restart(&self) -> bool {
-        self.kind.starts_with("restart")
-    }
     fn is_volatile_restart(&self) -> bool {
-        self.kind == "restart-volatile"
+        self.kind == FaultKind::RestartVolatile
     }
-    fn is_kill(&self) -> bool {
-        self.kind.starts_with("sigkill")
+    /// Faults that may let two owners hold at once: every connection held back or cut, or the
+    /// server gone for a while.
+    fn explains_overlap(&self) -> bool {
+        self.kind.is_proxy() || self.kind.is_restart()
+    }
+    /// Faults that may take a hold's lease away (the SIGSTOPs only of the holder's process).
+    fn may_lose_hold(&self, pid: u32) -> bool {
+        self.explains_overlap()
+            || self.kind == FaultKind::LateDelivery
+            || (self.kind.is_stop() && self.target == Some(pid))
+    }
+    /// A force-unlock: did some call of it release the named hold, and how many did?
+    fn force_releases(&self) -> usize {
+        let d = &self.end_detail;
+        usize::from(detail_value(d, "first") == Some("released"))
+            + usize::from(detail_value(d, "lib") == Some("true"))
+            + usize::from(detail_value(d, "retry") == Some("true"))
+    }
+    /// A force-unlock that may have released its hold: not when every call's outcome is known
+    /// and none released (then the hold had ended before, and keeps no exemption).
+    fn may_have_released(&self) -> bool {
+        let d = &self.end_detail;
+        self.force_releases() > 0
+            || !matches!(
+                detail_value(d, "first"),
+                Some("not_held" | "noscript" | "not-trapped")
+            )
+            || detail_value(d, "lib") != Some("false")
+            || detail_value(d, "retry") != Some("false")
     }
 }
 
@@ -86,9 +147,22 @@ struct Attempt {
     token: u64,
     lease_left_us: Option<u64>,
     err: Option<u64>,
-    /// End of the hold: REL (stamped before unlock), or the kill of the process.
+    /// End of the hold: UNLOCK / REL (stamped before unlock), or the kill of the process.
     end: Option<u64>,
+    /// The hold is over on the server for sure: released, or found not held.
+    gone_for_sure: bool,
+    /// The release failed, or the hold was marked lost.
     rel_lost: bool,
+    /// The release found the lock no longer this hold's, or the hold was marked lost.
+    lost_on_server: bool,
+    /// REL said ok and not lost.
+    rel_ok: bool,
+    /// When the release call returned (its outcome may depend on anything until then).
+    rel_done: Option<u64>,
+    /// Start of the first force-unlock that named this hold.
+    forced: Option<u64>,
+    /// The REQ this call's place in line dates from for the FIFO check (see 4.).
+    fifo_req: u64,
     cs: Option<(u64, u64, Option<u64>)>,
 }
 
@@ -116,6 +190,8 @@ fn ms(ns: u64) -> f64 {
 pub struct Params {
     pub scenario: String,
     pub lease_ns: u64,
+    /// The largest forward step of the server clock the harness makes.
+    pub max_forward_step_ns: u64,
 }
 
 pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) -> Report {
@@ -123,7 +199,7 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
     let mut explained = Counts::default();
 
     // ---- faults and phases (from the parent's history) ----
-    let mut starts: HashMap<u64, (String, u64, Option<u32>)> = HashMap::new();
+    let mut starts: HashMap<u64, (FaultKind, u64, Option<u32>, String)> = HashMap::new();
     let mut faults: Vec<Fault> = Vec::new();
     let mut phases: HashMap<String, u64> = HashMap::new();
     let mut first_t = u64::MAX;
@@ -132,16 +208,23 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
         first_t = first_t.min(e.t);
         last_t = last_t.max(e.t);
         match &e.kind {
-            Kind::FaultStart { id, kind, target } => {
-                starts.insert(*id, (kind.clone(), e.t, *target));
+            Kind::FaultStart {
+                id,
+                kind,
+                target,
+                detail,
+            } => {
+                starts.insert(*id, (*kind, e.t, *target, detail.clone()));
             }
-            Kind::FaultEnd { id } => {
-                if let Some((kind, start, target)) = starts.remove(id) {
+            Kind::FaultEnd { id, detail } => {
+                if let Some((kind, start, target, start_detail)) = starts.remove(id) {
                     faults.push(Fault {
                         kind,
                         start,
                         end: e.t,
                         target,
+                        detail: start_detail,
+                        end_detail: detail.clone(),
                     });
                 }
             }
@@ -151,29 +234,88 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
             _ => {}
         }
     }
-    for (_, (kind, start, target)) in starts {
+    for (_, (kind, start, target, detail)) in starts {
         // a fault the parent never ended (it panicked): open until the end
         faults.push(Fault {
             kind,
             start,
             end: last_t,
             target,
+            detail,
+            end_detail: String::new(),
         });
     }
     faults.sort_by_key(|f| f.start);
     let kill_time: HashMap<u32, u64> = faults
         .iter()
-        .filter(|f| f.is_kill())
+        .filter(|f| f.kind.is_kill())
         .filter_map(|f| f.target.map(|pid| (pid, f.start)))
         .collect();
     let mut fault_counts = Counts::default();
+    let mut fault_details = Counts::default();
+    let mut largest_forward_step_ms = 0i64;
     for f in &faults {
-        fault_counts.add(&f.kind);
+        fault_counts.add(f.kind.name());
+        match f.kind {
+            FaultKind::LateDelivery => {
+                let script = detail_value(&f.detail, "script").unwrap_or("?");
+                let reply = detail_value(&f.end_detail, "reply").unwrap_or("?");
+                fault_details.add(&format!("late-delivery:{script}"));
+                fault_details.add(&format!("late-delivery:{script}->{reply}"));
+                if detail_value(&f.end_detail, "delivered") != Some("1") {
+                    fault_details.add("late-delivery:not-delivered");
+                }
+                if detail_value(&f.end_detail, "client_closed_after_ms") == Some("never") {
+                    fault_details.add("late-delivery:client-kept-waiting");
+                }
+            }
+            FaultKind::ForceUnlock => {
+                let first = detail_value(&f.end_detail, "first").unwrap_or("?");
+                fault_details.add(&format!("force-unlock:first-{first}"));
+                if f.force_releases() > 0 {
+                    fault_details.add("force-unlock:released");
+                }
+            }
+            FaultKind::ClockStep => {
+                let delta: i64 = detail_value(&f.detail, "delta_ms")
+                    .and_then(|d| d.parse().ok())
+                    .unwrap_or(0);
+                fault_details.add(if delta < 0 {
+                    "clock-step:back"
+                } else {
+                    "clock-step:forward"
+                });
+                largest_forward_step_ms = largest_forward_step_ms.max(delta);
+            }
+            _ => {}
+        }
     }
+    if largest_forward_step_ms as u64 * MS > p.max_forward_step_ns {
+        violations.push((
+            "clock_step_too_large".into(),
+            format!(
+                "the server clock stepped forward by {largest_forward_step_ms} ms, more than the {} ms the checker assumes",
+                p.max_forward_step_ns / MS
+            ),
+        ));
+    }
+    // Any fault in [from, to] but `skip`; a clock step counts from a lease before `from` (a
+    // step back lengthens the leases set before it).
     let any_fault = |from: u64, to: u64, skip: Option<&Fault>| {
-        faults
-            .iter()
-            .any(|f| f.overlaps(from, to) && skip.is_none_or(|s| !std::ptr::eq(s, f)))
+        faults.iter().any(|f| {
+            let from = if f.kind == FaultKind::ClockStep {
+                from.saturating_sub(p.lease_ns)
+            } else {
+                from
+            };
+            f.overlaps(from, to) && skip.is_none_or(|s| !std::ptr::eq(s, f))
+        })
+    };
+    // Faults that disturb the order of the queue (a clock step and a force-unlock must not).
+    let order_fault = |from: u64, to: u64| {
+        faults.iter().any(|f| {
+            f.overlaps(from, to) && !matches!(f.kind, FaultKind::ClockStep | FaultKind::ForceUnlock)
+        })
     };
     let volatile_between = |from: u64, to: u64| {
         faults
@@ -203,7 +345,13 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
                         lease_left_us: None,
                         err: None,
                         end: None,
+                        gone_for_sure: false,
                         rel_lost: false,
+                        lost_on_server: false,
+                        rel_ok: false,
+                        rel_done: None,
+                        forced: None,
+                        fifo_req: e.t,
                         cs: None,
                     });
                     open.insert(key, attempts.len() - 1);
@@ -245,9 +393,23 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
                         e.thread.clone(),
                     ));
                 }
-                Kind::Rel { ok, lost, .. } => {
+                Kind::Unlock { .. } => {
+                    if let Some(&i) = open.get(&key) {
+                        attempts[i].end = Some(e.t);
+                    }
+                }
+                Kind::Rel {
+                    ok,
+                    not_held,
+                    lost,
+                    done,
+                    ..
+                } => {
                     if !ok {
                         counts.add("releases_failed");
+                    }
+                    if *not_held {
+                        counts.add("releases_not_held");
                     }
                     if *lost {
                         counts.add("holds_marked_lost");
@@ -255,6 +417,10 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
                     if let Some(i) = open.remove(&key) {
                         attempts[i].end = Some(e.t);
                         attempts[i].rel_lost = !ok || *lost;
+                        attempts[i].lost_on_server = *not_held || *lost;
+                        attempts[i].rel_ok = *ok && !*lost;
+                        attempts[i].rel_done = *done;
+                        attempts[i].gone_for_sure = *ok || *not_held;
                     }
                 }
                 Kind::Err { phase, .. } => {
@@ -277,6 +443,68 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
             a.end = Some(kill_time.get(&a.pid).copied().unwrap_or(u64::MAX));
         }
     }
+    // a call takes over what a failed call of its thread on the same lock may have been granted
+    let mut by_thread_lock: HashMap<(u32, &str, &str), Vec<usize>> = HashMap::new();
+    for (i, a) in attempts.iter().enumerate() {
+        by_thread_lock
+            .entry((a.pid, &a.thread, &a.lock))
+            .or_default()
+            .push(i);
+    }
+    let mut fifo_reqs: Vec<(usize, u64)> = Vec::new();
+    for list in by_thread_lock.values() {
+        // the place of the oldest call whose request or hold may still be on the server
+        let mut pending_since: Option<u64> = None;
+        for &i in list {
+            let a = &attempts[i];
+            if a.acq.is_some() {
+                let since = pending_since.filter(|&t| t + FAILED_CALL_REACH >= a.req);
+                if let Some(t) = since {
+                    fifo_reqs.push((i, t));
+                }
+                pending_since = if a.gone_for_sure {
+                    None
+                } else {
+                    Some(since.unwrap_or(a.req))
+                };
+            } else if a.err.is_some() {
+                pending_since = pending_since.or(Some(a.req));
+            }
+        }
+    }
+    for (i, t) in fifo_reqs {
+        attempts[i].fifo_req = t;
+    }
+    // holds named by a force-unlock (by pid, lock and token) that may have released them end
+    // there for mutual exclusion
+    let mut forced_by: HashMap<usize, Vec<&Fault>> = HashMap::new();
+    for f in faults.iter().filter(|f| f.kind == FaultKind::ForceUnlock) {
+        let lock = detail_value(&f.detail, "lock");
+        let token = detail_value(&f.detail, "token").and_then(|t| t.parse::<u64>().ok());
+        let (Some(pid), Some(lock), Some(token)) = (f.target, lock, token) else {
+            continue;
+        };
+        if f.force_releases() > 1 {
+            violations.push((
+                "force_released_twice".into(),
+                format!(
+                    "force-unlock of lock {lock} owner pid {pid} token {token} at {}: more than one call released ({})",
+                    f.start, f.end_detail
+                ),
+            ));
+        }
+        if !f.may_have_released() {
+            continue;
+        }
+        let named = attempts.iter().position(|a| {
+            a.pid == pid && a.lock == lock && a.token == token && a.acq.is_some_and(|t| t <= f.end)
+        });
+        if let Some(i) = named {
+            let a = &mut attempts[i];
+            a.forced = Some(a.forced.map_or(f.start, |t| t.min(f.start)));
+            forced_by.entry(i).or_default().push(f);
+        }
+    }
     let err_in = |pid: u32, thread: &str, from: u64, to: u64| {
         errors
             .get(&(pid, thread.to_string()))
@@ -290,7 +518,7 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
     let stopped_between = |pid: u32, from: u64, to: u64| {
         faults
             .iter()
-            .any(|f| f.kind.starts_with("sigstop") && f.target == Some(pid) && f.overlaps(from, to))
+            .any(|f| f.kind.is_stop() && f.target == Some(pid) && f.overlaps(from, to))
     };
     // Why two holds h1 (earlier ACQ) and h2 may both think they hold: None when nothing does.
     let explain = |h1: &Attempt, h2: &Attempt| -> Option<&'static str> {
@@ -299,17 +527,12 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
             return Some("sigstop");
         }
         for f in &faults {
-            if f.overlaps(h1.req.min(h2.req), a2) {
-                if f.is_proxy() {
-                    return Some("proxy");
-                }
-                if f.is_restart() {
-                    return Some(if f.is_volatile_restart() {
-                        "restart-volatile"
-                    } else {
-                        "restart-aof"
-                    });
-                }
+            if f.overlaps(h1.req.min(h2.req), a2) && f.explains_overlap() {
+                return Some(match f.kind {
+                    FaultKind::RestartVolatile => "restart-volatile",
+                    FaultKind::RestartAof => "restart-aof",
+                    _ => "proxy",
+                });
             }
         }
         None
@@ -336,6 +559,7 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
     };
 
     let mut in_overlap: HashSet<(u32, String, u64)> = HashSet::new();
+    let mut cut_by_force: HashSet<(u32, String, u64)> = HashSet::new();
     let mut overrun: HashSet<(u32, String, u64)> = HashSet::new();
     for a in &attempts {
         if a.lease_left_us == Some(0) {
@@ -357,11 +581,17 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
         let mut holds: Vec<&Attempt> = list.iter().copied().filter(|a| a.acq.is_some()).collect();
         holds.sort_by_key(|a| a.acq.unwrap());
 
-        // (1) overlaps
+        // (1) overlaps; a force-unlocked hold ends at the force-unlock
         let mut active: Vec<&Attempt> = Vec::new();
         for &h2 in &holds {
             let a2 = h2.acq.unwrap();
-            active.retain(|h| h.end.unwrap() > a2);
+            for h in &active {
+                let cut = h.forced.is_some_and(|f| f <= a2);
+                if cut && h.end.unwrap() > a2 && (h.pid, &h.thread) != (h2.pid, &h2.thread) {
+                    cut_by_force.insert((h.pid, h.thread.clone(), h.acq.unwrap()));
+                }
+            }
+            active.retain(|h| h.end.unwrap().min(h.forced.unwrap_or(u64::MAX)) > a2);
             for &h1 in &active {
                 if h1.pid == h2.pid && h1.thread == h2.thread {
                     continue;
@@ -443,9 +673,14 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
                         explained.add("counter_reset_restart_volatile");
                     } else if overlapped {
                         explained.add("counter_break_overlap");
+                    } else if p.forced.is_some() || h.forced.is_some() {
+                        explained.add("counter_break_force_unlock");
                     } else if cut_since_prev {
                         explained.add("counter_break_cut_hold");
-                    } else if faults.iter().any(|f| !f.is_kill() && f.overlaps(from, t)) {
+                    } else if faults
+                        .iter()
+                        .any(|f| (f.explains_overlap() || f.kind.is_stop()) && f.overlaps(from, t))
+                    {
                         explained.add("counter_break_fault_window");
                     } else {
                         violations.push((
@@ -481,14 +716,17 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
             if suffix_min[j] >= a_acq {
                 continue;
             }
-            if any_fault(a.req, a_acq, None) || err_in(a.pid, &a.thread, a.req, a_acq) {
+            if order_fault(a.req, a_acq) || err_in(a.pid, &a.thread, a.req, a_acq) {
                 continue;
             }
             for b in &reqs[j..] {
                 if b.req > a_acq {
                     break;
                 }
-                if b.acq.unwrap() < a_acq && !err_in(b.pid, &b.thread, a.req, a_acq) {
+                if b.acq.unwrap() < a_acq
+                    && b.fifo_req > a.req + FIFO_MARGIN
+                    && !err_in(b.pid, &b.thread, a.req, a_acq)
+                {
                     violations.push((
                         "fifo".into(),
                         format!(
@@ -501,6 +739,72 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
                 }
             }
         }
+    }
+
+    // (8) force-unlocks: the named hold finds out, the next hold has a greater token
+    let mut forced_holds = 0;
+    for (&i, fs) in &forced_by {
+        let a = &attempts[i];
+        let released = fs.iter().any(|f| f.force_releases() > 0);
+        if !released {
+            continue;
+        }
+        forced_holds += 1;
+        let f = fs.iter().find(|f| f.force_releases() > 0).unwrap();
+        // REL is stamped before the release is sent: one stamped after the force-unlock ended
+        // went out when the hold was gone, and must not come back as a success
+        if a.rel_ok && a.end.is_some_and(|t| t > f.end) {
+            violations.push((
+                "force_unnoticed".into(),
+                format!(
+                    "lock {}: {}/{} (token {}) was force-unlocked at {} ({}) but released it as its own at {}\n{}",
+                    a.lock, a.pid, a.thread, a.token, f.start, f.end_detail, a.end.unwrap(),
+                    excerpt(&a.lock, a.acq.unwrap(), a.end.unwrap())
+                ),
+            ));
+        }
+        let next = attempts
+            .iter()
+            .filter(|b| b.lock == a.lock && !std::ptr::eq(*b, a))
+            .filter(|b| b.acq.is_some_and(|t| t >= f.start))
+            .min_by_key(|b| b.acq.unwrap());
+        if let Some(b) = next {
+            let (a2, b2) = (f.start, b.acq.unwrap());
+            if b.token <= a.token && !volatile_between(a2, b2) {
+                violations.push((
+                    "force_token_order".into(),
+                    format!(
+                        "lock {}: {}/{} (token {}) force-unlocked at {a2}, next hold {}/{} got token {} at {b2}\n{}",
+                        a.lock, a.pid, a.thread, a.token, b.pid, b.thread, b.token,
+                        excerpt(&a.lock, a2, b2)
+                    ),
+                ));
+            }
+        }
+    }
+    // holds lost with no fault that could take them away, nor a force-unlock naming them
+    for a in &attempts {
+        if !a.lost_on_server || a.forced.is_some() {
+            continue;
+        }
+        // until the release returned: a fault that strikes while it is on its way (a restart,
+        // then the library's retry on a new connection finds the lock gone) explains the loss
+        let (from, to) = (a.req, a.rel_done.unwrap_or(a.end.unwrap()));
+        if faults
+            .iter()
+            .any(|f| f.may_lose_hold(a.pid) && f.overlaps(from, to))
+        {
+            explained.add("holds_lost_fault");
+            continue;
+        }
+        violations.push((
+            "hold_lost".into(),
+            format!(
+                "lock {}: {}/{} (token {}, acquired at {}) found its hold gone at {} with no fault that explains it (a force-unlock naming another hold?)\n{}",
+                a.lock, a.pid, a.thread, a.token, a.acq.unwrap(), to,
+                excerpt(&a.lock, a.acq.unwrap().saturating_sub(20 * MS), to)
+            ),
+        ));
     }
 
     // (2) the fenced resource, in Redis's order
@@ -594,7 +898,7 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
 
     // recovery after a holder's death
     let mut recoveries: Vec<(u64, bool)> = Vec::new();
-    for f in faults.iter().filter(|f| f.is_kill()) {
+    for f in faults.iter().filter(|f| f.kind.is_kill()) {
         let Some(pid) = f.target else { continue };
         for (lock, list) in &by_lock {
             let held = list.iter().any(|a| {
@@ -662,6 +966,10 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
         "counts": counts.json(),
         "torn_lines": torn,
         "faults": fault_counts.json(),
+        "fault_details": fault_details.json(),
+        "force_unlocked_holds": forced_holds,
+        "holds_cut_by_force_unlock": cut_by_force.len(),
+        "largest_forward_clock_step_ms": largest_forward_step_ms,
         "violations": by_kind.json(),
         "violations_total": violations.len(),
         "explained": explained.json(),

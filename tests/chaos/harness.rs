@@ -1,6 +1,19 @@
-//! The parent of a chaos run: starts redis-server, the proxy and the worker processes, injects
+//! The parent of a chaos run: starts redis-server, the proxies and the worker processes, injects
 //! faults at random (bounded in number and time), lets the system settle in a quiet phase, stops
 //! the workers, collects the end state and runs the checker.
+//!
+//! Faults come in decks: every kind once per deck, in a random order, so a short run sees each
+//! kind. Besides killing, pausing, restarting and the network faults of the proxy:
+//! - `late-delivery`: the proxy traps one request of a worker (a script call of the lock
+//!   protocol), holds it until the worker's read timeout made it abandon the connection, and
+//!   delivers it to Redis 0.5-3 s later, when the thread has moved on to newer attempts.
+//! - `force-unlock`: an operator (a `LockClient` in this process, through a proxy of its own)
+//!   reads the holder with `status()` and calls `force_unlock_hold(owner, token)`; the proxy
+//!   forwards the request and then cuts the connection, so the reply is lost and the library
+//!   sends the call again, and the operator retries once more on its own. The swallowed reply
+//!   tells whether the first call released the hold.
+//! - `clock-step` (without persistence, when libfaketime is installed): redis-server's wall clock
+//!   steps back by up to 5 s or forward by less than a quarter of the lease.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -11,18 +24,57 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::checker::{self, EndState, Params, Report};
-use super::history::{now_ns, History};
-use super::proxy::Proxy;
+use super::history::{now_ns, FaultKind, History};
+use super::proxy::{Proxy, Trap};
+use super::server::Server;
 use super::workload::{self, Rng};
-use crate::support::RedisServer;
 
 pub const LOCKS: [&str; 2] = ["chaos-a", "chaos-b"];
+
+/// The largest forward step of the server clock: a forward step of S shortens every lease on
+/// the server by S (Redis TTLs follow the wall clock; README, Limits) while the holders' estimates
+/// do not know. The watchdog renews every third of the lease, so the server keeps at least two
+/// thirds of it; a quarter leaves a margin of more than a third of the lease for a late renewal.
+pub const MAX_FORWARD_STEP: Duration =
+    Duration::from_millis(workload::LEASE.as_millis() as u64 / 4);
+/// The largest backward step of the server clock.
+pub const MAX_BACKWARD_STEP: Duration = Duration::from_secs(5);
+
+/// The protocol's scripts as the library builds them (`common.lua` + the file), to know them by
+/// SHA1: a late delivery traps one of the weighted ones (weight 0: never chosen, only named in
+/// reports). One that Redis does not know by that SHA1 (the library builds them otherwise now)
+/// falls back to any script call of the lock protocol.
+const COMMON_LUA: &str = include_str!("../../scripts/common.lua");
+const SCRIPTS: [(&str, &str, u64); 8] = [
+    ("acquire", include_str!("../../scripts/acquire.lua"), 4),
+    ("release", include_str!("../../scripts/release.lua"), 4),
+    ("heartbeat", include_str!("../../scripts/heartbeat.lua"), 2),
+    ("leave", include_str!("../../scripts/leave.lua"), 1),
+    ("renew", include_str!("../../scripts/renew.lua"), 1),
+    ("reenter", include_str!("../../scripts/reenter.lua"), 0),
+    ("status", include_str!("../../scripts/status.lua"), 0),
+    (
+        "force_unlock",
+        include_str!("../../scripts/force_unlock.lua"),
+        0,
+    ),
+];
+
+/// One of [`SCRIPTS`], compiled.
+struct ScriptInfo {
+    name: &'static str,
+    code: String,
+    sha: String,
+    weight: u64,
+}
 
 #[derive(Clone, Debug)]
 pub struct Scenario {
     pub name: String,
     /// `appendonly yes` + `appendfsync always` (restarts keep the state) or no persistence.
     pub aof: bool,
+    /// Run redis-server under libfaketime and step its clock (only without persistence).
+    pub fake_clock: bool,
     /// How long faults are injected.
     pub fault_time: Duration,
     /// The quiet phase after the faults, for the liveness check.
@@ -81,8 +133,13 @@ impl Drop for WorkerProc {
 struct Run<'a> {
     s: &'a Scenario,
     dir: PathBuf,
-    server: RedisServer,
+    server: Server,
+    /// The workers' way to Redis.
     proxy: Proxy,
+    /// The operator's way to Redis (force-unlocks whose replies get lost).
+    op_proxy: Proxy,
+    operator: fairlock::LockClient,
+    scripts: Vec<ScriptInfo>,
     history: History,
     rng: Rng,
     workers: Vec<WorkerProc>,
@@ -97,18 +154,36 @@ pub fn run(s: &Scenario) -> Report {
     let dir = chaos_dir().join(&s.name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the chaos dir");
-    let server = if s.aof {
-        RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
-    } else {
-        RedisServer::start()
-    };
-    let proxy = Proxy::start(server.port);
+    let server = Server::start(s.aof, s.fake_clock);
+    let proxy = Proxy::start(server.port());
+    let op_proxy = Proxy::start(server.port());
+    let operator = fairlock::LockClient::builder(&op_proxy.url())
+        .connect_timeout(Duration::from_secs(1))
+        .read_timeout(Duration::from_secs(2))
+        .build()
+        .expect("the operator's client");
+    let scripts = SCRIPTS
+        .iter()
+        .map(|&(name, body, weight)| {
+            let code = format!("{COMMON_LUA}\n{body}");
+            let sha = redis::Script::new(&code).get_hash().to_string();
+            ScriptInfo {
+                name,
+                code,
+                sha,
+                weight,
+            }
+        })
+        .collect();
     let history = History::create(&dir.join("parent.log"));
     let mut run = Run {
         s,
         dir: dir.clone(),
         server,
         proxy,
+        op_proxy,
+        operator,
+        scripts,
         history,
         rng: Rng::new(s.seed),
         workers: Vec::new(),
@@ -118,13 +193,14 @@ pub fn run(s: &Scenario) -> Report {
         worker_limit: s.fault_time + s.quiet_time + Duration::from_secs(120),
     };
     println!(
-        "chaos {}: seed {}, {} workers x {} threads, faults for {:?}, quiet {:?}, history in {}",
+        "chaos {}: seed {}, {} workers x {} threads, faults for {:?}, quiet {:?}, server clock {}, history in {}",
         s.name,
         s.seed,
         s.workers,
         s.threads,
         s.fault_time,
         s.quiet_time,
+        if s.fake_clock { "stepped" } else { "real" },
         dir.display()
     );
     run.phase("start");
@@ -137,6 +213,7 @@ pub fn run(s: &Scenario) -> Report {
     run.phase("stop");
     let mut end = run.stop_workers();
     let keys_clean_after = run.check_keys(&mut end);
+    let final_offset = run.server.offset_ms();
     drop(run);
 
     let (files, torn) = super::history::read_dir(&dir);
@@ -147,11 +224,23 @@ pub fn run(s: &Scenario) -> Report {
         &Params {
             scenario: s.name.clone(),
             lease_ns: workload::LEASE.as_nanos() as u64,
+            max_forward_step_ns: MAX_FORWARD_STEP.as_nanos() as u64,
         },
     );
     let extra = json!({
         "seed": s.seed.to_string(),
         "redis_persistence": if s.aof { "appendonly yes, appendfsync always" } else { "none" },
+        "server_clock": if s.fake_clock {
+            json!({
+                "stepped": true,
+                "max_backward_step_ms": MAX_BACKWARD_STEP.as_millis() as u64,
+                "max_forward_step_ms": MAX_FORWARD_STEP.as_millis() as u64,
+                "final_offset_ms": final_offset,
+            })
+        } else {
+            json!({ "stepped": false })
+        },
+        "worker_read_timeout_ms": workload::READ_TIMEOUT.as_millis() as u64,
         "workers": s.workers,
         "threads_per_worker": s.threads,
         "locks": LOCKS,
@@ -273,13 +362,17 @@ impl Run<'_> {
         let holders = self.holder_pids();
         let mut pids = Vec::new();
         for name in LOCKS {
-            let entries: Vec<String> = redis::cmd("HVALS")
+            let entries: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
                 .arg(format!("fairlock:{{{name}}}:waiters"))
                 .query(&mut c)
                 .unwrap_or_default();
-            // deadline|lease|host|pid|thread
-            for e in entries {
-                if let Some(pid) = e.split('|').nth(3).and_then(|p| p.parse().ok()) {
+            // owner -> attempt|deadline|lease|host|pid|thread; field ~clock is the hash's
+            // virtual clock ("v|real"), no waiter
+            for (field, e) in entries {
+                if field.starts_with('~') {
+                    continue;
+                }
+                if let Some(pid) = e.split('|').nth(4).and_then(|p| p.parse().ok()) {
                     if live.contains(&pid) && !holders.contains(&pid) && !pids.contains(&pid) {
                         pids.push(pid);
                     }
@@ -297,16 +390,35 @@ impl Run<'_> {
         Some(candidates[i])
     }
 
-    fn fault_start(&mut self, kind: &str, target: Option<u32>, detail: &str) -> u64 {
+    fn fault_start(&mut self, kind: FaultKind, target: Option<u32>, detail: &str) -> u64 {
+        self.fault_start_at(now_ns(), kind, target, detail)
+    }
+
+    fn fault_start_at(
+        &mut self,
+        t: u64,
+        kind: FaultKind,
+        target: Option<u32>,
+        detail: &str,
+    ) -> u64 {
         let id = self.next_fault;
         self.next_fault += 1;
         let target = target.map_or("-".to_string(), |p| p.to_string());
-        self.log(&format!("FAULT {id} {kind} start {target} {detail}"));
+        self.history.log_at(
+            t,
+            "parent",
+            &format!("FAULT {id} {kind} start {target} {detail}"),
+        );
         id
     }
 
-    fn fault_end(&self, id: u64, kind: &str) {
-        self.log(&format!("FAULT {id} {kind} end"));
+    fn fault_end(&self, id: u64, kind: FaultKind, detail: &str) {
+        self.fault_end_at(now_ns(), id, kind, detail);
+    }
+
+    fn fault_end_at(&self, t: u64, id: u64, kind: FaultKind, detail: &str) {
+        self.history
+            .log_at(t, "parent", &format!("FAULT {id} {kind} end {detail}"));
     }
 
     fn sleep_ms(&mut self, lo: u64, hi: u64) -> Duration {
@@ -317,24 +429,31 @@ impl Run<'_> {
 
     fn inject_faults(&mut self) {
         let restart = if self.s.aof {
-            "restart-aof"
+            FaultKind::RestartAof
         } else {
-            "restart-volatile"
+            FaultKind::RestartVolatile
         };
-        let kinds = [
-            "sigkill-holder",
-            "sigkill-waiter",
-            "sigstop",
+        let mut kinds = vec![
+            FaultKind::SigkillHolder,
+            FaultKind::SigkillWaiter,
+            FaultKind::Sigstop,
             restart,
-            "drop",
-            "blackhole",
-            "latency",
+            FaultKind::Drop,
+            FaultKind::Blackhole,
+            FaultKind::Latency,
+            FaultKind::LateDelivery,
+            FaultKind::ForceUnlock,
         ];
+        if self.server.can_step_clock() {
+            // cheap and instant: twice per deck
+            kinds.extend([FaultKind::ClockStep, FaultKind::ClockStep]);
+        }
         let end = Instant::now() + self.s.fault_time;
-        // the longest fault (latency) lasts 5 s: stop starting faults that could run past `end`
-        let last_start = end.checked_sub(Duration::from_secs(6)).unwrap_or(end);
+        // the longest faults (a late delivery, latency) last 6.5 s: stop starting faults that
+        // could run past `end`
+        let last_start = end.checked_sub(Duration::from_secs(7)).unwrap_or(end);
         let max_faults = (self.s.fault_time.as_secs() / 2).max(kinds.len() as u64);
-        let mut deck: Vec<&str> = Vec::new();
+        let mut deck: Vec<FaultKind> = Vec::new();
         let mut injected = 0;
         // warm up
         self.sleep_ms(2000, 2000);
@@ -342,7 +461,7 @@ impl Run<'_> {
         let kinds_n = kinds.len() as u64;
         while injected < kinds_n || (Instant::now() < last_start && injected < max_faults) {
             if deck.is_empty() {
-                deck = kinds.to_vec();
+                deck = kinds.clone();
                 for i in (1..deck.len()).rev() {
                     let j = self.rng.range(0, i as u64) as usize;
                     deck.swap(i, j);
@@ -352,10 +471,10 @@ impl Run<'_> {
             self.inject(kind);
             injected += 1;
             // after a kill leave a clean window for the recovery measurement
-            let gap = if kind.starts_with("sigkill") {
+            let gap = if kind.is_kill() {
                 (2300, 3000)
             } else {
-                (1200, 2500)
+                (800, 1600)
             };
             self.sleep_ms(gap.0, gap.1);
         }
@@ -363,10 +482,10 @@ impl Run<'_> {
         thread::sleep(left);
     }
 
-    fn inject(&mut self, kind: &str) {
+    fn inject(&mut self, kind: FaultKind) {
         match kind {
-            "sigkill-holder" | "sigkill-waiter" => {
-                let preferred = if kind == "sigkill-holder" {
+            FaultKind::SigkillHolder | FaultKind::SigkillWaiter => {
+                let preferred = if kind == FaultKind::SigkillHolder {
                     self.holder_pids()
                 } else {
                     self.waiter_pids()
@@ -382,79 +501,301 @@ impl Run<'_> {
                 let _ = w.child.kill();
                 let _ = w.child.wait();
                 w.killed = true;
-                self.fault_end(id, kind);
+                self.fault_end(id, kind, "");
                 self.killed.push((w.idx, pid));
                 drop(w);
                 self.spawn_worker();
             }
-            "sigstop" => {
-                // The GC-pause case needs a process stopped *inside* a critical section, which
-                // lasts a few ms: stop a holder, then ask Redis whether it still holds. If it let
-                // go meanwhile, let it run again at once (a logged `sigstop-probe`) and retry.
-                for probe in 0..20 {
-                    let holders = self.holder_pids();
-                    let Some(pid) = self.pick(&holders) else {
-                        thread::sleep(Duration::from_millis(20));
-                        continue;
-                    };
-                    let i = self.workers.iter().position(|w| w.pid() == pid).unwrap();
-                    let (id, t0) = (self.next_fault, now_ns());
-                    self.next_fault += 1;
-                    self.workers[i].signal(libc::SIGSTOP);
-                    self.workers[i].stopped = true;
-                    let long = probe == 19 || self.holder_pids().contains(&pid);
-                    let kind = if long { "sigstop" } else { "sigstop-probe" };
-                    let start = format!("FAULT {id} {kind} start {pid} holder");
-                    self.history.log_at(t0, "parent", &start);
-                    if long {
-                        self.sleep_ms(1500, 2500);
-                    }
-                    self.workers[i].signal(libc::SIGCONT);
-                    self.workers[i].stopped = false;
-                    self.fault_end(id, kind);
-                    if long {
-                        return;
-                    }
-                    thread::sleep(Duration::from_millis(50));
-                }
-                let live = self.live_pids();
-                let pid = self.pick(&live).expect("a live worker");
-                let i = self.workers.iter().position(|w| w.pid() == pid).unwrap();
-                let id = self.fault_start(kind, Some(pid), "any-worker");
-                self.workers[i].signal(libc::SIGSTOP);
-                self.workers[i].stopped = true;
-                self.sleep_ms(1500, 2500);
-                self.workers[i].signal(libc::SIGCONT);
-                self.workers[i].stopped = false;
-                self.fault_end(id, kind);
-            }
-            "restart-aof" | "restart-volatile" => {
+            FaultKind::Sigstop | FaultKind::SigstopProbe => self.sigstop(),
+            FaultKind::RestartAof | FaultKind::RestartVolatile => {
                 let id = self.fault_start(kind, None, "kill-9-and-start");
-                self.server.restart();
-                self.fault_end(id, kind);
+                let port = self.server.restart();
+                self.proxy.set_upstream(port);
+                self.op_proxy.set_upstream(port);
+                self.fault_end(id, kind, &format!("port={port}"));
             }
-            "drop" => {
+            FaultKind::Drop => {
                 let id = self.fault_start(kind, None, "cut-all-connections");
                 let n = self.proxy.drop_all();
-                self.fault_end(id, kind);
-                self.log(&format!("LOG proxy cut {n} connections"));
+                self.fault_end(id, kind, &format!("connections={n}"));
             }
-            "blackhole" => {
+            FaultKind::Blackhole => {
                 let id = self.fault_start(kind, None, "forward-nothing");
                 self.proxy.set_blackhole(true);
                 self.sleep_ms(2000, 3000);
                 self.proxy.set_blackhole(false);
-                self.fault_end(id, kind);
+                self.fault_end(id, kind, "");
             }
-            "latency" => {
+            FaultKind::Latency => {
                 let id = self.fault_start(kind, None, "20ms-per-chunk");
                 self.proxy.set_latency(Duration::from_millis(20));
-                self.sleep_ms(3000, 5000);
+                self.sleep_ms(2000, 3500);
                 self.proxy.set_latency(Duration::ZERO);
-                self.fault_end(id, kind);
+                self.fault_end(id, kind, "");
             }
-            other => unreachable!("fault {other}"),
+            FaultKind::LateDelivery => self.late_delivery(),
+            FaultKind::ForceUnlock => self.force_unlock(),
+            FaultKind::ClockStep => self.clock_step(),
         }
+    }
+
+    fn sigstop(&mut self) {
+        // The GC-pause case needs a process stopped *inside* a critical section, which lasts a
+        // few ms: stop a holder, then ask Redis whether it still holds. If it let go meanwhile,
+        // let it run again at once (a logged `sigstop-probe`) and retry.
+        for probe in 0..20 {
+            let holders = self.holder_pids();
+            let Some(pid) = self.pick(&holders) else {
+                thread::sleep(Duration::from_millis(20));
+                continue;
+            };
+            let i = self.workers.iter().position(|w| w.pid() == pid).unwrap();
+            let t0 = now_ns();
+            self.workers[i].signal(libc::SIGSTOP);
+            self.workers[i].stopped = true;
+            let long = probe == 19 || self.holder_pids().contains(&pid);
+            let kind = if long {
+                FaultKind::Sigstop
+            } else {
+                FaultKind::SigstopProbe
+            };
+            let id = self.fault_start_at(t0, kind, Some(pid), "holder");
+            if long {
+                self.sleep_ms(1500, 2500);
+            }
+            self.workers[i].signal(libc::SIGCONT);
+            self.workers[i].stopped = false;
+            self.fault_end(id, kind, "");
+            if long {
+                return;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        let live = self.live_pids();
+        let pid = self.pick(&live).expect("a live worker");
+        let i = self.workers.iter().position(|w| w.pid() == pid).unwrap();
+        let id = self.fault_start(FaultKind::Sigstop, Some(pid), "any-worker");
+        self.workers[i].signal(libc::SIGSTOP);
+        self.workers[i].stopped = true;
+        self.sleep_ms(1500, 2500);
+        self.workers[i].signal(libc::SIGCONT);
+        self.workers[i].stopped = false;
+        self.fault_end(id, FaultKind::Sigstop, "");
+    }
+
+    /// Trap one script call of a worker in the proxy until the worker abandons the connection,
+    /// and have it delivered 0.5-3 s later. The fault's window is from the catch to the delivery.
+    fn late_delivery(&mut self) {
+        let kind = FaultKind::LateDelivery;
+        // a script of the protocol, by weight, if Redis knows it by the SHA1 computed here
+        let total: u64 = self.scripts.iter().map(|s| s.weight).sum();
+        let mut x = self.rng.range(0, total - 1);
+        let mut chosen = 0;
+        for (i, s) in self.scripts.iter().enumerate() {
+            if x < s.weight {
+                chosen = i;
+                break;
+            }
+            x -= s.weight;
+        }
+        let sha = self.scripts[chosen].sha.clone();
+        let known = self.conn().is_some_and(|mut c| {
+            redis::cmd("SCRIPT")
+                .arg("EXISTS")
+                .arg(&sha)
+                .query::<Vec<i64>>(&mut c)
+                .is_ok_and(|v| v == [1])
+        });
+        let delay = Duration::from_millis(self.rng.range(500, 3000));
+        // the workers time out after READ_TIMEOUT; a client that never gives up (a blocked
+        // wait) gets its request after this long anyway
+        let max_wait = workload::READ_TIMEOUT + Duration::from_millis(1500);
+        let trap = Trap::Late { delay, max_wait };
+        let any: Vec<&[u8]> = vec![b"EVALSHA", b"fairlock:{"];
+        let plans: Vec<Vec<&[u8]>> = if known {
+            vec![vec![sha.as_bytes()], any]
+        } else {
+            vec![any]
+        };
+        let mut caught = false;
+        for patterns in plans {
+            self.proxy.arm(&patterns, trap);
+            let armed = Instant::now();
+            while !self.proxy.sprung() && armed.elapsed() < Duration::from_millis(1500) {
+                thread::sleep(Duration::from_millis(5));
+            }
+            if !self.proxy.disarm() {
+                caught = true;
+                break;
+            }
+        }
+        if !caught {
+            self.log("LOG late-delivery: no request of the protocol to trap");
+            return;
+        }
+        let waited = Instant::now();
+        let bound = max_wait + delay + Duration::from_secs(2);
+        let report = loop {
+            if let Some(r) = self.proxy.take_report() {
+                break Some(r);
+            }
+            if waited.elapsed() > bound {
+                break None;
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        let Some(r) = report else {
+            // cannot happen within the bound: the trap's waits are bounded by it
+            let id = self.fault_start(kind, None, "script=? report=none");
+            self.fault_end(id, kind, "delivered=unknown");
+            return;
+        };
+        // name the script(s) of the chunk (a pipeline may hold several calls)
+        let mut names: Vec<&str> = self
+            .scripts
+            .iter()
+            .filter(|s| r.request.contains(&s.sha[..]))
+            .map(|s| s.name)
+            .collect();
+        if names.is_empty() {
+            names.push("other");
+        }
+        let script = names.join("+");
+        let id = self.fault_start_at(
+            r.caught_ns,
+            kind,
+            None,
+            &format!("script={script} delay_ms={}", delay.as_millis()),
+        );
+        self.fault_end_at(
+            r.done_ns,
+            id,
+            kind,
+            &format!(
+                "client_closed_after_ms={} held_ms={} delivered={} reply={}",
+                r.client_closed_after
+                    .map_or("never".to_string(), |d| d.as_millis().to_string()),
+                r.held.as_millis(),
+                u8::from(r.delivered),
+                reply_word(&r.swallowed_reply)
+            ),
+        );
+        self.log(&format!(
+            "LOG late-delivery {id}: reply {:?} to {}",
+            r.swallowed_reply,
+            &r.request[..r.request.len().min(300)]
+        ));
+    }
+
+    /// An operator force-unlocks the hold `status()` shows, through a connection whose reply
+    /// gets lost, and retries once more. Tries a few holds until one was released for real.
+    fn force_unlock(&mut self) {
+        let kind = FaultKind::ForceUnlock;
+        for _ in 0..10 {
+            // Redis must know the script, or the lost reply is a NOSCRIPT (after a restart
+            // without persistence, or before any force-unlock) and only the retry runs it
+            if let Some(mut c) = self.conn() {
+                let code = &self
+                    .scripts
+                    .iter()
+                    .find(|s| s.name == "force_unlock")
+                    .unwrap()
+                    .code;
+                let _ = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(code)
+                    .query::<String>(&mut c);
+            }
+            let name = LOCKS[self.rng.range(0, LOCKS.len() as u64 - 1) as usize];
+            let lock = self.operator.lock(name).expect("lock name");
+            let holder = match lock.status() {
+                Ok(s) => s.holder,
+                Err(e) => {
+                    self.log(&format!("LOG operator status of {name} failed: {e}"));
+                    thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            let Some(h) = holder.filter(|h| self.live_pids().contains(&h.origin.pid)) else {
+                thread::sleep(Duration::from_millis(20));
+                continue;
+            };
+            let (owner, token) = (h.origin.owner.clone(), h.fencing_token);
+            let id = self.fault_start(
+                kind,
+                Some(h.origin.pid),
+                &format!("lock={name} owner={owner} token={token}"),
+            );
+            // only force_unlock carries the token: forward it, swallow the reply, cut
+            let token_text = token.to_string();
+            self.op_proxy.arm(&[token_text.as_bytes()], Trap::LoseReply);
+            let lib = lock.force_unlock_hold(&owner, token);
+            let report = if self.op_proxy.disarm() {
+                None // not trapped: the call went through (or never reached the proxy)
+            } else {
+                let t = Instant::now();
+                loop {
+                    match self.op_proxy.take_report() {
+                        Some(r) => break Some(r),
+                        None if t.elapsed() < Duration::from_secs(1) => {
+                            thread::sleep(Duration::from_millis(5))
+                        }
+                        None => break None,
+                    }
+                }
+            };
+            let first = match &report {
+                None => "not-trapped",
+                Some(r) if r.swallowed_reply.contains("not_held") => "not_held",
+                Some(r) if r.swallowed_reply.contains("released") => "released",
+                Some(r) if r.swallowed_reply.contains("NOSCRIPT") => "noscript",
+                Some(_) => "unknown",
+            };
+            // the operator's own retry, when the next holder likely holds
+            self.sleep_ms(0, 60);
+            let retry = if mutant_retry_releases_current() {
+                // the bug the checker must catch: a "retry" that releases whoever holds now
+                lock.force_unlock().map(|o| o.is_some())
+            } else {
+                lock.force_unlock_hold(&owner, token)
+            };
+            let show = |r: &fairlock::Result<bool>| match r {
+                Ok(b) => b.to_string(),
+                Err(_) => "err".to_string(),
+            };
+            self.fault_end(
+                id,
+                kind,
+                &format!("first={first} lib={} retry={}", show(&lib), show(&retry)),
+            );
+            if let Some(r) = &report {
+                self.log(&format!(
+                    "LOG force-unlock {id}: lost reply {:?} to {}",
+                    r.swallowed_reply,
+                    &r.request[..r.request.len().min(200)]
+                ));
+            }
+            if let (Err(e), _) | (_, Err(e)) = (&lib, &retry) {
+                self.log(&format!("LOG force-unlock {id}: {e}"));
+            }
+            if first == "released" || (first == "not-trapped" && matches!(lib, Ok(true))) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(30));
+        }
+    }
+
+    /// Step redis-server's wall clock back by up to 5 s or forward by up to a quarter lease.
+    fn clock_step(&mut self) {
+        let kind = FaultKind::ClockStep;
+        let delta = if self.rng.range(0, 1) == 0 {
+            -(self.rng.range(100, MAX_BACKWARD_STEP.as_millis() as u64) as i64)
+        } else {
+            self.rng.range(20, MAX_FORWARD_STEP.as_millis() as u64) as i64
+        };
+        let id = self.fault_start(kind, None, &format!("delta_ms={delta}"));
+        let offset = self.server.step_clock(delta);
+        self.fault_end(id, kind, &format!("offset_ms={offset}"));
     }
 
     /// Close every worker's stdin (the stop signal) and collect exit codes and panics.
@@ -528,8 +869,9 @@ impl Run<'_> {
                     continue;
                 }
                 let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c).unwrap_or(-2);
+                // every key of the lock has a TTL now, the fence too (7 days by default)
                 let ok = LOCKS.iter().any(|n| {
-                    (key == format!("fairlock:{{{n}}}:fence") && pttl == -1)
+                    (key == format!("fairlock:{{{n}}}:fence") && pttl > 0)
                         || (key == format!("fairlock:{{{n}}}:released")
                             && (0..=10_000).contains(&pttl))
                 });
@@ -546,6 +888,26 @@ impl Run<'_> {
             }
             thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+/// `FAIRLOCK_CHAOS_MUTANT=force-retry` turns the operator's retry into `force_unlock()`, which
+/// releases whoever holds by then: the NEXT holder. Only to see the checker catch it
+/// (`hold_lost`, `force_released_twice`); never set in a normal run.
+fn mutant_retry_releases_current() -> bool {
+    std::env::var("FAIRLOCK_CHAOS_MUTANT").is_ok_and(|v| v == "force-retry")
+}
+
+/// The first word of a printable RESP reply ("*3 $6 queued :17..." -> "queued", a number ->
+/// "integer"), for a detail.
+fn reply_word(reply: &str) -> String {
+    match reply
+        .split(' ')
+        .find(|w| !w.is_empty() && !w.starts_with(['*', '$']))
+    {
+        None => "none".to_string(),
+        Some(w) if w.starts_with(':') => "integer".to_string(),
+        Some(w) => w.trim_start_matches(['+', '-']).to_string(),
     }
 }
 

@@ -7,11 +7,14 @@
 //! - `ACQ lock token lease_left_us`: `lock()` returned a guard (its `expires_in()` then, in µs)
 //! - `CS lock before after`: the counter read-modify-write (`after` is `?` when the SET failed)
 //! - `FENCE lock token ok seq epoch` | `FENCE lock token stale max` | `FENCE lock token unknown`
-//! - `REL lock ok|err lost msg`: stamped *before* `unlock()` is called
+//! - `UNLOCK lock`: about to call `unlock()` (the critical section is over)
+//! - `REL lock ok|notheld|err lost done msg`: stamped *before* `unlock()` is called; `notheld`
+//!   when the release found the lock no longer this hold's, `err` for any other failure; `done`
+//!   is the time `unlock()` returned
 //! - `ERR lock phase msg`, `LOG msg` (the library's warnings)
 //!
-//! Parent kinds: `FAULT id kind start target detail`, `FAULT id kind end`, `PHASE name`,
-//! `SPAWN idx pid`.
+//! Parent kinds: `FAULT id kind start target detail...`, `FAULT id kind end detail...` (kind is a
+//! [`FaultKind`], target a pid or `-`, details `key=value` words), `PHASE name`, `SPAWN idx pid`.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -65,6 +68,102 @@ pub fn one_line(s: &str) -> String {
     s.replace(['\n', '\r'], " ")
 }
 
+/// The kinds of fault the harness injects; the names are what the history says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// SIGKILL of a worker that holds a lock (or of any worker when none does).
+    SigkillHolder,
+    /// SIGKILL of a worker that waits in a queue (or of any worker).
+    SigkillWaiter,
+    /// SIGSTOP for 1.5-2.5 s of a worker holding a lock (a GC pause inside the critical section).
+    Sigstop,
+    /// A stop of a few ms of a worker that let go meanwhile (the harness then tries another).
+    SigstopProbe,
+    /// `kill -9` of redis-server with `appendonly yes` + `appendfsync always`, and a start.
+    RestartAof,
+    /// `kill -9` of redis-server without persistence (all keys lost), and a start.
+    RestartVolatile,
+    /// The proxy cuts every connection.
+    Drop,
+    /// The proxy forwards nothing for 2-3 s (then delivers what it held).
+    Blackhole,
+    /// The proxy delays every chunk by 20 ms for 2-3.5 s.
+    Latency,
+    /// The proxy holds one request of a worker until the worker times out and abandons the
+    /// connection, then delivers it to Redis 0.5-3 s later.
+    LateDelivery,
+    /// An operator force-unlocks a named hold; the first reply is lost (the library retries)
+    /// and the operator retries once more.
+    ForceUnlock,
+    /// redis-server's wall clock steps (libfaketime): back by up to 5 s, or forward by less
+    /// than a quarter of the lease.
+    ClockStep,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 12] = [
+        FaultKind::SigkillHolder,
+        FaultKind::SigkillWaiter,
+        FaultKind::Sigstop,
+        FaultKind::SigstopProbe,
+        FaultKind::RestartAof,
+        FaultKind::RestartVolatile,
+        FaultKind::Drop,
+        FaultKind::Blackhole,
+        FaultKind::Latency,
+        FaultKind::LateDelivery,
+        FaultKind::ForceUnlock,
+        FaultKind::ClockStep,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::SigkillHolder => "sigkill-holder",
+            FaultKind::SigkillWaiter => "sigkill-waiter",
+            FaultKind::Sigstop => "sigstop",
+            FaultKind::SigstopProbe => "sigstop-probe",
+            FaultKind::RestartAof => "restart-aof",
+            FaultKind::RestartVolatile => "restart-volatile",
+            FaultKind::Drop => "drop",
+            FaultKind::Blackhole => "blackhole",
+            FaultKind::Latency => "latency",
+            FaultKind::LateDelivery => "late-delivery",
+            FaultKind::ForceUnlock => "force-unlock",
+            FaultKind::ClockStep => "clock-step",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<FaultKind> {
+        FaultKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    pub fn is_kill(self) -> bool {
+        matches!(self, FaultKind::SigkillHolder | FaultKind::SigkillWaiter)
+    }
+
+    pub fn is_stop(self) -> bool {
+        matches!(self, FaultKind::Sigstop | FaultKind::SigstopProbe)
+    }
+
+    pub fn is_restart(self) -> bool {
+        matches!(self, FaultKind::RestartAof | FaultKind::RestartVolatile)
+    }
+
+    /// The network faults that hold back or cut *every* connection's traffic.
+    pub fn is_proxy(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Drop | FaultKind::Blackhole | FaultKind::Latency
+        )
+    }
+}
+
+impl std::fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Fence {
     Ok { seq: u64, epoch: String },
@@ -93,10 +192,18 @@ pub enum Kind {
         token: u64,
         outcome: Fence,
     },
+    Unlock {
+        lock: String,
+    },
     Rel {
         lock: String,
         ok: bool,
+        /// The release found the lock no longer this hold's.
+        not_held: bool,
+        /// `is_lost()` before the release.
         lost: bool,
+        /// When `unlock()` returned.
+        done: Option<u64>,
     },
     Err {
         lock: String,
@@ -105,11 +212,14 @@ pub enum Kind {
     Log,
     FaultStart {
         id: u64,
-        kind: String,
+        kind: FaultKind,
         target: Option<u32>,
+        /// The `key=value` words after the target.
+        detail: String,
     },
     FaultEnd {
         id: u64,
+        detail: String,
     },
     Phase {
         name: String,
@@ -127,6 +237,13 @@ pub struct Event {
     pub kind: Kind,
     /// The raw line, for violation reports.
     pub line: String,
+}
+
+/// The value of `key=value` in a fault's detail words.
+pub fn detail_value<'a>(detail: &'a str, key: &str) -> Option<&'a str> {
+    detail
+        .split(' ')
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
 }
 
 /// Parse one line; `None` for a torn or unknown line.
@@ -166,11 +283,18 @@ pub fn parse(line: &str) -> Option<Event> {
                 outcome,
             }
         }
-        "REL" => Kind::Rel {
-            lock: arg()?,
-            ok: arg()? == "ok",
-            lost: arg()? == "1",
-        },
+        "UNLOCK" => Kind::Unlock { lock: arg()? },
+        "REL" => {
+            let lock = arg()?;
+            let outcome = arg()?;
+            Kind::Rel {
+                lock,
+                ok: outcome == "ok",
+                not_held: outcome == "notheld",
+                lost: arg()? == "1",
+                done: arg().and_then(|d| d.parse().ok()),
+            }
+        }
         "ERR" => Kind::Err {
             lock: arg()?,
             phase: arg()?,
@@ -178,14 +302,21 @@ pub fn parse(line: &str) -> Option<Event> {
         "LOG" => Kind::Log,
         "FAULT" => {
             let id = arg()?.parse().ok()?;
-            let kind = arg()?;
+            let kind = FaultKind::parse(&arg()?)?;
             match arg()?.as_str() {
-                "start" => Kind::FaultStart {
+                "start" => {
+                    let target = arg().and_then(|p| p.parse().ok());
+                    Kind::FaultStart {
+                        id,
+                        kind,
+                        target,
+                        detail: f.collect::<Vec<_>>().join(" "),
+                    }
+                }
+                _ => Kind::FaultEnd {
                     id,
-                    kind,
-                    target: arg().and_then(|p| p.parse().ok()),
+                    detail: f.collect::<Vec<_>>().join(" "),
                 },
-                _ => Kind::FaultEnd { id },
             }
         }
         "PHASE" => Kind::Phase { name: arg()? },

@@ -20,7 +20,9 @@ pub const ENV_LIMIT: &str = "FAIRLOCK_CHAOS_LIMIT_SECS";
 /// The workload's settings (the parent's checker uses the same).
 pub const LEASE: Duration = Duration::from_secs(1);
 pub const JANITOR: Duration = Duration::from_millis(200);
-const READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// Short, so a request the proxy holds back (a late delivery) is soon given up on: the
+/// connection is dropped and the thread moves on while the request is still on its way.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const ERROR_PAUSE: Duration = Duration::from_millis(50);
 
@@ -233,12 +235,20 @@ fn worker_thread(
         let left = guard.expires_in().as_micros();
         h.log(&th, &format!("ACQ {name} {token} {left}"));
         let ok = critical_section(h, &th, name, token, &mut conn, url, &script, &mut rng);
-        let t = now_ns();
         let lost = u8::from(guard.is_lost());
+        // the critical section ends here (REL, with the outcome, is written once unlock returns:
+        // a SIGKILL in between must not stretch the hold to the kill)
+        let t = now_ns();
+        h.log_at(t, &th, &format!("UNLOCK {name}"));
         match guard.unlock() {
-            Ok(()) => h.log_at(t, &th, &format!("REL {name} ok {lost}")),
+            Ok(()) => h.log_at(t, &th, &format!("REL {name} ok {lost} {}", now_ns())),
             Err(e) => {
-                h.log_at(t, &th, &format!("REL {name} err {lost} {e}"));
+                let outcome = match e {
+                    fairlock::Error::NotHeld { .. } => "notheld",
+                    _ => "err",
+                };
+                let done = now_ns();
+                h.log_at(t, &th, &format!("REL {name} {outcome} {lost} {done} {e}"));
                 thread::sleep(ERROR_PAUSE);
             }
         }
