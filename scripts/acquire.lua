@@ -33,12 +33,13 @@ if mine and mine.attempt > attempt then return { 'stale' } end
 if mine and mine.attempt < attempt then
   -- an earlier attempt that was given up: a new attempt queues at the back
   forget_waiter(owner)
+  mine = nil
 end
 
 if not h[1] then
   local head = live_head()
   if not head or head == owner then
-    forget_waiter(owner)
+    if mine then forget_waiter(owner) end
     return { 'granted', fmt(take(owner, attempt, lease, meta)), now, lease }
   end
   grant_next()

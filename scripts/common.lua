@@ -96,8 +96,13 @@ local function wake_key(owner)
   return k.lock .. ':wake:' .. owner
 end
 
+-- The fence as read by the type checks (one GET a script), for next_token.
+local fence_read = false
+local fence_value = nil
+
 local function check_fence()
   local f = redis.call('GET', k.fence)
+  fence_read, fence_value = true, f
   if f and not tonumber(f) then
     return 'FOREIGN key ' .. k.fence .. ' holds a non-numeric string; another program uses this key'
   end
@@ -173,9 +178,11 @@ end
 -- The next token: above the last one, and above the server clock in us, so tokens keep rising
 -- when the fence is lost (restart without persistence, failover, eviction, its TTL).
 local function next_token()
-  local last = tonumber(redis.call('GET', k.fence) or '0')
+  if not fence_read then fence_value = redis.call('GET', k.fence) end
+  local last = tonumber(fence_value or '0')
   local token = math.max(last + 1, now_us())
   redis.call('SET', k.fence, fmt(token), 'PX', FENCE_TTL)
+  fence_read, fence_value = true, fmt(token)
   return token
 end
 
@@ -190,14 +197,18 @@ end
 
 -- Remove dead waiters from the front of the queue; return the first live one and its entry.
 local function live_head()
+  local purged = false
   while true do
     local head = redis.call('ZRANGE', k.queue, 0, 0)[1]
     if not head then
-      drop_waiters_if_queue_empty()
+      -- whoever else emptied the queue dropped the waiters hash (a lost queue key leaves it to
+      -- the heartbeats, which tell its waiters to retry)
+      if purged then drop_waiters_if_queue_empty() end
       return nil
     end
     local w = waiter_entry(head)
     if w and w.deadline >= waiters_now() then return head, w end
+    purged = true
     redis.call('ZREM', k.queue, head)
     redis.call('HDEL', k.waiters, head)
     redis.call('DEL', wake_key(head))
