@@ -488,7 +488,7 @@ fn watch_acquires(
     h
 }
 
-/// The flag of an acquire call in a MONITOR line: `EVALSHA sha 5 <5 keys> flag lease mode ...`.
+/// The owner flag of an acquire call in a MONITOR line (see `raw::RawLock::acquire`).
 fn acquire_flag(line: &[u8], name: &str) -> Option<String> {
     let text = std::str::from_utf8(line).ok()?;
     let mut tokens: Vec<String> = vec![];
@@ -502,15 +502,16 @@ fn acquire_flag(line: &[u8], name: &str) -> Option<String> {
             (Some(t), c) => t.push(c),
             (None, _) => {}
         }
-        if tokens.len() > 10 {
+        if tokens.len() > 13 {
             break;
         }
     }
-    let is_acquire = tokens.len() > 10
+    // EVALSHA sha 5 key*5 fence-ttl waiter-ttl owner attempt lease mode meta
+    let is_acquire = tokens.len() > 13
         && tokens[0].eq_ignore_ascii_case("evalsha")
         && tokens[3].contains(name)
-        && (tokens[10] == "wait" || tokens[10] == "try");
-    is_acquire.then(|| tokens[8].clone())
+        && (tokens[13] == "wait" || tokens[13] == "try");
+    is_acquire.then(|| tokens[10].clone())
 }
 
 /// Overtakes by the exact orders: arrival (the server ran the acquire scripts in this order)
