@@ -17,22 +17,6 @@ case "$steps" in
 esac
 
 # libfaketime steps the server's wall clock (tests/fuzz/faketime.rs)
-if ! declare -F ensure_faketime >/dev/null; then
-  ensure_faketime() {
-    if compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null \
-       || [ -e /usr/lib/faketime/libfaketime.so.1 ]; then
-      return 0
-    fi
-    echo "libfaketime not found: installing Debian's faketime package" >&2
-    local sudo=""
-    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq faketime >/dev/null
-    compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null \
-      || { echo "could not install faketime" >&2; return 1; }
-  }
-fi
-
 ensure_redis_server
 ensure_faketime
 echo "== redis-server: $(redis-server --version | head -n1)"
