@@ -36,6 +36,24 @@ fn raw_lock(name: &str) -> RawLock {
     .unwrap()
 }
 
+/// `owner`'s attempt takes the lock (it must be free); returns the token.
+fn take(c: &mut redis::Connection, lock: &RawLock, owner: &str, attempt: u64) -> u64 {
+    granted(
+        lock.acquire(owner, attempt, LEASE, Mode::Wait, "m")
+            .run(c)
+            .unwrap(),
+    )
+}
+
+/// `owner`'s attempt queues (the lock must be held).
+fn enqueue(c: &mut redis::Connection, lock: &RawLock, owner: &str, attempt: u64) {
+    queued(
+        lock.acquire(owner, attempt, LEASE, Mode::Wait, "m")
+            .run(c)
+            .unwrap(),
+    );
+}
+
 fn granted(reply: Acquire) -> u64 {
     match reply {
         Acquire::Granted(g) => g.token,
@@ -85,11 +103,7 @@ fn an_attempt_whose_grant_lapsed_unseen_is_told_to_retry() {
     let server = RedisServer::start();
     let mut c = server.conn();
     let lock = raw_lock("lapsed");
-    granted(
-        lock.acquire("h:1", 1, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    take(&mut c, &lock, "h:1", 1);
     queued(
         lock.acquire("w:1", 7, Duration::from_millis(300), Mode::Wait, "m")
             .run(&mut c)
@@ -109,11 +123,7 @@ fn an_attempt_whose_grant_lapsed_unseen_is_told_to_retry() {
     assert_eq!(hb.told_to_retry, ["w:1"]);
     assert_eq!(pop(&mut c, &lock, "w:1"), Some(Wake::Retry { attempt: 7 }));
     // and its retry (same attempt) takes the free lock
-    granted(
-        lock.acquire("w:1", 7, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    take(&mut c, &lock, "w:1", 7);
 }
 
 /// Fault 1, second way in: the queue key is lost (evicted) while the waiters entry stays.
@@ -122,16 +132,8 @@ fn a_waiter_whose_queue_key_vanished_is_told_to_retry() {
     let server = RedisServer::start();
     let mut c = server.conn();
     let lock = raw_lock("evicted-queue");
-    granted(
-        lock.acquire("h:1", 1, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
-    queued(
-        lock.acquire("w:1", 2, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "w:1", 2);
     let _: () = redis::cmd("DEL")
         .arg(lock.key_names()[2])
         .query(&mut c)
@@ -148,16 +150,8 @@ fn a_retried_force_unlock_never_releases_the_next_holder() {
     let server = RedisServer::start();
     let mut c = server.conn();
     let lock = raw_lock("forced");
-    let t1 = granted(
-        lock.acquire("a:1", 1, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
-    queued(
-        lock.acquire("b:1", 2, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    let t1 = take(&mut c, &lock, "a:1", 1);
+    enqueue(&mut c, &lock, "b:1", 2);
     let force = lock.force_unlock("a:1", t1);
     assert_eq!(
         force.run(&mut c).unwrap(),
@@ -185,25 +179,13 @@ fn late_requests_of_an_abandoned_attempt_change_nothing() {
     let server = RedisServer::start();
     let mut c = server.conn();
     let lock = raw_lock("late");
-    let th = granted(
-        lock.acquire("h:1", 1, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    let th = take(&mut c, &lock, "h:1", 1);
     // attempt 5 of w is applied (queued) but w never hears of it; its leave is held up too
-    queued(
-        lock.acquire("w:1", 5, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    enqueue(&mut c, &lock, "w:1", 5);
     let late_acquire = lock.acquire("w:1", 5, LEASE, Mode::Wait, "m");
     let late_leave = lock.leave("w:1", 5, LeaveMode::Pass);
     // w tries again with attempt 6 and is served
-    queued(
-        lock.acquire("w:1", 6, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    enqueue(&mut c, &lock, "w:1", 6);
     lock.release("h:1", th, 1).run(&mut c).unwrap();
     let Some(Wake::Grant {
         attempt: 6, token, ..
@@ -237,17 +219,9 @@ fn a_new_hold_of_the_same_thread_gets_a_new_token_a_late_release_cannot_free() {
     let server = RedisServer::start();
     let mut c = server.conn();
     let lock = raw_lock("retaken");
-    let t1 = granted(
-        lock.acquire("w:1", 1, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    let t1 = take(&mut c, &lock, "w:1", 1);
     let late_release = lock.release("w:1", t1, 1);
-    let t2 = granted(
-        lock.acquire("w:1", 2, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    let t2 = take(&mut c, &lock, "w:1", 2);
     assert!(t2 > t1, "tokens {t1} then {t2}");
     assert_eq!(
         late_release.run(&mut c).unwrap(),
@@ -266,16 +240,8 @@ fn a_dead_grantee_is_revoked_within_waiter_timeouts_not_its_lease() {
     let server = RedisServer::start();
     let mut c = server.conn();
     let lock = raw_lock("dead-grantee");
-    let th = granted(
-        lock.acquire("h:1", 1, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
-    queued(
-        lock.acquire("dead:1", 2, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    let th = take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "dead:1", 2);
     lock.release("h:1", th, 1).run(&mut c).unwrap();
     assert_eq!(holder(&mut c, &lock).0.as_deref(), Some("dead:1"));
     // nobody heartbeats: the waiters hash is gone (here at once, as the queue emptied)
@@ -284,11 +250,7 @@ fn a_dead_grantee_is_revoked_within_waiter_timeouts_not_its_lease() {
         .query(&mut c)
         .unwrap();
     assert!(!waiters);
-    queued(
-        lock.acquire("x:1", 3, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    enqueue(&mut c, &lock, "x:1", 3);
     let start = Instant::now();
     // x's janitor heartbeats every third of the waiter timeout
     let served = eventually(Duration::from_secs(10), || {
@@ -318,11 +280,7 @@ fn the_outermost_release_frees_the_lock_whatever_the_count() {
     let server = RedisServer::start();
     let mut c = server.conn();
     let lock = raw_lock("diverged");
-    let t = granted(
-        lock.acquire("w:1", 1, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    let t = take(&mut c, &lock, "w:1", 1);
     // applied, reply lost: the thread stays at depth 1
     lock.reenter("w:1", t, 1).run(&mut c).unwrap();
     assert_eq!(
@@ -339,32 +297,16 @@ fn tokens_keep_rising_across_data_loss() {
     let mut server = RedisServer::start();
     let lock = raw_lock("lossy");
     let mut c = server.conn();
-    let t1 = granted(
-        lock.acquire("w:1", 1, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    let t1 = take(&mut c, &lock, "w:1", 1);
     lock.release("w:1", t1, 1).run(&mut c).unwrap();
-    let t2 = granted(
-        lock.acquire("w:1", 2, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    let t2 = take(&mut c, &lock, "w:1", 2);
     assert!(t2 > t1);
     let _: () = redis::cmd("FLUSHALL").query(&mut c).unwrap();
-    let t3 = granted(
-        lock.acquire("w:1", 3, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    let t3 = take(&mut c, &lock, "w:1", 3);
     assert!(t3 > t2, "after FLUSHALL: {t3} after {t2}");
     server.restart();
     let mut c = server.conn();
-    let t4 = granted(
-        lock.acquire("w:1", 4, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    let t4 = take(&mut c, &lock, "w:1", 4);
     assert!(
         t4 > t3,
         "after a restart without persistence: {t4} after {t3}"
@@ -385,17 +327,9 @@ fn server_clock_steps_neither_purge_live_waiters_nor_keep_dead_ones() {
     let mut server = faketime::FakeClockRedis::start();
     let mut c = server.conn();
     let lock = raw_lock("stepped");
-    let th = granted(
-        lock.acquire("h:1", 1, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    let th = take(&mut c, &lock, "h:1", 1);
     for (owner, attempt) in [("a:1", 2), ("b:1", 3), ("dead:1", 4)] {
-        queued(
-            lock.acquire(owner, attempt, LEASE, Mode::Wait, "m")
-                .run(&mut c)
-                .unwrap(),
-        );
+        enqueue(&mut c, &lock, owner, attempt);
     }
     let live = [("a:1", 2), ("b:1", 3)];
     // forward by 10 s (16 waiter timeouts, within the holder's 30 s lease): the live ones keep
@@ -575,16 +509,8 @@ fn a_heartbeat_costs_the_same_however_many_others_wait() {
     let server = RedisServer::start();
     let mut c = server.conn();
     let lock = raw_lock("crowded");
-    granted(
-        lock.acquire("h:1", 1, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
-    queued(
-        lock.acquire("me:1", 2, LEASE, Mode::Wait, "m")
-            .run(&mut c)
-            .unwrap(),
-    );
+    take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "me:1", 2);
     // every command Redis ran, the scripts' own calls included
     let all_calls = |c: &mut redis::Connection| -> u64 {
         let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
@@ -609,11 +535,7 @@ fn a_heartbeat_costs_the_same_however_many_others_wait() {
         for _ in 0..n {
             attempt += 1;
             let owner = format!("other:{attempt}");
-            queued(
-                lock.acquire(&owner, attempt, LEASE, Mode::Wait, "m")
-                    .run(c)
-                    .unwrap(),
-            );
+            enqueue(c, &lock, &owner, attempt);
         }
     };
     add(&mut c, 10);
