@@ -67,6 +67,34 @@ impl World {
 
     /// An acquire call and the real client's reaction; a grant whose lease is already over by
     /// the estimate is re-checked with the same attempt (three times at most, then it fails).
+    /// A grant in a reply (`via`) sent at `sent` becomes a hold, as in the real client, unless
+    /// its lease is already over by the estimate. Returns whether it did.
+    fn hold_grant(
+        &mut self,
+        c: usize,
+        t: usize,
+        plan: &Plan,
+        g: raw::Grant,
+        sent: f64,
+        via: &str,
+    ) -> bool {
+        let expires = sent + self.pttl(g.pttl_ms, plan.lease_ms) as f64;
+        if expires <= self.clock.fz() {
+            self.say(" (lease over by the estimate)");
+            return false;
+        }
+        *self.state(c, t) = State::Holding(Hold {
+            lock: plan.lock,
+            attempt: plan.attempt,
+            token: g.token,
+            depth: 1,
+            lease_ms: plan.lease_ms,
+            expires,
+            origin: format!("{via} pttl={}ms sent at {sent:.0}ms", g.pttl_ms),
+        });
+        true
+    }
+
     pub fn run_acquire(&mut self, c: usize, t: usize, plan: Plan, fault: Fault, then: Fault) {
         let mut fault = fault;
         for round in 0..3 {
@@ -96,23 +124,9 @@ impl World {
             self.say(format!(" -> {reply:?}"));
             match reply {
                 Acquire::Granted(g) => {
-                    let expires = s.sent + self.pttl(g.pttl_ms, plan.lease_ms) as f64;
-                    if expires > self.clock.fz() {
-                        *self.state(c, t) = State::Holding(Hold {
-                            lock: plan.lock,
-                            attempt: plan.attempt,
-                            token: g.token,
-                            depth: 1,
-                            lease_ms: plan.lease_ms,
-                            expires,
-                            origin: format!(
-                                "acquire reply pttl={}ms sent at {:.0}ms",
-                                g.pttl_ms, s.sent
-                            ),
-                        });
+                    if self.hold_grant(c, t, &plan, g, s.sent, "acquire reply") {
                         return;
                     }
-                    self.say(" (lease over by the estimate)");
                 }
                 Acquire::Busy { .. } => {
                     if plan.wait {
@@ -427,22 +441,7 @@ impl World {
         self.say(format!(" -> {}", describe(&s.reply)));
         match s.reply {
             Ok(Leave::Granted(g)) => {
-                let expires = s.sent + self.pttl(g.pttl_ms, plan.lease_ms) as f64;
-                if expires > self.clock.fz() {
-                    *self.state(c, t) = State::Holding(Hold {
-                        lock: plan.lock,
-                        attempt: plan.attempt,
-                        token: g.token,
-                        depth: 1,
-                        lease_ms: plan.lease_ms,
-                        expires,
-                        origin: format!(
-                            "leave claim reply pttl={}ms sent at {:.0}ms",
-                            g.pttl_ms, s.sent
-                        ),
-                    });
-                } else {
-                    self.say(" (lease over by the estimate)");
+                if !self.hold_grant(c, t, &plan, g, s.sent, "leave claim reply") {
                     self.run_acquire(c, t, plan, then, Fault::None);
                 }
             }
