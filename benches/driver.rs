@@ -1,11 +1,14 @@
-//! The benchmark driver of issue 3: uncontended and re-entrant cost, hand-off latency, contended
-//! throughput with fairness, and scaling with waiters, for fairlock and its two peers (see
-//! `locks/mod.rs`), every figure next to the PING round trip (RTT) measured in the same run.
+//! The benchmark driver of issues 3 and 12: uncontended and re-entrant cost, hand-off latency,
+//! contended throughput with fairness, and scaling with waiters, for fairlock and its two peers
+//! (see `locks/mod.rs`), every figure next to the PING round trip (RTT) measured in the same run;
+//! what each acquisition costs Redis in calls and CPU time, and for fairlock the calls per
+//! script (section "scripts").
 //!
 //! `scripts/bench.sh` builds and runs it against a throwaway redis-server whose URL it passes in
 //! `FAIRLOCK_BENCH_REDIS`. Arguments: `[--quick] [--out PATH] [--criterion DIR] [--only LIST]`
-//! (LIST: comma-separated of micro, handoff, throughput, fifo, scaling) and, to narrow a run
-//! down while investigating, `--libs fairlock,naive --layouts 8x4,0x32 --holds 0,1000 --secs 2`.
+//! (LIST: comma-separated of micro, handoff, throughput, fifo, scaling, scripts) and, to narrow
+//! a run down while investigating, `--libs fairlock,naive --layouts 8x4,0x32 --holds 0,1000
+//! --secs 2`.
 //! It writes a JSON file and prints Markdown tables. Multi-process scenarios re-invoke this
 //! binary as `--child k=v ...`.
 //!
@@ -20,7 +23,11 @@
 //!   was still waiting (`req_j < req_i` and `got_j > got_i`, or j never got the lock);
 //! - Redis commands per acquisition are `INFO commandstats` deltas over a window in the middle
 //!   of a run, divided by the grants in that window; "round trips" counts the commands a client
-//!   sends (EVALSHA, BLPOP, SET, ...), "all" adds the commands scripts run inside.
+//!   sends (EVALSHA, BLPOP, SET, ...), "all" adds the commands scripts run inside;
+//! - Redis CPU per acquisition is the redis-server process's CPU time (`INFO cpu`:
+//!   used_cpu_sys + used_cpu_user) over the same window, divided the same way;
+//! - the per-script breakdown follows `MONITOR`, which shows the commands a script runs right
+//!   after the EVALSHA that ran it, and counts the lines on the lock's keys.
 
 mod locks;
 
@@ -59,6 +66,10 @@ struct Sizes {
     scale_waiters: Vec<u32>,
     scale_secs: f64,
     scale_hold_us: u64,
+    /// acquisitions of the one-thread runs of the per-script breakdown
+    scripts_n: usize,
+    /// length of its contended run
+    scripts_secs: f64,
     grace: u64,
 }
 
@@ -81,6 +92,8 @@ impl Sizes {
                 scale_waiters: vec![1, 16],
                 scale_secs: 1.0,
                 scale_hold_us: 1000,
+                scripts_n: 30,
+                scripts_secs: 0.3,
                 grace: 3 * SEC,
             }
         } else {
@@ -100,6 +113,8 @@ impl Sizes {
                 scale_waiters: vec![1, 2, 16, 64, 256],
                 scale_secs: 4.0,
                 scale_hold_us: 1000,
+                scripts_n: 300,
+                scripts_secs: 1.5,
                 grace: 8 * SEC,
             }
         }
@@ -293,6 +308,35 @@ fn connect(url: &str) -> redis::Connection {
         .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
 }
 
+/// What Redis has done up to a moment: its command counters and the CPU time of its process.
+struct Snapshot {
+    /// `INFO commandstats`: command -> (calls, usec)
+    cmds: HashMap<String, (u64, u64)>,
+    /// `used_cpu_sys + used_cpu_user` of `INFO cpu` in µs: the redis-server process, all its
+    /// threads
+    cpu_us: u64,
+}
+
+fn snapshot(conn: &mut redis::Connection) -> Snapshot {
+    Snapshot {
+        cmds: commandstats(conn),
+        cpu_us: redis_cpu_us(conn),
+    }
+}
+
+/// The CPU time the redis-server process has used, in µs (`INFO cpu` gives seconds with six
+/// decimals, from getrusage).
+fn redis_cpu_us(conn: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("cpu").query(conn).expect("INFO cpu");
+    let secs = |key: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    ((secs("used_cpu_sys:") + secs("used_cpu_user:")) * 1e6).round() as u64
+}
+
 /// `INFO commandstats` as command -> (calls, usec).
 fn commandstats(conn: &mut redis::Connection) -> HashMap<String, (u64, u64)> {
     let info: String = redis::cmd("INFO")
@@ -343,6 +387,10 @@ struct Cost {
     round_trips: f64,
     all: f64,
     server_us: f64,
+    /// CPU time of the redis-server process (`INFO cpu`) per acquisition, µs: unlike
+    /// `server_us`, it includes reading requests and writing replies, and whatever else the
+    /// server did in the window (its cron, other clients)
+    redis_cpu_us: f64,
     by_command: BTreeMap<String, f64>,
     /// context switches of fairlock's watchdog and janitor threads per acquisition (runs in
     /// this process only)
@@ -352,8 +400,8 @@ struct Cost {
 /// `scripted_set`: the lock's scripts run SET themselves (fairlock's fence) and its client never
 /// does, so a SET is not a round trip.
 fn cost(
-    before: &HashMap<String, (u64, u64)>,
-    after: &HashMap<String, (u64, u64)>,
+    before: &Snapshot,
+    after: &Snapshot,
     acquisitions: u64,
     bench_counter: bool,
     scripted_set: bool,
@@ -362,8 +410,8 @@ fn cost(
         return None;
     }
     let mut calls: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    for (name, &(c, u)) in after {
-        let (c0, u0) = before.get(name).copied().unwrap_or((0, 0));
+    for (name, &(c, u)) in &after.cmds {
+        let (c0, u0) = before.cmds.get(name).copied().unwrap_or((0, 0));
         if c > c0 && name != "info" {
             calls.insert(name.clone(), (c - c0, u.saturating_sub(u0)));
         }
@@ -396,9 +444,36 @@ fn cost(
         round_trips: r2(rt as f64 / a),
         all: r2(all as f64 / a),
         server_us: r1(usec as f64 / a),
+        redis_cpu_us: r1(after.cpu_us.saturating_sub(before.cpu_us) as f64 / a),
         by_command,
         bg_wakes: None,
     })
+}
+
+/// The cost columns of the micro table, and of the multi-worker tables (the same, per
+/// acquisition).
+const COST_HEADER: &str = "round trips | Redis cmds | server µs | Redis CPU µs / acq";
+const COST_HEADER_PER_ACQ: &str =
+    "round trips / acq | Redis cmds / acq | server µs / acq | Redis CPU µs / acq";
+
+/// The cells under `COST_HEADER`, "-" when the run took no figures.
+fn cost_cells(c: Option<&Cost>) -> String {
+    c.map_or("- | - | - | -".into(), |c| {
+        format!(
+            "{:.2} | {:.1} | {:.0} | {:.1}",
+            c.round_trips, c.all, c.server_us, c.redis_cpu_us
+        )
+    })
+}
+
+/// A multi-worker run's cost figures, added to its JSON row (null when not measured).
+fn add_cost_json(row: &mut Json, c: Option<&Cost>) {
+    row["round_trips_per_acq"] = json!(c.map(|c| c.round_trips));
+    row["redis_cmds_per_acq"] = json!(c.map(|c| c.all));
+    row["server_us_per_acq"] = json!(c.map(|c| c.server_us));
+    row["redis_cpu_us_per_acq"] = json!(c.map(|c| c.redis_cpu_us));
+    row["cmds_per_acq_by_command"] = json!(c.map(|c| &c.by_command));
+    row["background_wakeups_per_acq"] = json!(c.and_then(|c| c.bg_wakes));
 }
 
 /// Context switches of this process's fairlock background threads (watchdog, janitor): each
@@ -431,87 +506,155 @@ fn background_switches() -> [u64; 2] {
     n
 }
 
-/// Follow `MONITOR` and collect the owner flag of every acquire script call on lock `name`, in
-/// the order Redis ran them: the exact arrival order FIFO is defined by. Until `stop`.
-fn watch_acquires(
-    url: &str,
-    name: &str,
+/// A thread that follows `MONITOR` and keeps what `keep` makes of each line, in the order Redis
+/// ran the commands.
+struct Monitor<T> {
+    url: String,
+    /// the argument of the ECHO that ends the watch
+    marker: String,
     stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<Vec<String>> {
-    let addr = url
-        .trim_start_matches("redis://")
-        .trim_end_matches('/')
-        .to_string();
-    let name = format!("{{{name}}}");
-    let ready = Arc::new(AtomicBool::new(false));
-    let ready2 = ready.clone();
-    let h = std::thread::spawn(move || {
-        let mut stream = TcpStream::connect(&addr).expect("connect for MONITOR");
-        stream
-            .set_read_timeout(Some(Duration::from_millis(200)))
-            .expect("read timeout");
-        stream.write_all(b"MONITOR\r\n").expect("MONITOR");
-        let mut r = BufReader::with_capacity(1 << 20, stream);
-        let mut out = vec![];
-        let mut line = vec![];
-        loop {
-            match r.read_until(b'\n', &mut line) {
-                Ok(0) => break,
-                Ok(_) => {
-                    if line.starts_with(b"+OK") {
-                        ready2.store(true, Ordering::SeqCst);
-                    } else if let Some(flag) = acquire_flag(&line, &name) {
-                        out.push(flag);
-                    }
-                    line.clear();
-                }
-                // a timeout may leave part of a line in `line`; the next read completes it
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    if stop.load(Ordering::SeqCst) {
-                        break;
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        out
-    });
-    let t = Instant::now();
-    while !ready.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    h
+    thread: std::thread::JoinHandle<Vec<T>>,
 }
 
-/// The owner flag of an acquire call in a MONITOR line (see `raw::RawLock::acquire`).
-fn acquire_flag(line: &[u8], name: &str) -> Option<String> {
-    let text = std::str::from_utf8(line).ok()?;
+impl<T: Send + 'static> Monitor<T> {
+    /// Start following; returns once Redis has confirmed MONITOR (or after 5 s).
+    fn start(url: &str, mut keep: impl FnMut(&str) -> Option<T> + Send + 'static) -> Monitor<T> {
+        let addr = url
+            .trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .to_string();
+        let marker = format!("bench-monitor-end-{}-{}", std::process::id(), mono_ns());
+        let stop = Arc::new(AtomicBool::new(false));
+        let ready = Arc::new(AtomicBool::new(false));
+        let (ready2, stop2, marker2) = (ready.clone(), stop.clone(), marker.clone());
+        let thread = std::thread::spawn(move || {
+            let mut stream = TcpStream::connect(&addr).expect("connect for MONITOR");
+            stream
+                .set_read_timeout(Some(Duration::from_millis(200)))
+                .expect("read timeout");
+            stream.write_all(b"MONITOR\r\n").expect("MONITOR");
+            let mut r = BufReader::with_capacity(1 << 20, stream);
+            let mut out = vec![];
+            let mut line = vec![];
+            loop {
+                match r.read_until(b'\n', &mut line) {
+                    Ok(0) => break,
+                    Ok(_) => {
+                        let text = String::from_utf8_lossy(&line);
+                        if text.starts_with("+OK") {
+                            ready2.store(true, Ordering::SeqCst);
+                        } else if text.contains(&marker2) {
+                            break;
+                        } else if let Some(v) = keep(&text) {
+                            out.push(v);
+                        }
+                        line.clear();
+                    }
+                    // a timeout may leave part of a line in `line`; the next read completes it.
+                    // Stopped and nothing more for 200 ms: the marker got lost, end anyway.
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        if stop2.load(Ordering::SeqCst) {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            out
+        });
+        let t = Instant::now();
+        while !ready.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Monitor {
+            url: url.to_string(),
+            marker,
+            stop,
+            thread,
+        }
+    }
+
+    /// What was kept of every command Redis ran until now: sends the marker and reads up to it.
+    fn finish(self) -> Vec<T> {
+        let mut conn = connect(&self.url);
+        let _: redis::RedisResult<String> = redis::cmd("ECHO").arg(&self.marker).query(&mut conn);
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().expect("monitor thread")
+    }
+}
+
+/// The arguments of a MONITOR line (`<time> [<db> <client>] "CMD" "arg" ...`), at most `max`.
+/// Escapes (`\"`, `\\`, `\xHH`) keep the character after the backslash only: enough for the
+/// names, keys and flags read here.
+fn monitor_tokens(text: &str, max: usize) -> Vec<String> {
     let mut tokens: Vec<String> = vec![];
     let mut cur: Option<String> = None;
     let mut chars = text.chars();
     while let Some(c) = chars.next() {
         match (&mut cur, c) {
             (None, '"') => cur = Some(String::new()),
-            (Some(t), '\\') => t.push(chars.next()?),
-            (Some(_), '"') => tokens.push(cur.take()?),
+            (Some(t), '\\') => t.extend(chars.next()),
+            (Some(t), '"') => {
+                tokens.push(std::mem::take(t));
+                cur = None;
+            }
             (Some(t), c) => t.push(c),
             (None, _) => {}
         }
-        if tokens.len() > 13 {
+        if tokens.len() >= max {
             break;
         }
     }
-    // EVALSHA sha 5 key*5 fence-ttl waiter-ttl owner attempt lease mode meta
-    let is_acquire = tokens.len() > 13
-        && tokens[0].eq_ignore_ascii_case("evalsha")
-        && tokens[3].contains(name)
-        && (tokens[13] == "wait" || tokens[13] == "try");
-    is_acquire.then(|| tokens[10].clone())
+    tokens
+}
+
+/// Whether a MONITOR line is a command that a script ran (source `[<db> lua]`).
+fn from_script(text: &str) -> bool {
+    text.split_once('[')
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .is_some_and(|(source, _)| source.ends_with(" lua"))
+}
+
+/// The script of `fairlock::raw` that EVALSHA names by `sha`.
+fn script_name(sha: &str) -> Option<&'static str> {
+    fairlock::raw::scripts()
+        .into_iter()
+        .find(|s| s.sha().eq_ignore_ascii_case(sha))
+        .map(|s| s.name())
+}
+
+/// Follow `MONITOR` and collect the owner flag of every acquire script call on lock `name`, in
+/// the order Redis ran them: the exact arrival order FIFO is defined by.
+fn watch_acquires(url: &str, name: &str) -> Monitor<String> {
+    let tag = format!("{{{name}}}");
+    Monitor::start(url, move |line| acquire_flag(line, &tag))
+}
+
+/// The owner flag of an acquire call in a MONITOR line (see `raw::RawLock::acquire`):
+/// `EVALSHA sha numkeys key... fence-ttl waiter-ttl owner attempt lease mode meta`, the keys
+/// first (the first one names the lock), then the two arguments every script takes, then the
+/// script's own.
+fn acquire_flag(line: &str, tag: &str) -> Option<String> {
+    let head = monitor_tokens(line, 3);
+    if head.len() < 3
+        || !head[0].eq_ignore_ascii_case("evalsha")
+        || script_name(&head[1]) != Some("acquire")
+    {
+        return None;
+    }
+    let numkeys: usize = head[2].parse().ok()?;
+    let (owner, mode) = (3 + numkeys + 2, 3 + numkeys + 5);
+    let tokens = monitor_tokens(line, mode + 1);
+    let is_acquire = numkeys > 0
+        && tokens.len() > mode
+        && tokens[3].contains(tag)
+        && (tokens[mode] == "wait" || tokens[mode] == "try");
+    is_acquire.then(|| tokens[owner].clone())
 }
 
 /// Overtakes by the exact orders: arrival (the server ran the acquire scripts in this order)
@@ -801,8 +944,7 @@ fn run(
 ) -> Outcome {
     let workers = procs.max(1) * threads;
     let mut conn = connect(&spec.url);
-    let stop_monitor = Arc::new(AtomicBool::new(false));
-    let monitor = monitor.then(|| watch_acquires(&spec.url, &spec.name, stop_monitor.clone()));
+    let monitor = monitor.then(|| watch_acquires(&spec.url, &spec.name));
     let mut stats = vec![];
     let mut bg = vec![];
     let got = if procs == 0 {
@@ -810,11 +952,11 @@ fn run(
         let h = std::thread::spawn(move || run_threads(&s, 0, threads));
         if let Some((a, b)) = window {
             sleep_until_ns(a);
-            stats.push(commandstats(&mut conn));
+            stats.push(snapshot(&mut conn));
             bg.push(background_switches());
             sleep_until_ns(b);
             bg.push(background_switches());
-            stats.push(commandstats(&mut conn));
+            stats.push(snapshot(&mut conn));
         }
         h.join().expect("worker threads")
     } else {
@@ -835,9 +977,9 @@ fn run(
             .collect();
         if let Some((a, b)) = window {
             sleep_until_ns(a);
-            stats.push(commandstats(&mut conn));
+            stats.push(snapshot(&mut conn));
             sleep_until_ns(b);
-            stats.push(commandstats(&mut conn));
+            stats.push(snapshot(&mut conn));
         }
         let mut got = Collected::default();
         for c in children {
@@ -867,10 +1009,7 @@ fn run(
         }
         got
     };
-    stop_monitor.store(true, Ordering::SeqCst);
-    let arrivals = monitor
-        .map(|h| h.join().expect("monitor"))
-        .unwrap_or_default();
+    let arrivals = monitor.map(Monitor::finish).unwrap_or_default();
     let Collected {
         recs,
         errors,
@@ -1067,9 +1206,11 @@ fn micro(b: &mut Bench) {
     let mut rows: Vec<Row> = vec![];
 
     // Run `op` n times, each after a timed PING; `op` returns the moment between its two halves
-    // (acquire | release). Returns the whole, the halves, Redis's cost per op and the RTT.
-    let mut measure = |n: usize, scripted_set: bool, op: &mut dyn FnMut() -> u64| {
-        let before = commandstats(&mut conn);
+    // (acquire | release). Returns the whole, the halves, Redis's cost per op and the RTT. The
+    // PINGs are taken out of the cost: one call each from the counts, and `ping_cpu` µs each
+    // from Redis's CPU time.
+    let mut measure = |n: usize, scripted_set: bool, ping_cpu: f64, op: &mut dyn FnMut() -> u64| {
+        let before = snapshot(&mut conn);
         let bg = background_switches();
         let (mut both, mut first, mut second, mut pings) = (vec![], vec![], vec![], vec![]);
         for _ in 0..n {
@@ -1087,16 +1228,23 @@ fn micro(b: &mut Bench) {
         }
         let bg1 = background_switches();
         let wakes = [0, 1].map(|i| r2((bg1[i] - bg[i]) as f64 / n as f64));
-        let after = commandstats(&mut conn);
+        let after = snapshot(&mut conn);
         let c = cost(&before, &after, n as u64, false, scripted_set).map(|mut c| {
             c.bg_wakes = Some(wakes);
             c.round_trips = r2(c.round_trips - 1.0); // the PING of each iteration
             c.all = r2(c.all - 1.0);
+            c.redis_cpu_us = r1(c.redis_cpu_us - ping_cpu);
             c.by_command.remove("ping");
             c
         });
         (dist(both), dist(first), dist(second), c, dist(pings).p50)
     };
+
+    // Redis's CPU time per PING: the same loop with nothing between the PINGs. It also carries
+    // the server's idle work (its cron) over the loop's time, which the rows below have too,
+    // over iterations a few times longer: their figure keeps a small share of that idle work.
+    let (_, _, _, ping_cost, _) = measure(n, false, 0.0, &mut mono_ns);
+    let ping_cpu = ping_cost.map_or(0.0, |c| c.redis_cpu_us);
 
     let trivial = redis::Script::new("return 1");
     let mut c2 = connect(&b.url);
@@ -1104,7 +1252,7 @@ fn micro(b: &mut Bench) {
         .prepare_invoke()
         .invoke::<i64>(&mut c2)
         .expect("EVALSHA");
-    let (d, _, _, cost, rtt) = measure(n, false, &mut || {
+    let (d, _, _, cost, rtt) = measure(n, false, ping_cpu, &mut || {
         trivial
             .prepare_invoke()
             .invoke::<i64>(&mut c2)
@@ -1130,7 +1278,7 @@ fn micro(b: &mut Bench) {
             }))
             .unwrap();
         let outer = reentrant.then(|| lock.lock().expect("lock"));
-        let (both, acq, rel, cost, rtt) = measure(n, true, &mut || {
+        let (both, acq, rel, cost, rtt) = measure(n, true, ping_cpu, &mut || {
             let g = lock.lock().expect("lock");
             let mid = mono_ns();
             g.unlock().expect("unlock");
@@ -1180,7 +1328,7 @@ fn micro(b: &mut Bench) {
             n
         };
         let mut locker = Locker::new(lib, &b.url, &b.name("uncontended"), None, "micro").unwrap();
-        let (d, _, _, cost, rtt) = measure(n, lib == Lib::Fairlock, &mut || {
+        let (d, _, _, cost, rtt) = measure(n, lib == Lib::Fairlock, ping_cpu, &mut || {
             locker.acquire(u64::MAX).unwrap().expect("uncontended");
             locker.release().unwrap();
             0
@@ -1197,8 +1345,8 @@ fn micro(b: &mut Bench) {
 
     let crit_ping = b.criterion_median_us("ping");
     b.md.push("### Uncontended and re-entrant (one thread)\n".into());
-    b.md.push("| figure | lock | n | p50 µs | p99 µs | RTT µs | p50 / RTT | p99 / RTT | criterion median / RTT | round trips | Redis cmds | server µs | watchdog + janitor switches |".into());
-    b.md.push("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
+    b.md.push(format!("| figure | lock | n | p50 µs | p99 µs | RTT µs | p50 / RTT | p99 / RTT | criterion median / RTT | {COST_HEADER} | watchdog + janitor switches |"));
+    b.md.push("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
     let mut out = vec![];
     for r in rows {
         let crit = if r.criterion.is_empty() {
@@ -1208,7 +1356,7 @@ fn micro(b: &mut Bench) {
         };
         let c = r.cost.as_ref();
         b.md.push(format!(
-            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {} | {} | {} |",
             r.figure,
             r.lock,
             r.d.n,
@@ -1218,9 +1366,7 @@ fn micro(b: &mut Bench) {
             r.d.p50 / r.rtt,
             r.d.p99 / r.rtt,
             crit.map_or("-".into(), |(op, ping)| format!("{:.2}", op / ping)),
-            c.map_or("".into(), |c| format!("{:.1}", c.round_trips)),
-            c.map_or("".into(), |c| format!("{:.1}", c.all)),
-            c.map_or("".into(), |c| format!("{:.0}", c.server_us)),
+            cost_cells(c),
             c.and_then(|c| c.bg_wakes)
                 .filter(|_| r.lock == "fairlock")
                 .map_or("".into(), |w| format!("{:.2} + {:.2}", w[0], w[1])),
@@ -1238,6 +1384,7 @@ fn micro(b: &mut Bench) {
             j["round_trips"] = json!(c.round_trips);
             j["redis_cmds"] = json!(c.all);
             j["server_us"] = json!(c.server_us);
+            j["redis_cpu_us"] = json!(c.redis_cpu_us);
             j["cmds_by_command"] = json!(c.by_command);
             if r.lock == "fairlock" {
                 j["watchdog_janitor_switches"] = json!(c.bg_wakes);
@@ -1246,7 +1393,9 @@ fn micro(b: &mut Bench) {
         out.push(j);
     }
     b.md.push(String::new());
+    b.md.push(format!("Redis CPU per acquisition: the redis-server process's CPU time (`INFO cpu`) over the loop, less {ping_cpu:.1} µs per iteration for its PING (the same loop with PINGs only).\n"));
     b.json.insert("micro".into(), Json::Array(out));
+    b.json.insert("micro_ping_cpu_us".into(), json!(ping_cpu));
 }
 
 /// Figure 3: hand-off latency, thread -> thread and process -> process (ping-pong of 2 workers).
@@ -1338,9 +1487,10 @@ fn cleanup(url: &str, spec: &Spec) {
 /// Figure 4: contended throughput with fairness, per lock, layout and hold.
 fn throughput(b: &mut Bench) {
     b.md.push("### Contended: acquire, GET + SET a counter, hold, release, in a loop\n".into());
-    b.md.push("| lock | workers | hold | acq/s | counter = acq | Jain | overtakes | wait p50 µs | wait p99 µs | wait max µs | max / p50 | RTT µs | hand-off p50 / RTT | round trips / acq | Redis cmds / acq | server µs / acq |".into());
+    b.md.push(format!("| lock | workers | hold | acq/s | counter = acq | Jain | overtakes | wait p50 µs | wait p99 µs | wait max µs | max / p50 | RTT µs | hand-off p50 / RTT | {COST_HEADER_PER_ACQ} |"));
     b.md.push(
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into(),
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            .into(),
     );
     let mut out = vec![];
     let secs = b.sizes.throughput_secs;
@@ -1360,6 +1510,7 @@ fn throughput(b: &mut Bench) {
         }
     }
     b.md.push(String::new());
+    b.md.push("Redis cmds / acq leave out the benchmark's own GET and SET of the counter; Redis CPU µs / acq cannot and includes them (two round trips per acquisition, for every lock).\n".into());
     b.json.insert("throughput".into(), Json::Array(out));
 }
 
@@ -1409,7 +1560,7 @@ fn throughput_row(
     };
     let hold_text = format!("{} ms", spec.hold_us as f64 / 1000.0);
     b.md.push(format!(
-        "| {} | {layout} | {hold_text} | {rate:.0} | {} | {:.3} | {} ({:.1} %) | {:.0} | {:.0} | {:.0}{} | {:.1} | {:.0} | {} | {} | {} | {} |",
+        "| {} | {layout} | {hold_text} | {rate:.0} | {} | {:.3} | {} ({:.1} %) | {:.0} | {:.0} | {:.0}{} | {:.1} | {:.0} | {} | {} |",
         spec.lib.name(),
         if counter_ok { "yes".to_string() } else { format!("**NO** ({:?} vs {})", o.counter, granted.len()) },
         fair,
@@ -1422,11 +1573,9 @@ fn throughput_row(
         if w.p50 > 0.0 { w.max / w.p50 } else { 0.0 },
         b.rtt_us,
         if h.n > 0 { b.ratio(h.p50) } else { "-".into() },
-        o.cost.as_ref().map_or("-".into(), |c| format!("{:.2}", c.round_trips)),
-        o.cost.as_ref().map_or("-".into(), |c| format!("{:.1}", c.all)),
-        o.cost.as_ref().map_or("-".into(), |c| format!("{:.0}", c.server_us)),
+        cost_cells(o.cost.as_ref()),
     ));
-    json!({
+    let mut row = json!({
         "lock": spec.lib.name(),
         "processes": procs,
         "threads_per_process": threads,
@@ -1447,13 +1596,10 @@ fn throughput_row(
         "wait": w.json(b.rtt_us),
         "max_over_median_wait": r2(if w.p50 > 0.0 { w.max / w.p50 } else { 0.0 }),
         "handoff": h.json(b.rtt_us),
-        "round_trips_per_acq": o.cost.as_ref().map(|c| c.round_trips),
-        "redis_cmds_per_acq": o.cost.as_ref().map(|c| c.all),
-        "server_us_per_acq": o.cost.as_ref().map(|c| c.server_us),
-        "cmds_per_acq_by_command": o.cost.as_ref().map(|c| json!(c.by_command)),
-        "background_wakeups_per_acq": o.cost.as_ref().and_then(|c| c.bg_wakes),
         "errors": o.errors,
-    })
+    });
+    add_cost_json(&mut row, o.cost.as_ref());
+    row
 }
 
 /// FIFO audit: the contended scenario again, fairlock only, under `MONITOR`, which gives the
@@ -1519,8 +1665,8 @@ fn scaling(b: &mut Bench) {
         "### Scaling: N threads waiting on one fairlock (one process, hold {} ms)\n",
         b.sizes.scale_hold_us as f64 / 1000.0
     ));
-    b.md.push("| waiters | acquisitions | hand-off p50 µs | p99 µs | RTT µs | p50 / RTT | p99 / RTT | round trips / acq | Redis cmds / acq | server µs / acq | watchdog + janitor switches / acq |".into());
-    b.md.push("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
+    b.md.push(format!("| waiters | acquisitions | hand-off p50 µs | p99 µs | RTT µs | p50 / RTT | p99 / RTT | {COST_HEADER_PER_ACQ} | watchdog + janitor switches / acq |"));
+    b.md.push("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
     let mut out = vec![];
     for &n in &b.sizes.scale_waiters.clone() {
         let dur = (b.sizes.scale_secs * SEC as f64) as u64;
@@ -1539,27 +1685,19 @@ fn scaling(b: &mut Bench) {
         let h = dist(lat);
         let acqs = o.recs.iter().filter(|r| r.got > 0).count();
         b.md.push(format!(
-            "| {n} | {acqs} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} |",
+            "| {n} | {acqs} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} |",
             h.p50,
             h.p99,
             b.rtt_us,
             b.ratio(h.p50),
             b.ratio(h.p99),
-            o.cost
-                .as_ref()
-                .map_or("-".into(), |c| format!("{:.2}", c.round_trips)),
-            o.cost
-                .as_ref()
-                .map_or("-".into(), |c| format!("{:.1}", c.all)),
-            o.cost
-                .as_ref()
-                .map_or("-".into(), |c| format!("{:.0}", c.server_us)),
+            cost_cells(o.cost.as_ref()),
             o.cost
                 .as_ref()
                 .and_then(|c| c.bg_wakes)
                 .map_or("-".into(), |w| format!("{:.2} + {:.2}", w[0], w[1])),
         ));
-        out.push(json!({
+        let mut row = json!({
             "waiters": n,
             "threads": n + 1,
             "hold_ms": spec.hold_us as f64 / 1000.0,
@@ -1567,28 +1705,314 @@ fn scaling(b: &mut Bench) {
             "overlaps": overlaps,
             "rtt_us": r1(b.rtt_us),
             "handoff": h.json(b.rtt_us),
-            "round_trips_per_acq": o.cost.as_ref().map(|c| c.round_trips),
-            "redis_cmds_per_acq": o.cost.as_ref().map(|c| c.all),
-            "server_us_per_acq": o.cost.as_ref().map(|c| c.server_us),
-            "cmds_per_acq_by_command": o.cost.as_ref().map(|c| json!(c.by_command)),
-            "background_wakeups_per_acq": o.cost.as_ref().and_then(|c| c.bg_wakes),
             "errors": o.errors,
-        }));
+        });
+        add_cost_json(&mut row, o.cost.as_ref());
+        out.push(row);
     }
     b.md.push(String::new());
     b.json.insert("scaling".into(), Json::Array(out));
 }
 
-/// The issue's targets, checked against this run.
+/// A command of one lock's traffic, as MONITOR showed it.
+enum Seen {
+    /// a command a client sent: "EVALSHA <script>", "BLPOP", ...
+    Client(String),
+    /// a command the script of the last `Client` line ran
+    Inner(String),
+}
+
+/// Keeps the MONITOR lines of lock `name`'s traffic: client commands on its keys, and the
+/// commands run by its scripts (the lines after their EVALSHA: a script runs atomically).
+/// Everything else (other connections, MONITOR's own, PING, INFO) is left out.
+fn lock_traffic(name: &str) -> impl FnMut(&str) -> Option<Seen> + Send + 'static {
+    let tag = format!("{{{name}}}");
+    let mut in_our_script = false;
+    move |line| {
+        let tokens = monitor_tokens(line, usize::MAX);
+        let cmd = tokens.first()?.to_ascii_uppercase();
+        if from_script(line) {
+            return in_our_script.then_some(Seen::Inner(cmd));
+        }
+        let ours = tokens[1..].iter().any(|t| t.contains(&tag));
+        in_our_script = ours && cmd.starts_with("EVAL");
+        if !ours {
+            return None;
+        }
+        Some(Seen::Client(match (cmd.as_str(), tokens.get(1)) {
+            ("EVALSHA", Some(sha)) => match script_name(sha) {
+                Some(script) => format!("EVALSHA {script}"),
+                None => format!("EVALSHA {}…", &sha[..sha.len().min(8)]),
+            },
+            _ => cmd,
+        }))
+    }
+}
+
+/// One client command's share of a lock's traffic: how often it ran and what it ran inside.
+struct CallTally {
+    call: String,
+    runs: u64,
+    /// inner command -> count, in the order first seen
+    inner: Vec<(String, u64)>,
+}
+
+/// Tally the traffic per client command, in the order first seen.
+fn tally(seen: &[Seen]) -> Vec<CallTally> {
+    let mut out: Vec<CallTally> = vec![];
+    let mut current: Option<usize> = None;
+    for s in seen {
+        match s {
+            Seen::Client(call) => {
+                let i = match out.iter().position(|t| &t.call == call) {
+                    Some(i) => i,
+                    None => {
+                        out.push(CallTally {
+                            call: call.clone(),
+                            runs: 0,
+                            inner: vec![],
+                        });
+                        out.len() - 1
+                    }
+                };
+                out[i].runs += 1;
+                current = Some(i);
+            }
+            Seen::Inner(cmd) => {
+                let Some(i) = current else { continue };
+                let inner = &mut out[i].inner;
+                match inner.iter_mut().find(|(c, _)| c == cmd) {
+                    Some((_, n)) => *n += 1,
+                    None => inner.push((cmd.clone(), 1)),
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A count per acquisition with two decimals, "<0.01" for a command that ran but rarely.
+fn rare_aware(v: f64) -> String {
+    if v > 0.0 && v < 0.005 {
+        "<0.01".into()
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// The per-script table of one scenario, and its JSON.
+fn calls_table(b: &mut Bench, scenario: &str, acquisitions: u64, seen: &[Seen]) -> Json {
+    let a = acquisitions.max(1) as f64;
+    b.md.push(format!(
+        "#### {scenario}: {acquisitions} acquisitions, {} commands seen\n",
+        seen.len()
+    ));
+    b.md.push("| call | runs / acq | Redis calls inside / run | calls / acq (the call and inside) | inside, per acq |".into());
+    b.md.push("|---|---:|---:|---:|---|".into());
+    let mut rows = vec![];
+    for t in tally(seen) {
+        let inside: u64 = t.inner.iter().map(|(_, n)| n).sum();
+        let script = t.call.starts_with("EVAL");
+        let per_run = script.then(|| inside as f64 / t.runs as f64);
+        let by_name: Vec<String> = t
+            .inner
+            .iter()
+            .map(|(c, n)| format!("{c} {}", rare_aware(*n as f64 / a)))
+            .collect();
+        b.md.push(format!(
+            "| {} | {} | {} | {} | {} |",
+            t.call,
+            rare_aware(t.runs as f64 / a),
+            per_run.map_or("-".into(), |v| format!("{v:.1}")),
+            rare_aware((t.runs + inside) as f64 / a),
+            if by_name.is_empty() {
+                "-".into()
+            } else {
+                by_name.join(", ")
+            },
+        ));
+        let inner: serde_json::Map<String, Json> = t
+            .inner
+            .iter()
+            .map(|(c, n)| (c.clone(), json!(r4(*n as f64 / a))))
+            .collect();
+        rows.push(json!({
+            "call": t.call,
+            "runs_per_acq": r4(t.runs as f64 / a),
+            "calls_inside_per_run": per_run.map(r2),
+            "calls_per_acq": r4((t.runs + inside) as f64 / a),
+            "inside_per_acq": inner,
+        }));
+    }
+    let total = seen.len() as f64 / a;
+    b.md.push(format!(
+        "| **calls per acquisition (EVALSHA and BLPOP included)** | | | **{total:.2}** | |"
+    ));
+    b.md.push(String::new());
+    json!({
+        "scenario": scenario,
+        "acquisitions": acquisitions,
+        "calls_per_acq": r2(total),
+        "calls": rows,
+    })
+}
+
+/// Run `body` on a fresh lock under MONITOR; `body` gets the lock's name and returns the
+/// acquisitions it made and its errors. Adds the scenario's table.
+fn scripts_scenario(
+    b: &mut Bench,
+    what: &str,
+    scenario: &str,
+    body: impl FnOnce(&str) -> (u64, Vec<String>),
+) -> Json {
+    let name = b.name(what);
+    let monitor = Monitor::start(&b.url, lock_traffic(&name));
+    let (acquisitions, errors) = body(&name);
+    let seen = monitor.finish();
+    let mut j = calls_table(b, scenario, acquisitions, &seen);
+    j["errors"] = json!(errors);
+    j
+}
+
+/// Redis calls per acquisition, per script: fairlock under `MONITOR`, which shows every command
+/// a script runs. Uncontended pairs, re-entrant pairs under an outer guard, 4 threads contending.
+fn scripts(b: &mut Bench) {
+    b.md.push("### Redis calls per acquisition by script, fairlock (under MONITOR, which slows Redis: counts, not speed)\n".into());
+    let n = b.sizes.scripts_n;
+    // load every script before watching, so no NOSCRIPT reply and retry is counted
+    let mut conn = connect(&b.url);
+    for script in fairlock::raw::scripts() {
+        script.load(&mut conn).expect("SCRIPT LOAD");
+    }
+    let client = fairlock::LockClient::connect(&b.url).expect("fairlock client");
+    let pairs = |name: &str| {
+        let lock = client.lock(name).expect("lock handle");
+        for _ in 0..n {
+            lock.lock().expect("lock").unlock().expect("unlock");
+        }
+        (n as u64, vec![])
+    };
+    let mut out = vec![scripts_scenario(
+        b,
+        "scripts-uncontended",
+        "uncontended acquire + release (one thread)",
+        pairs,
+    )];
+
+    let reentrant_lock = client
+        .lock(&b.name("scripts-reentrant"))
+        .expect("lock handle");
+    let outer = reentrant_lock.lock().expect("lock");
+    out.push(scripts_scenario(
+        b,
+        "scripts-reentrant",
+        "re-entrant acquire + release (an outer guard held)",
+        |_| {
+            for _ in 0..n {
+                reentrant_lock
+                    .lock()
+                    .expect("lock")
+                    .unlock()
+                    .expect("unlock");
+            }
+            (n as u64, vec![])
+        },
+    ));
+    outer.unlock().expect("unlock");
+
+    let start = mono_ns() + 200 * MS;
+    let dur = (b.sizes.scripts_secs * SEC as f64) as u64;
+    let spec = b.timed_spec(Lib::Fairlock, "scripts-contended", false, 0, start, dur);
+    out.push(scripts_scenario(
+        b,
+        "scripts-contended",
+        "contended: 4 threads of one process, hold 0",
+        |_| {
+            let o = run(&spec, 0, 4, None, false);
+            let grants = o.recs.iter().filter(|r| r.got > 0).count() as u64;
+            (grants, o.errors)
+        },
+    ));
+    b.json.insert("scripts".into(), Json::Array(out));
+}
+
+/// A table of targets: (target, goal, this run, met).
+#[derive(Default)]
+struct Targets {
+    rows: Vec<(String, String, String, Option<bool>)>,
+}
+
+impl Targets {
+    /// A target whose figure `value` is shown with `fmt` and met when `ok` (goal "-": only shown).
+    fn add(
+        &mut self,
+        name: &str,
+        goal: &str,
+        value: Option<f64>,
+        fmt: &dyn Fn(f64) -> String,
+        ok: &dyn Fn(f64) -> bool,
+    ) {
+        self.rows.push((
+            name.to_string(),
+            goal.to_string(),
+            value.map_or("not measured".into(), fmt),
+            value.map(ok).filter(|_| goal != "-"),
+        ));
+    }
+
+    /// The Markdown table under `title`, and the JSON array under `key`.
+    fn report(self, b: &mut Bench, title: &str, key: &str) {
+        b.md.push(format!("### {title}\n"));
+        b.md.push("| target | goal | this run | met |".into());
+        b.md.push("|---|---|---:|---|".into());
+        let mut out = vec![];
+        for (name, goal, value, ok) in self.rows {
+            let met = match ok {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "-",
+            };
+            b.md.push(format!("| {name} | {goal} | {value} | {met} |"));
+            out.push(json!({"target": name, "goal": goal, "value": value, "met": ok}));
+        }
+        b.md.push(String::new());
+        b.json.insert(key.into(), Json::Array(out));
+    }
+}
+
+/// Field `key` of the micro row of `figure` and `lock`.
+fn micro_figure(j: &Json, figure: &str, lock: &str, key: &str) -> Option<f64> {
+    j["micro"].as_array().and_then(|a| {
+        a.iter()
+            .find(|r| r["figure"] == figure && r["lock"] == lock)
+            .and_then(|r| r[key].as_f64())
+    })
+}
+
+/// The throughput row of `lock` with `procs` processes and a hold of `hold_ms`.
+fn throughput_of(j: &Json, lock: &str, procs: u64, hold_ms: f64) -> Option<Json> {
+    j["throughput"].as_array().and_then(|a| {
+        a.iter()
+            .find(|r| r["lock"] == lock && r["processes"] == procs && r["hold_ms"] == hold_ms)
+            .cloned()
+    })
+}
+
+fn x2(v: f64) -> String {
+    format!("{v:.2}")
+}
+
+/// The targets of both issues, checked against this run; then the workers' errors.
 fn targets(b: &mut Bench) {
     let j = Json::Object(b.json.clone());
-    let micro = |fig: &str, lock: &str, key: &str| {
-        j["micro"].as_array().and_then(|a| {
-            a.iter()
-                .find(|r| r["figure"] == fig && r["lock"] == lock)
-                .and_then(|r| r[key].as_f64())
-        })
-    };
+    targets_issue3(&j).report(b, "Targets of issue 3", "targets");
+    targets_issue12(&j).report(b, "Targets of issue 12", "targets_issue12");
+    worker_errors(b, &j);
+}
+
+/// Issue 3: latency, fairness and throughput.
+fn targets_issue3(j: &Json) -> Targets {
+    let micro = |fig: &str, lock: &str, key: &str| micro_figure(j, fig, lock, key);
     let hand = |lock: &str, between: &str, key: &str| {
         j["handoff"].as_array().and_then(|a| {
             a.iter()
@@ -1596,35 +2020,17 @@ fn targets(b: &mut Bench) {
                 .and_then(|r| r[key].as_f64())
         })
     };
-    let tp = |lock: &str, procs: u64, hold: f64| {
-        j["throughput"].as_array().and_then(|a| {
-            a.iter()
-                .find(|r| r["lock"] == lock && r["processes"] == procs && r["hold_ms"] == hold)
-                .cloned()
-        })
-    };
-    let mut rows: Vec<(String, String, String, Option<bool>)> = vec![];
-    let mut add = |name: &str,
-                   target: &str,
-                   value: Option<f64>,
-                   fmt: &dyn Fn(f64) -> String,
-                   ok: &dyn Fn(f64) -> bool| {
-        rows.push((
-            name.to_string(),
-            target.to_string(),
-            value.map_or("not measured".into(), fmt),
-            value.map(ok).filter(|_| target != "-"),
-        ));
-    };
-    let x = |v: f64| format!("{v:.2}");
-    add(
+    let tp = |lock: &str, procs: u64, hold: f64| throughput_of(j, lock, procs, hold);
+    let mut t = Targets::default();
+    let x = x2;
+    t.add(
         "uncontended acquire + release p50 / RTT",
         "≤ 2.5",
         micro("uncontended acquire + release", "fairlock", "p50_rtt"),
         &x,
         &|v| v <= 2.5,
     );
-    add(
+    t.add(
         "re-entrant acquire p50 / RTT",
         "≤ 1.2",
         micro("re-entrant acquire", "fairlock", "p50_rtt"),
@@ -1632,14 +2038,14 @@ fn targets(b: &mut Bench) {
         &|v| v <= 1.2,
     );
     for between in ["threads", "processes"] {
-        add(
+        t.add(
             &format!("hand-off p50 / RTT ({between})"),
             "≤ 3",
             hand("fairlock", between, "p50_rtt"),
             &x,
             &|v| v <= 3.0,
         );
-        add(
+        t.add(
             &format!("hand-off p99 / RTT ({between})"),
             "≤ 10",
             hand("fairlock", between, "p99_rtt"),
@@ -1648,7 +2054,7 @@ fn targets(b: &mut Bench) {
         );
     }
     let pp = hand("fairlock", "processes", "p50_us").zip(hand("fairlock", "threads", "p50_us"));
-    add(
+    t.add(
         "hand-off p50 processes / threads",
         "≈ 1 (≤ 1.25)",
         pp.map(|(p, t)| p / t),
@@ -1660,7 +2066,7 @@ fn targets(b: &mut Bench) {
         let ratio = f.as_ref().zip(r.as_ref()).and_then(|(f, r)| {
             Some(f["acq_per_s"].as_f64()? / r["acq_per_s"].as_f64()?.max(0.001))
         });
-        add(
+        t.add(
             &format!("8 procs hold {hold} ms: acq/s fairlock / redlock"),
             "≥ 1.5",
             ratio,
@@ -1676,28 +2082,28 @@ fn targets(b: &mut Bench) {
                 .find(|r| r["processes"] == 8 && r["hold_ms"] == hold)
                 .and_then(|r| r["overtakes_server_order"].as_f64())
         });
-        add(
+        t.add(
             &format!("8 procs hold {hold} ms: overtakes (FIFO audit, server order)"),
             "0",
             audited,
             &|v| format!("{v:.0}"),
             &|v| v == 0.0,
         );
-        add(
+        t.add(
             &format!("8 procs hold {hold} ms: overtakes by client clocks (informative)"),
             "-",
             g("overtake_pct"),
             &|v| format!("{v:.2} %"),
             &|_| true,
         );
-        add(
+        t.add(
             &format!("8 procs hold {hold} ms: Jain's index"),
             "≥ 0.99",
             g("jain"),
             &|v| format!("{v:.4}"),
             &|v| v >= 0.99,
         );
-        add(
+        t.add(
             &format!("8 procs hold {hold} ms: max wait / median wait"),
             "≤ 10",
             g("max_over_median_wait"),
@@ -1710,7 +2116,7 @@ fn targets(b: &mut Bench) {
             .filter_map(|r| r["overtakes_server_order"].as_f64())
             .sum()
     });
-    add(
+    t.add(
         "FIFO audit: overtakes in server arrival order, all audited runs",
         "0",
         audit,
@@ -1728,7 +2134,7 @@ fn targets(b: &mut Bench) {
             }
         }
     }
-    add(
+    t.add(
         "lock commands (round trips) per acquisition, worst run",
         "≤ 4",
         max_rt,
@@ -1743,7 +2149,7 @@ fn targets(b: &mut Bench) {
         })
     };
     let base = scale(2).or_else(|| hand("fairlock", "threads", "p50_us"));
-    add(
+    t.add(
         "256 waiters: hand-off p50 / 2-waiter p50",
         "≤ 1.5",
         scale(256).zip(base).map(|(a, b)| a / b),
@@ -1751,22 +2157,67 @@ fn targets(b: &mut Bench) {
         &|v| v <= 1.5,
     );
 
-    b.md.push("### Targets of issue 3\n".into());
-    b.md.push("| target | goal | this run | met |".into());
-    b.md.push("|---|---|---:|---|".into());
-    let mut out = vec![];
-    for (name, goal, value, ok) in rows {
-        let met = match ok {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None => "-",
-        };
-        b.md.push(format!("| {name} | {goal} | {value} | {met} |"));
-        out.push(json!({"target": name, "goal": goal, "value": value, "met": ok}));
-    }
-    b.md.push(String::new());
-    b.json.insert("targets".into(), Json::Array(out));
+    t
+}
 
+/// Issue 12: what one lock costs Redis, in calls and CPU, against the naive lock.
+fn targets_issue12(j: &Json) -> Targets {
+    let mut t = Targets::default();
+    let micro = |lock: &str, key: &str| micro_figure(j, "uncontended acquire + release", lock, key);
+    let contended = |lock: &str| {
+        throughput_of(j, lock, 8, 0.0).and_then(|r| r["redis_cpu_us_per_acq"].as_f64())
+    };
+    let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b.max(0.001));
+    t.add(
+        "Redis calls per uncontended acquire + release (EVALSHAs included)",
+        "≤ 12",
+        micro("fairlock", "redis_cmds"),
+        &x2,
+        &|v| v <= 12.0,
+    );
+    t.add(
+        "Redis calls per contended acquisition (8 procs, hold 0)",
+        "≤ 16",
+        throughput_of(j, "fairlock", 8, 0.0).and_then(|r| r["redis_cmds_per_acq"].as_f64()),
+        &x2,
+        &|v| v <= 16.0,
+    );
+    t.add(
+        "Redis CPU per uncontended acquire + release, fairlock / naive",
+        "≤ 1.15",
+        ratio(
+            micro("fairlock", "redis_cpu_us"),
+            micro("naive", "redis_cpu_us"),
+        ),
+        &x2,
+        &|v| v <= 1.15,
+    );
+    t.add(
+        "Redis CPU per contended acquisition (8 procs, hold 0), fairlock / naive",
+        "≤ 1.3",
+        ratio(contended("fairlock"), contended("naive")),
+        &x2,
+        &|v| v <= 1.3,
+    );
+    t.add(
+        "uncontended acquire + release p50 / RTT",
+        "≤ 2.6",
+        micro("fairlock", "p50_rtt"),
+        &x2,
+        &|v| v <= 2.6,
+    );
+    t.add(
+        "re-entrant acquire p50 / RTT",
+        "≤ 1.2",
+        micro_figure(j, "re-entrant acquire", "fairlock", "p50_rtt"),
+        &x2,
+        &|v| v <= 1.2,
+    );
+    t
+}
+
+/// The workers' errors of every section, listed under the targets.
+fn worker_errors(b: &mut Bench, j: &Json) {
     let mut errors = vec![];
     for (section, v) in j.as_object().into_iter().flatten() {
         for r in v.as_array().into_iter().flatten() {
@@ -1874,12 +2325,13 @@ fn main() {
         if quick { " (quick)" } else { "" }
     );
     type Step = (&'static str, fn(&mut Bench));
-    let steps: [Step; 5] = [
+    let steps: [Step; 6] = [
         ("micro", micro),
         ("handoff", handoff),
         ("throughput", throughput),
         ("fifo", fifo),
         ("scaling", scaling),
+        ("scripts", scripts),
     ];
     for (name, step) in steps {
         if wanted(name) {
