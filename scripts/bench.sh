@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Benchmarks of issue 3 against a throwaway redis-server: uncontended and re-entrant cost, hand-off
-# latency, contended throughput with fairness, scaling with waiters; fairlock next to the redlock
-# crate and the seeds' naive lock, every figure as a ratio to the PING round trip of the same run.
+# Benchmarks of issues 3 and 12 (throwaway redis-server): uncontended and re-entrant cost, hand-off
+# latency, contended throughput with fairness, scaling with waiters, Redis calls and CPU per
+# acquisition (per script for fairlock); fairlock, the redlock crate and the naive lock, in RTTs.
 #
 #   scripts/bench.sh [--quick] [--out PATH]
 #

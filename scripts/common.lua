@@ -1,13 +1,14 @@
 -- common.lua: helpers prepended to every fairlock script (Redis 6.2 has no function libraries).
 --
 -- The keys of one lock named N under prefix P (all share the hash tag {N}, so one slot):
---   P:{N}             HASH    owner, attempt, count, token, lease, since, meta    TTL = the lease
---                             + wdl, vc while a hand-off waits to be picked up
---   P:{N}:fence       STRING  the last token handed out                           TTL = fence ttl
---   P:{N}:queue       ZSET    owner -> arrival time (server us)                   TTL = QUEUE_TTL
---   P:{N}:waiters     HASH    owner -> "attempt|deadline|lease|meta", ~clock      TTL = QUEUE_TTL
---   P:{N}:released    ZSET    token -> release time, receipts for retries         TTL = receipt ttl
---   P:{N}:wake:<owner> LIST   one thread's wake-ups                               TTL = lease / waiter ttl
+--   P:{N}             HASH    owner, attempt, count, token, lease, since, meta,   TTL = the lease
+--                             wdl (a hand-off's grantee deadline), vc (its clock),
+--                             released (last tokens released)
+--   P:{N}:fence       STRING  the last token handed out                         TTL = fence ttl
+--   P:{N}:queue       ZSET    owner -> arrival time (server us)                 TTL = QUEUE_TTL
+--   P:{N}:waiters     HASH    owner -> "attempt|deadline|lease|meta",           TTL = QUEUE_TTL
+--                             ~clock (virtual clock), ~tail (last score given)
+--   P:{N}:wake:<owner> LIST   one thread's wake-ups                             TTL = lease / waiter ttl
 --
 -- An owner is "<client id>:<thread number>". Each call of a thread that may take the lock is an
 -- *attempt* with a number that grows with every call of that client. The attempt is stored with
@@ -15,42 +16,100 @@
 -- the attempt it was sent for: a request that arrives late, after its sender gave up and moved on
 -- to a newer attempt, finds a newer attempt number and does nothing.
 --
--- States of a lock (owner = HGET P:{N} owner; head = first member of the queue):
---   free        no hash, empty queue
---   held        hash, queue maybe non-empty (a release grants to the live head)
---   handed off  hash with wdl whose owner's wake list still holds "g|attempt|token|ms"
---   stranded    no hash, queue non-empty (a lease ran out, a hand-off was revoked): any script
+-- States of a lock (owner = HGET P:{N} owner, '' or absent when free; head = first of the queue):
+--   free        no hash, or a *tombstone*: the hash of the last hold with owner '' (see below);
+--               empty queue
+--   held        owner set, queue maybe non-empty (a release grants to the live head)
+--   handed off  owner set with wdl, and its owner's wake list still holds "g|attempt|token|ms"
+--   stranded    free, queue non-empty (a lease ran out, a hand-off was revoked): any script
 --               that sees it (acquire, heartbeat, force_unlock) grants to the live head
 -- Invariant: a waiters entry exists only for a queued owner (grant, leave and purge remove both;
 -- only a lost queue key breaks it, and then the owner's heartbeat tells it to retry).
 -- Wake-ups: "g|<attempt>|<token>|<grant ms>" (the lock is yours) or "r|<attempt>" (your queue
 -- entry is gone: run acquire again). A waiter ignores messages for other attempts.
 --
+-- Tombstones. A release that leaves the lock free does not delete the hash: it sets owner to ''
+-- and lives out the released hold's TTL. It keeps the token and `released`, the last RECEIPTS
+-- tokens fully released,
+-- which a retried release finds (its first run was applied, its reply lost). Every hold writes
+-- all of its own fields, so nothing of an earlier hold leaks into it.
+--
+-- Tokens are max(last + 1, server time in us), last being the token in the hash (a hold or a
+-- tombstone) and the fence, which a SET ... GET writes and reads in one call; so they keep rising
+-- across data loss as long as the server clock does. (A fence written only now and then, as a
+-- bound ahead of the tokens, would save that call, but a hold taken from such a bound runs
+-- ahead of the server clock, and tokens after data loss would then go back: the fuzzer found it.)
+--
 -- Time. Redis's clock is the wall clock and may step. Liveness deadlines of waiters are kept on a
 -- *virtual clock* per key (field ~clock of the waiters hash, field vc of the lock hash): it
--- advances with the wall clock, but never backwards and by at most CAP (a third of the waiter
--- timeout) between two scripts, so a clock step of either sign neither purges live waiters nor
--- keeps dead ones for more than a few heartbeats. Leases are Redis TTLs: a forward step of the
--- server clock shortens them (README: Limits). Tokens are max(last + 1, server time in us), so
--- they keep rising across data loss as long as the server clock does.
+-- advances with the wall clock, but by at most CAP (a third of the waiter timeout) from the
+-- stored reading, and never backwards from it, so a clock step of either sign neither purges live
+-- waiters nor keeps dead ones for more than a few heartbeats. Heartbeats (and enqueues, which
+-- write the waiters hash anyway) store the reading; a release judging the head's deadline does
+-- not, which can only make the clock lag until the next heartbeat (judging waiters more
+-- leniently), never run ahead. Leases are Redis TTLs: a forward step of the server clock
+-- shortens them (README: Limits).
 --
--- KEYS of every script: [1] lock hash [2] fence [3] queue [4] waiters [5] released.
+-- Foreign data. Another program's data at a lock's key is never modified: every key is read or
+-- written through `read`, with a command that fails with WRONGTYPE on another type, before any
+-- command that would overwrite it (SET, DEL, PEXPIRE), and a non-numeric fence is put back. A
+-- script's body runs in `run`, which turns such a refusal into a FOREIGN error reply. On a
+-- fresh lock the refusal comes before the script's first write; on a lock already in use a
+-- script may be refused midway, after changing fairlock's own keys of that lock, which the
+-- foreign data has made unusable anyway.
+--
+-- KEYS of every script: [1] lock hash [2] fence [3] queue [4] waiters.
 -- ARGV of every script: [1] fence ttl ms [2] waiter timeout ms; the script's own from [3].
 -- Every number that goes into a string is formatted with %.0f (Lua's tostring gives 1.7e+15).
 
-local k = { lock = KEYS[1], fence = KEYS[2], queue = KEYS[3], waiters = KEYS[4], released = KEYS[5] }
+local k = { lock = KEYS[1], fence = KEYS[2], queue = KEYS[3], waiters = KEYS[4] }
 local FENCE_TTL = tonumber(ARGV[1])
 local WAITER_TTL = tonumber(ARGV[2])
 local CAP = math.floor(WAITER_TTL / 3)
 -- the queue outlives a forward clock step of up to 10 minutes (its entries' own deadlines are
 -- virtual); it is deleted as soon as it is empty
 local QUEUE_TTL = math.max(2 * WAITER_TTL, 600000)
+-- how many fully released tokens a lock's hash remembers for retried releases
+local RECEIPTS = 8
 
 local function fmt(n)
   return string.format('%.0f', n)
 end
 
--- One TIME per script (it does not change within a script anyway).
+-- ---- foreign data ---------------------------------------------------------------------------
+
+local EXPECTED = { [k.lock] = 'hash', [k.fence] = 'string', [k.queue] = 'zset', [k.waiters] = 'hash' }
+
+local function refuse(key, what)
+  error({ foreign = 'FOREIGN key ' .. key .. ' holds ' .. what ..
+    '; another program uses this key: choose another lock name or key prefix' })
+end
+
+-- redis.call(cmd, key, ...), refusing a key of another type than fairlock's.
+local function read(key, cmd, ...)
+  local r = redis.pcall(cmd, key, ...)
+  if type(r) == 'table' and r.err then
+    if string.find(r.err, 'WRONGTYPE', 1, true) then
+      refuse(key, 'a ' .. redis.call('TYPE', key)['ok'] .. ' but fairlock expects a ' ..
+        (EXPECTED[key] or 'list'))
+    end
+    error(r)
+  end
+  return r
+end
+
+-- Run a script's body: its result, or its refusal or error as an error reply.
+local function run(body)
+  local ok, r = pcall(body)
+  if ok then return r end
+  if type(r) == 'table' and r.foreign then return redis.error_reply(r.foreign) end
+  if type(r) == 'table' and r.err then return redis.error_reply(r.err) end
+  return redis.error_reply('ERR fairlock script: ' .. tostring(r))
+end
+
+-- ---- time -----------------------------------------------------------------------------------
+
+-- One TIME per script (it does not change within a script anyway), and only when needed.
 local clock = nil
 local function now_us()
   if not clock then
@@ -64,154 +123,211 @@ local function now_ms()
   return math.floor(now_us() / 1000)
 end
 
--- The virtual clock kept in field `field` of hash `key` (see "Time" above). Only call it on a
--- hash that exists or is about to be written.
-local vclocks = {}
-local function vclock(key, field)
-  local memo = vclocks[key]
-  if memo then return memo end
+-- A virtual clock's reading now, from its stored "v|real" (false or nil: a new clock, at the
+-- real time). See "Time" above.
+local function advance(stored)
   local real = now_ms()
-  local v = real
-  local c = redis.call('HGET', key, field)
-  if c then
-    local cv, cr = string.match(c, '^(%d+)|(%d+)$')
-    if cv then
-      v = tonumber(cv) + math.min(math.max(real - tonumber(cr), 0), CAP)
-    end
-  end
-  redis.call('HSET', key, field, fmt(v) .. '|' .. fmt(real))
-  vclocks[key] = v
-  return v
+  local v, r = string.match(stored or '', '^(%d+)|(%d+)$')
+  if not v then return real end
+  return tonumber(v) + math.min(math.max(real - tonumber(r), 0), CAP)
 end
 
-local function waiters_now()
-  return vclock(k.waiters, '~clock')
+-- The stored form of a virtual clock reading `v` taken now.
+local function clock_value(v)
+  return fmt(v) .. '|' .. fmt(now_ms())
 end
 
-local function lock_now()
-  return vclock(k.lock, 'vc')
+-- ---- the lock hash --------------------------------------------------------------------------
+
+-- The lock hash as this script first saw it; owner is false when the lock is free.
+local function read_lock()
+  local v = read(k.lock, 'HMGET', 'owner', 'attempt', 'token', 'lease', 'released', 'wdl', 'vc')
+  local owner = v[1]
+  if owner == '' then owner = false end
+  return { owner = owner, attempt = tonumber(v[2]) or 0, token = tonumber(v[3]), token_text = v[3],
+           lease = tonumber(v[4]) or 0, released = v[5] or '', wdl = tonumber(v[6]), vc = v[7] }
 end
 
 local function wake_key(owner)
   return k.lock .. ':wake:' .. owner
 end
 
--- The fence as read by the type checks (one GET a script), for next_token.
-local fence_read = false
-local fence_value = nil
-
-local function check_fence()
-  local f = redis.call('GET', k.fence)
-  fence_read, fence_value = true, f
-  if f and not tonumber(f) then
-    return 'FOREIGN key ' .. k.fence .. ' holds a non-numeric string; another program uses this key'
+-- The next token after the hash `h` (see "Tokens" above). The fence is the script's first write
+-- on every path that takes the lock, so foreign data there is refused before anything else is
+-- written.
+local function next_token(h)
+  local token = math.max((h.token or 0) + 1, now_us())
+  local old = read(k.fence, 'SET', fmt(token), 'PX', FENCE_TTL, 'GET')
+  if old and not tonumber(old) then
+    -- another program's string: put it back (without the TTL it may have had) and refuse
+    redis.call('SET', k.fence, old)
+    refuse(k.fence, 'a non-numeric string')
   end
-  return nil
+  if old and tonumber(old) >= token then
+    -- the fence is ahead of the hash (no hash: its lease ran out; or the server clock went back)
+    token = tonumber(old) + 1
+    redis.call('SET', k.fence, fmt(token), 'PX', FENCE_TTL)
+  end
+  return token
 end
 
--- Scripts are not transactions: refuse foreign data before the first write so nothing is half-done.
-local function foreign_key()
-  local expected = { {k.lock, 'hash'}, {k.fence, 'string'}, {k.queue, 'zset'}, {k.waiters, 'hash'},
-                     {k.released, 'zset'} }
-  for _, e in ipairs(expected) do
-    local t = redis.call('TYPE', e[1])['ok']
-    if t ~= 'none' and t ~= e[2] then
-      return 'FOREIGN key ' .. e[1] .. ' holds a ' .. t .. ' but fairlock expects a ' .. e[2] ..
-        '; another program uses this key: choose another lock name or key prefix'
-    end
-  end
-  -- the fence is a string either way: a non-numeric one would fail a grant mid-script
-  return check_fence()
+-- A new hold, written over whatever hash (tombstone or an older hold) is there. `...`: more
+-- field, value pairs (a hand-off's wdl and vc). Returns the token.
+local function take(h, owner, attempt, lease, meta, ...)
+  local token = next_token(h)
+  local extra = { ... }
+  if #extra == 0 then extra = { 'wdl', '' } end
+  redis.call('HSET', k.lock, 'owner', owner, 'attempt', fmt(attempt), 'count', 1,
+    'token', fmt(token), 'lease', fmt(lease), 'since', fmt(now_ms()), 'meta', meta,
+    unpack(extra))
+  redis.call('PEXPIRE', k.lock, lease)
+  h.owner, h.attempt, h.token, h.token_text, h.lease = owner, attempt, token, fmt(token), lease
+  h.wdl = nil
+  return token
 end
+
+-- The released list with `token` added, the oldest dropped beyond RECEIPTS.
+local function with_receipt(released, token)
+  local out = { token }
+  for t in string.gmatch(released, '%d+') do
+    if #out >= RECEIPTS then break end
+    out[#out + 1] = t
+  end
+  return table.concat(out, ' ')
+end
+
+local function has_receipt(released, token)
+  for t in string.gmatch(released, '%d+') do
+    if t == token then return true end
+  end
+  return false
+end
+
+-- The holder's lease left (0 when free).
+local function holder_pttl(h)
+  if not h.owner then return 0 end
+  local p = redis.call('PTTL', k.lock)
+  if p < 0 then return 0 end
+  return p
+end
+
+-- The lease left of a grant, as reported to its holder: at most the hold's lease, since a
+-- backward step of the server clock can leave a TTL longer than that, which no renewal keeps.
+local function grant_pttl(h)
+  return math.min(holder_pttl(h), h.lease)
+end
+
+-- ---- the queue and the waiters --------------------------------------------------------------
 
 -- "attempt|deadline|lease|meta" -> table
 local function parse_waiter(v)
+  if not v then return nil end
   local attempt, deadline, lease, meta = string.match(v, '^(%d+)|(%d+)|(%d+)|(.*)$')
   if not attempt then return nil end
   return { attempt = tonumber(attempt), deadline = tonumber(deadline), lease = tonumber(lease),
            meta = meta }
 end
 
+-- The waiters hash as this script sees it: its virtual clock now, the last score given out, and
+-- the entries read so far (owner -> entry or false).
+local W = { now = nil, tail = 0, existed = false, entries = {} }
+
+-- The waiters entry of `owner` (nil if none). The first read also reads the hash's clock.
 local function waiter_entry(owner)
-  local v = redis.call('HGET', k.waiters, owner)
-  if not v then return nil end
-  return parse_waiter(v)
+  local e = W.entries[owner]
+  if e ~= nil then return e or nil end
+  if W.now then
+    e = parse_waiter(read(k.waiters, 'HGET', owner))
+  else
+    local v = read(k.waiters, 'HMGET', owner, '~clock', '~tail')
+    e = parse_waiter(v[1])
+    W.now, W.tail, W.existed = advance(v[2]), tonumber(v[3]) or 0, v[2] and true or false
+  end
+  W.entries[owner] = e or false
+  return e
 end
 
-local function write_waiter(owner, attempt, deadline, lease, meta)
-  redis.call('HSET', k.waiters, owner, fmt(attempt) .. '|' .. fmt(deadline) .. '|' .. fmt(lease) ..
-    '|' .. meta)
+-- The waiters hash's virtual clock now.
+local function waiters_now()
+  if not W.now then waiter_entry('~clock') end
+  return W.now
 end
 
--- The waiters hash (and its clock) goes with the last queue entry.
-local function drop_waiters_if_queue_empty()
-  if redis.call('EXISTS', k.queue) == 0 then
+-- Store a waiter's entry (and the clock reading with it).
+local function write_waiter(owner, attempt, deadline, lease, meta, ...)
+  local e = fmt(attempt) .. '|' .. fmt(deadline) .. '|' .. fmt(lease) .. '|' .. meta
+  redis.call('HSET', k.waiters, owner, e, '~clock', clock_value(waiters_now()), ...)
+  W.entries[owner] = parse_waiter(e)
+end
+
+-- The first two members of the queue, read once a script (kept up to date by its own changes).
+local Q = nil
+local function front()
+  if not Q then Q = read(k.queue, 'ZRANGE', 0, 1) end
+  return Q
+end
+
+-- Remove `owner` from the queue and the waiters hash; the waiters hash (and its clock) goes
+-- with the last queue entry. What the script read of the queue spares most checks.
+local function dequeue(owner)
+  read(k.queue, 'ZREM', owner)
+  local q = Q
+  Q = nil
+  local empty
+  if not q then
+    empty = redis.call('EXISTS', k.queue) == 0
+  elseif not q[1] then
+    empty = true
+  elseif q[1] ~= owner then
+    empty = false
+  else
+    empty = not q[2]
+  end
+  if empty then
+    -- a hash this script has not read yet is read (type-checked) before it is deleted
+    if not W.now then read(k.waiters, 'HLEN') end
     redis.call('DEL', k.waiters)
-    vclocks[k.waiters] = nil
+    W = { now = W.now, tail = 0, existed = false, entries = {} }
+    Q = {}
+  else
+    read(k.waiters, 'HDEL', owner)
+    W.entries[owner] = false
   end
 end
 
 -- Remove an owner's queue entry and wake list, whatever attempt they belong to.
 local function forget_waiter(owner)
-  redis.call('ZREM', k.queue, owner)
-  redis.call('HDEL', k.waiters, owner)
+  dequeue(owner)
   redis.call('DEL', wake_key(owner))
-  drop_waiters_if_queue_empty()
 end
 
-local function enqueue(owner, attempt, lease, meta)
-  if not redis.call('ZSCORE', k.queue, owner) then
-    local score = now_us()
-    local tail = redis.call('ZRANGE', k.queue, -1, -1, 'WITHSCORES')
-    if tail[2] and tonumber(tail[2]) >= score then
-      score = tonumber(tail[2]) + 1
-    end
-    redis.call('ZADD', k.queue, fmt(score), owner)
-    -- a fresh wait: drop wake-ups left from an earlier one
-    redis.call('DEL', wake_key(owner))
+-- Queue `owner` at the back (a retry of a queued attempt keeps its place), or refresh its entry.
+-- `mine`: its entry as read (only a retry has one; its queue place may have been lost).
+local function enqueue(owner, attempt, lease, meta, mine)
+  local now = waiters_now()
+  if not (mine and read(k.queue, 'ZSCORE', owner)) then
+    local score = math.max(now_us(), W.tail + 1)
+    read(k.queue, 'ZADD', fmt(score), owner)
+    redis.call('PEXPIRE', k.queue, QUEUE_TTL)
+    write_waiter(owner, attempt, now + WAITER_TTL, lease, meta, '~tail', fmt(score))
+    Q = nil
+  else
+    write_waiter(owner, attempt, now + WAITER_TTL, lease, meta)
   end
-  write_waiter(owner, attempt, waiters_now() + WAITER_TTL, lease, meta)
-  redis.call('PEXPIRE', k.queue, QUEUE_TTL)
-  redis.call('PEXPIRE', k.waiters, QUEUE_TTL)
-end
-
--- The next token: above the last one, and above the server clock in us, so tokens keep rising
--- when the fence is lost (restart without persistence, failover, eviction, its TTL).
-local function next_token()
-  if not fence_read then fence_value = redis.call('GET', k.fence) end
-  local last = tonumber(fence_value or '0')
-  local token = math.max(last + 1, now_us())
-  redis.call('SET', k.fence, fmt(token), 'PX', FENCE_TTL)
-  fence_read, fence_value = true, fmt(token)
-  return token
-end
-
--- A new hold (the lock hash must not exist). Returns the token. `...`: more field, value pairs.
-local function take(owner, attempt, lease, meta, ...)
-  local token = next_token()
-  redis.call('HSET', k.lock, 'owner', owner, 'attempt', fmt(attempt), 'count', 1, 'token', fmt(token),
-    'lease', fmt(lease), 'since', fmt(now_ms()), 'meta', meta, ...)
-  redis.call('PEXPIRE', k.lock, lease)
-  return token
+  if not W.existed then
+    redis.call('PEXPIRE', k.waiters, QUEUE_TTL)
+    W.existed = true
+  end
 end
 
 -- Remove dead waiters from the front of the queue; return the first live one and its entry.
 local function live_head()
-  local purged = false
   while true do
-    local head = redis.call('ZRANGE', k.queue, 0, 0)[1]
-    if not head then
-      -- whoever else emptied the queue dropped the waiters hash (a lost queue key leaves it to
-      -- the heartbeats, which tell its waiters to retry)
-      if purged then drop_waiters_if_queue_empty() end
-      return nil
-    end
+    local head = front()[1]
+    if not head then return nil end
     local w = waiter_entry(head)
     if w and w.deadline >= waiters_now() then return head, w end
-    purged = true
-    redis.call('ZREM', k.queue, head)
-    redis.call('HDEL', k.waiters, head)
-    redis.call('DEL', wake_key(head))
+    forget_waiter(head)
   end
 end
 
@@ -219,26 +335,25 @@ local function grant_message(attempt, token)
   return 'g|' .. fmt(attempt) .. '|' .. fmt(token) .. '|'
 end
 
--- Hand the (free) lock to the live head of the queue: the release grants, the waiter needs no
--- further round trip. The grantee's liveness moves into the lock hash (wdl, on the hash's own
--- virtual clock vc), so a heartbeat can revoke a hand-off whose grantee died before popping it.
+-- Hand the free lock (hash `h`, as read) to the live head of the queue: the release grants, the
+-- waiter needs no further round trip. The grantee's liveness moves into the lock hash (wdl, on
+-- the hash's own virtual clock vc), so a heartbeat can revoke a hand-off whose grantee died
+-- before popping it. `...`: more field, value pairs for the hash (a release's receipts).
 -- Returns the grantee or false.
-local function grant_next()
+local function grant_next(h, ...)
   local head, w = live_head()
   if not head then return false end
   local left = math.max(w.deadline - waiters_now(), 0)
-  redis.call('ZREM', k.queue, head)
-  redis.call('HDEL', k.waiters, head)
   local now = now_ms()
-  local token = take(head, w.attempt, w.lease, w.meta, 'vc', fmt(now) .. '|' .. fmt(now), 'wdl',
-    fmt(now + left))
-  vclocks[k.lock] = now
+  local token = take(h, head, w.attempt, w.lease, w.meta, 'vc', fmt(now) .. '|' .. fmt(now),
+    'wdl', fmt(now + left), ...)
+  h.wdl, h.vc = now + left, fmt(now) .. '|' .. fmt(now)
+  dequeue(head)
   local wk = wake_key(head)
-  redis.call('DEL', wk)
+  -- the message expires with the grant, so a late pop can never hold a lock that expired
+  -- meanwhile; a stale message of an older wait before it is skipped by the waiter
   redis.call('RPUSH', wk, grant_message(w.attempt, token) .. fmt(now))
-  -- the message expires with the grant, so a late pop can never hold a lock that expired meanwhile
   redis.call('PEXPIRE', wk, w.lease)
-  drop_waiters_if_queue_empty()
   return head
 end
 
@@ -249,17 +364,4 @@ local function handoff_pending(owner, attempt, token)
     if msg:sub(1, #prefix) == prefix then return true end
   end
   return false
-end
-
-local function lock_pttl()
-  local p = redis.call('PTTL', k.lock)
-  if p < 0 then return 0 end
-  return p
-end
-
--- The lease left of a grant, as reported to its holder: at most the hold's lease, since a
--- backward step of the server clock can leave a TTL longer than that, which no renewal keeps.
-local function grant_pttl()
-  local lease = tonumber(redis.call('HGET', k.lock, 'lease')) or 0
-  return math.min(lock_pttl(), lease)
 end

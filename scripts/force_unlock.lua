@@ -5,15 +5,17 @@
 -- Network: it names the hold, so a retry (or a late copy) finds that hold gone and does nothing,
 -- never releasing the hold it granted next. A stranded lock (free, waiters queued) is repaired.
 local owner, token = ARGV[3], ARGV[4]
-local bad = foreign_key()
-if bad then return redis.error_reply(bad) end
-local h = redis.call('HMGET', k.lock, 'owner', 'token')
-if h[1] and h[1] == owner and h[2] == token then
-  redis.call('DEL', k.lock)
-  redis.call('DEL', wake_key(owner))
-  return { 'released', grant_next() or '' }
-end
-if not h[1] and redis.call('EXISTS', k.queue) == 1 then
-  grant_next()
-end
-return { 'not_held', h[1] or '', h[2] or '' }
+return run(function()
+  local h = read_lock()
+  if h.owner and h.owner == owner and h.token_text == token then
+    redis.call('DEL', wake_key(owner))
+    local next = grant_next(h)
+    if not next then redis.call('HSET', k.lock, 'owner', '') end
+    return { 'released', next or '' }
+  end
+  local holder, holder_token = h.owner or '', (h.owner and h.token_text) or ''
+  if not h.owner and front()[1] then
+    grant_next(h)
+  end
+  return { 'not_held', holder, holder_token }
+end)

@@ -11,52 +11,60 @@
 -- Network: a retry refreshes again; a late heartbeat for an attempt that has moved on does
 -- nothing (a newer attempt's entry) or pushes a "retry" for that old attempt, which its thread
 -- ignores.
-local bad = foreign_key()
-if bad then return redis.error_reply(bad) end
-local h = redis.call('HMGET', k.lock, 'owner', 'attempt', 'token', 'wdl')
-local own_handoff = false
-local told = {}
-for i = 3, #ARGV, 2 do
-  local owner, attempt = ARGV[i], tonumber(ARGV[i + 1])
-  if h[1] == owner and tonumber(h[2]) == attempt then
-    own_handoff = true
-    if h[4] then
-      redis.call('HSET', k.lock, 'wdl', fmt(lock_now() + WAITER_TTL))
+return run(function()
+  local h = read_lock()
+  -- the lock hash's own virtual clock (see "Time" in common.lua), for hand-off deadlines; stored
+  -- below, as heartbeats are what moves it on
+  local lock_now = h.owner and h.wdl and advance(h.vc)
+  local own_handoff = false
+  local told = {}
+  for i = 3, #ARGV, 2 do
+    local owner, attempt = ARGV[i], tonumber(ARGV[i + 1])
+    if h.owner == owner and h.attempt == attempt then
+      own_handoff = true
+      if h.wdl then
+        h.wdl = lock_now + WAITER_TTL
+        redis.call('HSET', k.lock, 'wdl', fmt(h.wdl))
+      end
+    else
+      local w = waiter_entry(owner)
+      if w and w.attempt == attempt and read(k.queue, 'ZSCORE', owner) then
+        write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
+      elseif not (w and w.attempt > attempt) then
+        if w then forget_waiter(owner) end
+        local wk = wake_key(owner)
+        redis.call('RPUSH', wk, 'r|' .. fmt(attempt))
+        redis.call('PEXPIRE', wk, WAITER_TTL)
+        told[#told + 1] = owner
+      end
     end
-  else
-    local w = waiter_entry(owner)
-    if w and w.attempt == attempt and redis.call('ZSCORE', k.queue, owner) then
-      write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
-    elseif not (w and w.attempt > attempt) then
-      if w then forget_waiter(owner) end
-      local wk = wake_key(owner)
-      redis.call('RPUSH', wk, 'r|' .. fmt(attempt))
-      redis.call('PEXPIRE', wk, WAITER_TTL)
-      told[#told + 1] = owner
+  end
+
+  if lock_now then
+    redis.call('HSET', k.lock, 'vc', clock_value(lock_now))
+  end
+  if h.owner and h.wdl and not own_handoff and h.wdl < lock_now
+      and handoff_pending(h.owner, h.attempt, h.token) then
+    redis.call('HSET', k.lock, 'owner', '')
+    redis.call('DEL', wake_key(h.owner))
+    h.owner = false
+  end
+
+  if front()[1] then
+    if not h.owner then
+      grant_next(h)
+    else
+      live_head()
     end
+    if front()[1] then
+      redis.call('PEXPIRE', k.queue, QUEUE_TTL)
+      redis.call('PEXPIRE', k.waiters, QUEUE_TTL)
+    end
+  elseif W.now or read(k.waiters, 'HLEN') > 0 then
+    -- no queue (emptied, or its key lost): the waiters hash goes too
+    redis.call('DEL', k.waiters)
   end
-end
-
-if h[1] and h[4] and not own_handoff and tonumber(h[4]) < lock_now()
-    and handoff_pending(h[1], tonumber(h[2]), tonumber(h[3])) then
-  redis.call('DEL', k.lock)
-  redis.call('DEL', wake_key(h[1]))
-  h[1] = nil
-end
-
-if redis.call('EXISTS', k.queue) == 1 then
-  if redis.call('EXISTS', k.lock) == 0 then
-    grant_next()
-  else
-    live_head()
-  end
-  if redis.call('EXISTS', k.queue) == 1 then
-    redis.call('PEXPIRE', k.queue, QUEUE_TTL)
-    redis.call('PEXPIRE', k.waiters, QUEUE_TTL)
-  end
-else
-  drop_waiters_if_queue_empty()
-end
-local result = { lock_pttl() }
-for _, f in ipairs(told) do result[#result + 1] = f end
-return result
+  local result = { holder_pttl(h) }
+  for _, f in ipairs(told) do result[#result + 1] = f end
+  return result
+end)

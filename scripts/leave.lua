@@ -5,20 +5,20 @@
 -- drops a newer wait or releases a newer hold of the same thread; a retry finds nothing left
 -- (or, for 'claim', the same grant again).
 local owner, attempt, mode = ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local bad = foreign_key()
-if bad then return redis.error_reply(bad) end
-local now = now_ms()
-local h = redis.call('HMGET', k.lock, 'owner', 'attempt', 'token')
-if h[1] == owner and tonumber(h[2]) == attempt then
-  redis.call('DEL', wake_key(owner))
-  if mode == 'claim' then
-    return { 'granted', h[3], now, grant_pttl() }
+return run(function()
+  local h = read_lock()
+  if h.owner == owner and h.attempt == attempt then
+    redis.call('DEL', wake_key(owner))
+    if mode == 'claim' then
+      return { 'granted', h.token_text, now_ms(), grant_pttl(h) }
+    end
+    local next = grant_next(h)
+    if not next then redis.call('HSET', k.lock, 'owner', '') end
+    return { 'passed', next or '' }
   end
-  redis.call('DEL', k.lock)
-  return { 'passed', grant_next() or '' }
-end
-local mine = waiter_entry(owner)
-if mine and mine.attempt == attempt then
-  forget_waiter(owner)
-end
-return { 'left' }
+  local mine = waiter_entry(owner)
+  if mine and mine.attempt == attempt then
+    forget_waiter(owner)
+  end
+  return { 'left' }
+end)

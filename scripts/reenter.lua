@@ -5,9 +5,9 @@
 -- can only set a count that the thread's own depth overrides (the outermost release frees the
 -- lock whatever the count). A new hold has a new token, so nothing reaches a later hold.
 local owner, token, depth = ARGV[3], ARGV[4], tonumber(ARGV[5])
-local bad = foreign_key()
-if bad then return redis.error_reply(bad) end
-local v = redis.call('HMGET', k.lock, 'owner', 'token')
-if v[1] ~= owner or v[2] ~= token then return 0 end
-redis.call('HSET', k.lock, 'count', depth + 1)
-return depth + 1
+return run(function()
+  local v = read(k.lock, 'HMGET', 'owner', 'token')
+  if v[1] ~= owner or v[2] ~= token then return 0 end
+  redis.call('HSET', k.lock, 'count', depth + 1)
+  return depth + 1
+end)

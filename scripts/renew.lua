@@ -5,11 +5,13 @@
 -- leaves the server's lease at or past every estimate the holder made (each measured from when
 -- a renewal or grant it saw succeed was sent); a TTL a backward clock step made longer than the
 -- lease stays. Tokens are unique per hold, so it never renews the next owner's lock.
-local v = redis.call('HMGET', k.lock, 'owner', 'token')
-if v[1] == ARGV[3] and v[2] == ARGV[4] then
-  if redis.call('PTTL', k.lock) < tonumber(ARGV[5]) then
-    redis.call('PEXPIRE', k.lock, ARGV[5])
+return run(function()
+  local v = read(k.lock, 'HMGET', 'owner', 'token')
+  if v[1] == ARGV[3] and v[2] == ARGV[4] then
+    if redis.call('PTTL', k.lock) < tonumber(ARGV[5]) then
+      redis.call('PEXPIRE', k.lock, ARGV[5])
+    end
+    return 1
   end
-  return 1
-end
-return 0
+  return 0
+end)

@@ -1,17 +1,28 @@
 -- status.lua: read-only view of one lock.
 -- Returns {now_ms, owner, count, token, pttl, since, meta, fence, queue entries...}
--- where each queue entry is three values: owner, arrival time us, meta (or '' when its entry is gone).
+-- where each queue entry is three values: owner, arrival time us, meta (or '' when its entry is
+-- gone), and fence is the last token handed out (the fence; the hash's token if the fence is
+-- gone).
 -- Network: reads only.
-local bad = foreign_key()
-if bad then return redis.error_reply(bad) end
-local h = redis.call('HMGET', k.lock, 'owner', 'count', 'token', 'since', 'meta')
-local result = { now_ms(), h[1] or '', h[2] or '0', h[3] or '0', lock_pttl(), h[4] or '0', h[5] or '',
-                 redis.call('GET', k.fence) or '0' }
-local q = redis.call('ZRANGE', k.queue, 0, -1, 'WITHSCORES')
-for i = 1, #q, 2 do
-  local w = waiter_entry(q[i])
-  result[#result + 1] = q[i]
-  result[#result + 1] = q[i + 1]
-  result[#result + 1] = (w and w.meta) or ''
-end
-return result
+return run(function()
+  local v = read(k.lock, 'HMGET', 'owner', 'count', 'token', 'since', 'meta')
+  local f = read(k.fence, 'GET')
+  if f and not tonumber(f) then refuse(k.fence, 'a non-numeric string') end
+  local fence = f or v[3] or '0'
+  local result
+  if v[1] and v[1] ~= '' then
+    local pttl = redis.call('PTTL', k.lock)
+    result = { now_ms(), v[1], v[2] or '0', v[3] or '0', math.max(pttl, 0), v[4] or '0',
+               v[5] or '', fence }
+  else
+    result = { now_ms(), '', '0', '0', 0, '0', '', fence }
+  end
+  local q = read(k.queue, 'ZRANGE', 0, -1, 'WITHSCORES')
+  for i = 1, #q, 2 do
+    local w = waiter_entry(q[i])
+    result[#result + 1] = q[i]
+    result[#result + 1] = q[i + 1]
+    result[#result + 1] = (w and w.meta) or ''
+  end
+  return result
+end)

@@ -202,7 +202,6 @@ impl LockClientBuilder {
         let protocol = raw::Settings {
             fence_ttl: c.fence_ttl,
             waiter_timeout: c.waiter_timeout(),
-            receipt_ttl: RECEIPT_TTL,
         };
         Ok(LockClient {
             inner: Arc::new(ClientInner {
@@ -250,9 +249,6 @@ pub(crate) fn validate_lease(setting: &'static str, lease: Duration) -> Result<(
 pub struct LockClient {
     pub(crate) inner: Arc<ClientInner>,
 }
-
-/// How long a full release's receipt is kept, so a retried release can tell it already happened.
-const RECEIPT_TTL: Duration = Duration::from_secs(10);
 
 pub(crate) struct ClientInner {
     /// Unique per client; with the thread's number it forms the owner flag.

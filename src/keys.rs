@@ -12,12 +12,12 @@ pub const MAX_PREFIX_LEN: usize = 128;
 /// all (and they would share one Cluster slot; the client itself talks to one node only).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct LockKeys {
-    /// The lock hash: owner, count, token, lease, since, meta. Also the base of the wake lists.
+    /// The lock hash: the hold (owner, count, token, lease, ...) or, once released, its
+    /// tombstone. Also the base of the wake lists.
     pub lock: String,
     pub fence: String,
     pub queue: String,
     pub waiters: String,
-    pub released: String,
 }
 
 impl LockKeys {
@@ -27,7 +27,6 @@ impl LockKeys {
             fence: format!("{lock}:fence"),
             queue: format!("{lock}:queue"),
             waiters: format!("{lock}:waiters"),
-            released: format!("{lock}:released"),
             lock,
         }
     }
@@ -37,15 +36,9 @@ impl LockKeys {
         format!("{}:wake:{flag}", self.lock)
     }
 
-    /// The keys in the order every script expects them (KEYS[1..5]).
-    pub fn all(&self) -> [&str; 5] {
-        [
-            &self.lock,
-            &self.fence,
-            &self.queue,
-            &self.waiters,
-            &self.released,
-        ]
+    /// The keys in the order every script expects them (KEYS[1..4]).
+    pub fn all(&self) -> [&str; 4] {
+        [&self.lock, &self.fence, &self.queue, &self.waiters]
     }
 }
 

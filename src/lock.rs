@@ -212,11 +212,9 @@ impl FairLock {
     /// # Errors
     /// [`Error::Connection`] when Redis cannot be reached.
     pub fn is_locked(&self) -> Result<bool> {
-        let exists: bool = self.client.with_conn("reading the lock", |c| {
-            c.query(redis::cmd("EXISTS").arg(&self.raw.keys().lock))
-                .map_err(|e| Error::from_redis("reading the lock", e))
-        })?;
-        Ok(exists)
+        let (owner, _) = self.owner_and("count")?;
+        // a released lock's hash lives on for a while as a tombstone, with an empty owner
+        Ok(owner.is_some_and(|o| !o.is_empty()))
     }
 
     /// Whether the calling thread (through this client) holds the lock, as Redis sees it (one

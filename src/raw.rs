@@ -31,8 +31,6 @@ pub struct Settings {
     pub fence_ttl: Duration,
     /// How long a waiter lives without a heartbeat before others purge it as dead.
     pub waiter_timeout: Duration,
-    /// How long a full release's receipt is kept, so a retried release knows it happened.
-    pub receipt_ttl: Duration,
 }
 
 impl Default for Settings {
@@ -40,22 +38,32 @@ impl Default for Settings {
         Settings {
             fence_ttl: Duration::from_secs(7 * 24 * 3600),
             waiter_timeout: Duration::from_secs(3),
-            receipt_ttl: Duration::from_secs(10),
         }
     }
 }
 
 /// One compiled-in script: `common.lua` followed by the transition's own file, and its SHA1.
 pub struct Script {
+    name: &'static str,
     code: String,
     sha: String,
 }
 
 impl Script {
-    fn new(body: &str) -> Script {
+    fn new(name: &'static str, body: &str) -> Script {
         let code = format!("{COMMON}\n{body}");
         let sha = redis::Script::new(&code).get_hash().to_string();
-        Script { code, sha }
+        Script { name, code, sha }
+    }
+
+    /// The transition's name, as its file in `scripts/` is called ("acquire", "release", ...).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The SHA1 that `EVALSHA` names the script by.
+    pub fn sha(&self) -> &str {
+        &self.sha
     }
 
     /// Load the script into the server's script cache (EVALSHA fails with NOSCRIPT until then).
@@ -74,7 +82,12 @@ impl Script {
 
 macro_rules! lua {
     ($name:literal) => {
-        LazyLock::new(|| Script::new(include_str!(concat!("../scripts/", $name, ".lua"))))
+        LazyLock::new(|| {
+            Script::new(
+                $name,
+                include_str!(concat!("../scripts/", $name, ".lua")),
+            )
+        })
     };
 }
 
@@ -427,9 +440,9 @@ impl RawLock {
         &self.settings
     }
 
-    /// The lock's keys (lock hash, fence, queue, waiters, receipts; wake lists are
+    /// The lock's keys (lock hash, fence, queue, waiters; wake lists are
     /// `<lock hash>:wake:<owner>`).
-    pub fn key_names(&self) -> [&str; 5] {
+    pub fn key_names(&self) -> [&str; 4] {
         self.keys.all()
     }
 
@@ -456,7 +469,7 @@ impl RawLock {
     ) -> Call<T> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&script.sha)
-            .arg(5)
+            .arg(4)
             .arg(&self.keys.all()[..])
             .arg(millis(self.settings.fence_ttl).max(1))
             .arg(millis(self.settings.waiter_timeout).max(3));
@@ -500,11 +513,7 @@ impl RawLock {
     /// The holder of `token` releases one level; `depth` is its depth before (1: the whole hold).
     pub fn release(&self, owner: &str, token: u64, depth: u32) -> Call<Release> {
         let mut c = self.call(&RELEASE, "releasing", parse_release);
-        c.cmd
-            .arg(owner)
-            .arg(token)
-            .arg(depth.max(1))
-            .arg(millis(self.settings.receipt_ttl));
+        c.cmd.arg(owner).arg(token).arg(depth.max(1));
         c
     }
 
@@ -751,6 +760,6 @@ mod tests {
             .get_packed_command();
         let text = String::from_utf8_lossy(&packed);
         assert!(text.contains("604800000"), "{text}");
-        assert!(text.contains("p:{n}:released"), "{text}");
+        assert!(text.contains("p:{n}:waiters"), "{text}");
     }
 }

@@ -14,7 +14,7 @@ use support::{eventually, RedisServer};
 const SECS_5: Duration = Duration::from_secs(5);
 
 #[test]
-fn lock_and_unlock_leave_only_the_fence_and_a_short_receipt() {
+fn lock_and_unlock_leave_only_the_fence_and_a_tombstone_that_expires() {
     let server = RedisServer::start();
     let client = support::client(&server);
     let lock = client.lock("basic").unwrap();
@@ -42,19 +42,19 @@ fn lock_and_unlock_leave_only_the_fence_and_a_short_receipt() {
     assert!(!lock.is_locked().unwrap());
     assert!(!lock.is_held_by_current_thread().unwrap());
     assert_eq!(lock.hold_count().unwrap(), 0);
-    assert_eq!(
-        server.lock_keys("basic"),
-        ["fairlock:{basic}:fence", "fairlock:{basic}:released"]
-    );
+    server.assert_released_keys("basic");
     // every key expires: the fence after the fence TTL (default 7 days; tokens rise without it,
-    // being seeded from the server clock), the release receipt within 10 s
+    // being seeded from the server clock), the tombstone with the released hold's lease
     let fence = server.pttl("fairlock:{basic}:fence");
     assert!(
         fence > 6 * 24 * 3600 * 1000 && fence <= 7 * 24 * 3600 * 1000,
         "fence TTL {fence} ms"
     );
-    let receipt = server.pttl("fairlock:{basic}:released");
-    assert!(receipt > 0 && receipt <= 10_000, "receipt TTL {receipt} ms");
+    let tombstone = server.pttl("fairlock:{basic}");
+    assert!(
+        tombstone > 0 && tombstone <= 30_000,
+        "tombstone TTL {tombstone} ms"
+    );
     // nothing else on the server
     assert_eq!(server.keys().len(), 2, "{:?}", server.keys());
 
@@ -110,10 +110,7 @@ fn contended_session_leaves_no_queue_waiter_or_wake_keys() {
         t.join().unwrap();
     }
     assert_eq!(acquisitions.load(Ordering::SeqCst), 40);
-    server.assert_lock_keys(
-        "busy",
-        &["fairlock:{busy}:fence", "fairlock:{busy}:released"],
-    );
+    server.assert_released_keys("busy");
     let status = lock.status().unwrap();
     assert!(status.holder.is_none());
     assert!(status.waiters.is_empty());
@@ -390,10 +387,7 @@ fn try_lock_for_gives_up_in_bounded_time_and_leaves_no_queue_entry() {
     };
     assert!(!past.join().unwrap());
     g.unlock().unwrap();
-    server.assert_lock_keys(
-        "tryfor",
-        &["fairlock:{tryfor}:fence", "fairlock:{tryfor}:released"],
-    );
+    server.assert_released_keys("tryfor");
 }
 
 #[test]

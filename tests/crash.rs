@@ -155,10 +155,7 @@ fn a_sigkilled_holder_passes_the_lock_to_three_waiters_in_fifo_within_lease_plus
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
     assert!(acqs.windows(2).all(|w| w[0].at_us < w[1].at_us));
     assert!(acqs.iter().all(|a| !a.flag.is_empty()));
-    server.assert_lock_keys(
-        "victim",
-        &["fairlock:{victim}:fence", "fairlock:{victim}:released"],
-    );
+    server.assert_released_keys("victim");
 }
 
 /// Queue W1 then W2 (children) behind a holder in this process; SIGKILL W1.
@@ -215,13 +212,7 @@ fn a_sigkilled_waiter_at_the_head_does_not_stall_the_queue() {
     w2.expect("DONE", SECS_30);
     assert!(w2.wait(SECS_30));
     // the dead waiter's entry and wake list are gone
-    server.assert_lock_keys(
-        "dead-head",
-        &[
-            "fairlock:{dead-head}:fence",
-            "fairlock:{dead-head}:released",
-        ],
-    );
+    server.assert_released_keys("dead-head");
 }
 
 #[test]
@@ -258,13 +249,7 @@ fn a_sigkilled_waiter_leaves_the_queue_while_the_lock_is_held() {
     assert!(released.elapsed() < Duration::from_secs(3));
     w2.expect("DONE", SECS_30);
     assert!(w2.wait(SECS_30));
-    server.assert_lock_keys(
-        "dead-waiter",
-        &[
-            "fairlock:{dead-waiter}:fence",
-            "fairlock:{dead-waiter}:released",
-        ],
-    );
+    server.assert_released_keys("dead-waiter");
 }
 
 #[test]

@@ -125,10 +125,7 @@ fn fifo_order_of_16_waiters_in_two_processes_equals_their_queue_order() {
     let blpops = server.command_calls("blpop") - blpops_before;
     println!("{blpops} BLPOPs for 16 hand-offs");
     assert!(blpops <= 20, "{blpops} BLPOPs for 16 hand-offs");
-    server.assert_lock_keys(
-        "fifo",
-        &["fairlock:{fifo}:fence", "fairlock:{fifo}:released"],
-    );
+    server.assert_released_keys("fifo");
 }
 
 #[test]
@@ -309,10 +306,7 @@ fn a_waiter_that_gives_up_at_the_moment_of_release_leaves_nothing_stuck() {
         }));
         println!("offset {offset_ms:>3} ms: impatient got {impatient_token:?}, patient {token}");
     }
-    server.assert_lock_keys(
-        "giveup",
-        &["fairlock:{giveup}:fence", "fairlock:{giveup}:released"],
-    );
+    server.assert_released_keys("giveup");
 }
 
 #[test]

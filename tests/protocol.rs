@@ -77,13 +77,18 @@ fn pop(conn: &mut redis::Connection, lock: &RawLock, owner: &str) -> Option<Wake
     msg.map(|m| raw::parse_wake(&m).unwrap())
 }
 
+/// The holder and its token; (None, None) when free (no hash, or a released lock's tombstone).
 fn holder(conn: &mut redis::Connection, lock: &RawLock) -> (Option<String>, Option<u64>) {
-    redis::cmd("HMGET")
+    let (owner, token): (Option<String>, Option<u64>) = redis::cmd("HMGET")
         .arg(lock.key_names()[0])
         .arg("owner")
         .arg("token")
         .query(conn)
-        .unwrap()
+        .unwrap();
+    match owner {
+        Some(o) if !o.is_empty() => (Some(o), token),
+        _ => (None, None),
+    }
 }
 
 fn queue(conn: &mut redis::Connection, lock: &RawLock) -> Vec<String> {

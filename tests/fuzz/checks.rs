@@ -50,6 +50,8 @@ pub struct LockSnap {
     pub queue: Vec<(String, f64)>,
     /// owner -> attempt of its waiters entry.
     pub waiters: HashMap<String, u64>,
+    /// The fence key's value (0: none), a bound above the tokens handed out.
+    pub fence: u64,
 }
 
 pub struct Snapshot {
@@ -90,17 +92,20 @@ impl Checker {
     }
 }
 
-/// Reads every lock's holder, queue and waiters in one atomic step (and, when asked, the PTTL
-/// of every key on the server). KEYS: lock hash, queue, waiters per lock.
+/// Reads every lock's holder, queue, waiters and fence in one atomic step (and, when asked, the
+/// PTTL of every key on the server). KEYS: lock hash, queue, waiters, fence per lock. A
+/// tombstone (a released lock's hash, owner '') reads as no hash.
 static SNAPSHOT: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r"
 local out = {}
-for i = 0, #KEYS / 3 - 1 do
-  local h = redis.call('HMGET', KEYS[3 * i + 1], 'owner', 'attempt', 'token')
+for i = 0, #KEYS / 4 - 1 do
+  local h = redis.call('HMGET', KEYS[4 * i + 1], 'owner', 'attempt', 'token')
+  if h[1] == '' then h = {} end
   out[#out + 1] = { h[1] or '', h[2] or '0', h[3] or '0',
-                    redis.call('ZRANGE', KEYS[3 * i + 2], 0, -1, 'WITHSCORES'),
-                    redis.call('HGETALL', KEYS[3 * i + 3]) }
+                    redis.call('ZRANGE', KEYS[4 * i + 2], 0, -1, 'WITHSCORES'),
+                    redis.call('HGETALL', KEYS[4 * i + 3]),
+                    redis.call('GET', KEYS[4 * i + 4]) or '0' }
 end
 local keys = {}
 if ARGV[1] == '1' then
@@ -162,6 +167,7 @@ fn parse_lock(v: &Value) -> LockSnap {
         token: num(2),
         queue,
         waiters,
+        fence: num(5),
     }
 }
 
@@ -170,7 +176,7 @@ impl World {
         let mut inv = SNAPSHOT.prepare_invoke();
         for lock in &self.locks {
             let k = lock.key_names();
-            inv.key(k[0]).key(k[2]).key(k[3]);
+            inv.key(k[0]).key(k[2]).key(k[3]).key(k[1]);
         }
         inv.arg(if with_keys { "1" } else { "0" });
         let v: Value = inv.invoke(&mut self.conns[0]).expect("snapshot");
@@ -237,7 +243,11 @@ impl World {
                 self.checker.max_token[l] = cur.token;
             }
             self.checker.max_token[l] = self.checker.max_token[l].max(cur.token);
-            self.checker.fence_lost[l] = false;
+            // a grant writes the fence only when its token passes the reservation, so the fence
+            // is back only once it is above the tokens again
+            if cur.fence >= self.checker.max_token[l] {
+                self.checker.fence_lost[l] = false;
+            }
             // 4. no live waiter overtaken (a holder renewing itself with a newer attempt of
             //    the same thread takes nothing from the queue: the lock never became free)
             if prev.owner != cur.owner {
@@ -400,7 +410,7 @@ impl World {
     }
 
     /// The end state after the quiet phase: every lock free, nothing queued, and only the fence,
-    /// the release receipts and short-lived wake lists left.
+    /// tombstones living out a released lease and short-lived wake lists left.
     pub fn settled(&mut self) -> Result<(), String> {
         let snap = self.snapshot(true);
         let mut wrong = vec![];
@@ -420,8 +430,9 @@ impl World {
         for (key, pttl) in &snap.keys {
             let ok = if key.ends_with(":fence") {
                 *pttl > 0
-            } else if key.ends_with(":released") {
-                *pttl > 0 && *pttl <= self.cfg.receipt_ttl_ms as i64 + behind
+            } else if !key.contains("}:") {
+                // a lock hash, free (checked above): a tombstone for the rest of a lease
+                *pttl > 0 && *pttl <= self.cfg.lease_ms.1 as i64 + behind
             } else if key.contains(":wake:") {
                 *pttl > 0 && *pttl <= self.cfg.waiter_timeout_ms as i64 + behind
             } else {

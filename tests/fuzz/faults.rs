@@ -186,7 +186,6 @@ impl World {
                 self.places_lost(lock);
                 names[if key == EvictKey::Queue { 2 } else { 3 }].clone()
             }
-            EvictKey::Released => names[4].clone(),
             EvictKey::Wake(c, t) => {
                 if c >= self.clients.len() || t >= self.clients[c].threads.len() {
                     return false;

@@ -17,7 +17,6 @@ pub struct Config {
     pub threads: usize,
     pub lease_ms: (u64, u64),
     pub waiter_timeout_ms: u64,
-    pub receipt_ttl_ms: u64,
     /// Cap a grant's reported pttl at the hold's lease, as the real client does
     /// (`lock.rs`). Off in `backward_step_then_lost_renewal`, which checks that the scripts
     /// alone are safe: they report at most the lease and a renewal never shortens a TTL.
@@ -34,7 +33,6 @@ impl Config {
             threads: rng.range(1, 3) as usize,
             lease_ms: (300, 800),
             waiter_timeout_ms: 600,
-            receipt_ttl_ms: 10_000,
             cap_pttl_at_lease: true,
         }
     }

@@ -48,7 +48,6 @@ pub enum EvictKey {
     Fence,
     Queue,
     Waiters,
-    Released,
     Wake(usize, usize),
 }
 
@@ -422,7 +421,6 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
                     (15.0, EvictKey::Fence),
                     (15.0, EvictKey::Queue),
                     (15.0, EvictKey::Waiters),
-                    (5.0, EvictKey::Released),
                     (20.0, EvictKey::Wake(c, t)),
                 ]),
             }

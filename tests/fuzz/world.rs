@@ -121,7 +121,6 @@ impl World {
         let settings = Settings {
             fence_ttl: Duration::from_secs(3600),
             waiter_timeout: Duration::from_millis(cfg.waiter_timeout_ms),
-            receipt_ttl: Duration::from_millis(cfg.receipt_ttl_ms),
         };
         let locks = (0..cfg.locks)
             .map(|i| RawLock::new("fz", &format!("L{i}"), settings).expect("lock name"))

@@ -502,6 +502,20 @@ impl RedisServer {
             "keys of lock {name:?}: {last:?}, expected {expected:?}"
         );
     }
+
+    /// Wait (up to 3 s) until lock `name` is free with nothing left but its fence and the
+    /// tombstone of its last hold (a lock hash whose owner is empty, living out that hold's
+    /// lease), else panic. See [`RedisServer::assert_lock_keys`].
+    pub fn assert_released_keys(&self, name: &str) {
+        let lock = format!("fairlock:{{{name}}}");
+        self.assert_lock_keys(name, &[&lock, &format!("{lock}:fence")]);
+        let owner: Option<String> = redis::cmd("HGET")
+            .arg(&lock)
+            .arg("owner")
+            .query(&mut self.conn())
+            .unwrap();
+        assert_eq!(owner.as_deref(), Some(""), "{lock} is not a tombstone");
+    }
 }
 
 /// The waiters of `lock` in queue order, by process id.
