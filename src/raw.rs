@@ -82,12 +82,7 @@ impl Script {
 
 macro_rules! lua {
     ($name:literal) => {
-        LazyLock::new(|| {
-            Script::new(
-                $name,
-                include_str!(concat!("../scripts/", $name, ".lua")),
-            )
-        })
+        LazyLock::new(|| Script::new($name, include_str!(concat!("../scripts/", $name, ".lua"))))
     };
 }
 

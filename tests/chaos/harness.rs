@@ -844,8 +844,9 @@ impl Run<'_> {
         end
     }
 
-    /// After the workers stopped: only the fence counters and (for 10 s) release receipts of the
-    /// locks may remain, besides the workload's own keys. Looks after 1.5 s, and again until 3 s.
+    /// After the workers stopped: only the fence counters and the tombstones of the last holds
+    /// (free lock hashes living out a lease) may remain, besides the workload's own keys. Looks
+    /// after 1.5 s, and again until 3 s.
     fn check_keys(&self, end: &mut EndState) -> Option<Duration> {
         let stopped = Instant::now();
         thread::sleep(Duration::from_millis(1500));
@@ -872,8 +873,9 @@ impl Run<'_> {
                 // every key of the lock has a TTL now, the fence too (7 days by default)
                 let ok = LOCKS.iter().any(|n| {
                     (key == format!("fairlock:{{{n}}}:fence") && pttl > 0)
-                        || (key == format!("fairlock:{{{n}}}:released")
-                            && (0..=10_000).contains(&pttl))
+                        || (key == format!("fairlock:{{{n}}}")
+                            && (0..=workload::LEASE.as_millis() as i64).contains(&pttl)
+                            && is_tombstone(&mut c, &key))
                 });
                 if !ok && pttl != -2 {
                     bad.push((key, pttl));
@@ -889,6 +891,16 @@ impl Run<'_> {
             thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// Whether the lock hash at `key` is free: the tombstone a release leaves (owner '').
+fn is_tombstone(c: &mut redis::Connection, key: &str) -> bool {
+    let owner: Option<String> = redis::cmd("HGET")
+        .arg(key)
+        .arg("owner")
+        .query(c)
+        .unwrap_or(None);
+    owner.as_deref() == Some("")
 }
 
 /// `FAIRLOCK_CHAOS_MUTANT=force-retry` turns the operator's retry into `force_unlock()`, which
