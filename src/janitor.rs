@@ -81,8 +81,9 @@ impl Janitor {
         Ok(Janitor { registry, nudge })
     }
 
-    /// `owner` now waits on `raw`'s lock with `attempt`. `holder_pttl` is the holder's lease
-    /// left, so the janitor can look right after it runs out.
+    /// `owner` now waits on `raw`'s lock with `attempt`. `holder_pttl` bounds the holder's lease
+    /// left (the queueing reply gives the hold's whole lease, to spare a PTTL call), so the
+    /// janitor looks when it has surely run out; each heartbeat then replans on the exact PTTL.
     pub fn register(&self, raw: &Arc<RawLock>, owner: &str, attempt: u64, holder_pttl: Duration) {
         let mut registry = self.registry.lock();
         registry

@@ -258,7 +258,8 @@ pub enum Acquire {
     Queued {
         /// The server's clock when the caller was queued (ms).
         server_ms: i64,
-        /// The holder's lease left (ms).
+        /// The holder's lease (ms): an upper bound of what it has left, read without a PTTL
+        /// call to keep queueing cheap.
         pttl_ms: i64,
     },
     /// A newer attempt of this owner reached Redis first: this request came late and did
