@@ -22,6 +22,8 @@ use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 
 const COMMON: &str = include_str!("../scripts/common.lua");
+/// Helpers of the scripts that take the lock or change the queue (after `COMMON`).
+const STATE: &str = include_str!("../scripts/state.lua");
 
 /// Settings every script of one lock client is run with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,8 +52,14 @@ pub struct Script {
 }
 
 impl Script {
-    fn new(name: &'static str, body: &str) -> Script {
-        let code = format!("{COMMON}\n{body}");
+    /// `state`: whether the script needs `state.lua`'s helpers too (Lua creates every helper
+    /// anew on each run, so the short scripts go without).
+    fn new(name: &'static str, state: bool, body: &str) -> Script {
+        let code = if state {
+            format!("{COMMON}\n{STATE}\n{body}")
+        } else {
+            format!("{COMMON}\n{body}")
+        };
         let sha = redis::Script::new(&code).get_hash().to_string();
         Script { name, code, sha }
     }
@@ -81,19 +89,25 @@ impl Script {
 }
 
 macro_rules! lua {
-    ($name:literal) => {
-        LazyLock::new(|| Script::new($name, include_str!(concat!("../scripts/", $name, ".lua"))))
+    ($name:literal, $state:expr) => {
+        LazyLock::new(|| {
+            Script::new(
+                $name,
+                $state,
+                include_str!(concat!("../scripts/", $name, ".lua")),
+            )
+        })
     };
 }
 
-static ACQUIRE: LazyLock<Script> = lua!("acquire");
-static REENTER: LazyLock<Script> = lua!("reenter");
-static RELEASE: LazyLock<Script> = lua!("release");
-static RENEW: LazyLock<Script> = lua!("renew");
-static LEAVE: LazyLock<Script> = lua!("leave");
-static FORCE_UNLOCK: LazyLock<Script> = lua!("force_unlock");
-static HEARTBEAT: LazyLock<Script> = lua!("heartbeat");
-static STATUS: LazyLock<Script> = lua!("status");
+static ACQUIRE: LazyLock<Script> = lua!("acquire", true);
+static REENTER: LazyLock<Script> = lua!("reenter", false);
+static RELEASE: LazyLock<Script> = lua!("release", true);
+static RENEW: LazyLock<Script> = lua!("renew", false);
+static LEAVE: LazyLock<Script> = lua!("leave", true);
+static FORCE_UNLOCK: LazyLock<Script> = lua!("force_unlock", true);
+static HEARTBEAT: LazyLock<Script> = lua!("heartbeat", true);
+static STATUS: LazyLock<Script> = lua!("status", true);
 
 /// Every script, for loading them ahead of use.
 pub fn scripts() -> [&'static Script; 8] {

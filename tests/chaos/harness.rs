@@ -40,31 +40,20 @@ pub const MAX_FORWARD_STEP: Duration =
 /// The largest backward step of the server clock.
 pub const MAX_BACKWARD_STEP: Duration = Duration::from_secs(5);
 
-/// The protocol's scripts as the library builds them (`common.lua` + the file), to know them by
-/// SHA1: a late delivery traps one of the weighted ones (weight 0: never chosen, only named in
-/// reports). One that Redis does not know by that SHA1 (the library builds them otherwise now)
-/// falls back to any script call of the lock protocol.
-const COMMON_LUA: &str = include_str!("../../scripts/common.lua");
-const SCRIPTS: [(&str, &str, u64); 8] = [
-    ("acquire", include_str!("../../scripts/acquire.lua"), 4),
-    ("release", include_str!("../../scripts/release.lua"), 4),
-    ("heartbeat", include_str!("../../scripts/heartbeat.lua"), 2),
-    ("leave", include_str!("../../scripts/leave.lua"), 1),
-    ("renew", include_str!("../../scripts/renew.lua"), 1),
-    ("reenter", include_str!("../../scripts/reenter.lua"), 0),
-    ("status", include_str!("../../scripts/status.lua"), 0),
-    (
-        "force_unlock",
-        include_str!("../../scripts/force_unlock.lua"),
-        0,
-    ),
+/// How often a late delivery traps each of the protocol's scripts (known by their SHA1 from
+/// `fairlock::raw::scripts()`); weight 0: never chosen, only named in reports. A request Redis
+/// does not know by that SHA1 falls back to any script call of the lock protocol.
+const TRAP_WEIGHTS: [(&str, u64); 5] = [
+    ("acquire", 4),
+    ("release", 4),
+    ("heartbeat", 2),
+    ("leave", 1),
+    ("renew", 1),
 ];
 
-/// One of [`SCRIPTS`], compiled.
+/// One of the protocol's scripts and how often a late delivery traps it.
 struct ScriptInfo {
-    name: &'static str,
-    code: String,
-    sha: String,
+    script: &'static fairlock::raw::Script,
     weight: u64,
 }
 
@@ -162,17 +151,14 @@ pub fn run(s: &Scenario) -> Report {
         .read_timeout(Duration::from_secs(2))
         .build()
         .expect("the operator's client");
-    let scripts = SCRIPTS
-        .iter()
-        .map(|&(name, body, weight)| {
-            let code = format!("{COMMON_LUA}\n{body}");
-            let sha = redis::Script::new(&code).get_hash().to_string();
-            ScriptInfo {
-                name,
-                code,
-                sha,
-                weight,
-            }
+    let scripts = fairlock::raw::scripts()
+        .into_iter()
+        .map(|script| ScriptInfo {
+            script,
+            weight: TRAP_WEIGHTS
+                .iter()
+                .find(|(name, _)| *name == script.name())
+                .map_or(0, |w| w.1),
         })
         .collect();
     let history = History::create(&dir.join("parent.log"));
@@ -598,7 +584,7 @@ impl Run<'_> {
             }
             x -= s.weight;
         }
-        let sha = self.scripts[chosen].sha.clone();
+        let sha = self.scripts[chosen].script.sha().to_string();
         let known = self.conn().is_some_and(|mut c| {
             redis::cmd("SCRIPT")
                 .arg("EXISTS")
@@ -654,8 +640,8 @@ impl Run<'_> {
         let mut names: Vec<&str> = self
             .scripts
             .iter()
-            .filter(|s| r.request.contains(&s.sha[..]))
-            .map(|s| s.name)
+            .filter(|s| r.request.contains(s.script.sha()))
+            .map(|s| s.script.name())
             .collect();
         if names.is_empty() {
             names.push("other");
@@ -695,16 +681,13 @@ impl Run<'_> {
             // Redis must know the script, or the lost reply is a NOSCRIPT (after a restart
             // without persistence, or before any force-unlock) and only the retry runs it
             if let Some(mut c) = self.conn() {
-                let code = &self
+                let script = self
                     .scripts
                     .iter()
-                    .find(|s| s.name == "force_unlock")
+                    .find(|s| s.script.name() == "force_unlock")
                     .unwrap()
-                    .code;
-                let _ = redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(code)
-                    .query::<String>(&mut c);
+                    .script;
+                let _ = script.load(&mut c);
             }
             let name = LOCKS[self.rng.range(0, LOCKS.len() as u64 - 1) as usize];
             let lock = self.operator.lock(name).expect("lock name");

@@ -1,0 +1,231 @@
+-- state.lua: helpers over a lock's hash, queue and waiters, prepended after common.lua to the
+-- scripts that take the lock or change the queue (see common.lua for the keys and states).
+
+-- ---- the lock hash --------------------------------------------------------------------------
+
+-- The lock hash as this script first saw it; owner is false when the lock is free.
+local function read_lock()
+  local v = read(k.lock, 'HMGET', 'owner', 'attempt', 'token', 'lease', 'released', 'wdl', 'vc')
+  local owner = v[1]
+  if owner == '' then owner = false end
+  return { owner = owner, attempt = tonumber(v[2]) or 0, token = tonumber(v[3]), token_text = v[3],
+           lease = tonumber(v[4]) or 0, released = v[5] or '', wdl = tonumber(v[6]), vc = v[7] }
+end
+
+local function wake_key(owner)
+  return k.lock .. ':wake:' .. owner
+end
+
+-- The next token after the hash `h` (see "Tokens" above). The fence is the script's first write
+-- on every path that takes the lock, so foreign data there is refused before anything else is
+-- written.
+local function next_token(h)
+  local token = math.max((h.token or 0) + 1, now_us())
+  local old = read(k.fence, 'SET', fmt(token), 'PX', FENCE_TTL, 'GET')
+  if old and not tonumber(old) then
+    -- another program's string: put it back (without the TTL it may have had) and refuse
+    redis.call('SET', k.fence, old)
+    refuse(k.fence, 'a non-numeric string')
+  end
+  if old and tonumber(old) >= token then
+    -- the fence is ahead of the hash (no hash: its lease ran out; or the server clock went back)
+    token = tonumber(old) + 1
+    redis.call('SET', k.fence, fmt(token), 'PX', FENCE_TTL)
+  end
+  return token
+end
+
+-- A new hold, written over whatever hash (tombstone or an older hold) is there. `...`: more
+-- field, value pairs (a hand-off's wdl and vc). Returns the token.
+local function take(h, owner, attempt, lease, meta, ...)
+  local token = next_token(h)
+  local extra = { ... }
+  if #extra == 0 then extra = { 'wdl', '' } end
+  redis.call('HSET', k.lock, 'owner', owner, 'attempt', fmt(attempt), 'count', 1,
+    'token', fmt(token), 'lease', fmt(lease), 'since', fmt(now_ms()), 'meta', meta,
+    unpack(extra))
+  redis.call('PEXPIRE', k.lock, lease)
+  h.owner, h.attempt, h.token, h.token_text, h.lease = owner, attempt, token, fmt(token), lease
+  h.wdl = nil
+  return token
+end
+
+-- The released list with `token` added, the oldest dropped beyond RECEIPTS.
+local function with_receipt(released, token)
+  local out = { token }
+  for t in string.gmatch(released, '%d+') do
+    if #out >= RECEIPTS then break end
+    out[#out + 1] = t
+  end
+  return table.concat(out, ' ')
+end
+
+local function has_receipt(released, token)
+  for t in string.gmatch(released, '%d+') do
+    if t == token then return true end
+  end
+  return false
+end
+
+-- The holder's lease left (0 when free).
+local function holder_pttl(h)
+  if not h.owner then return 0 end
+  local p = redis.call('PTTL', k.lock)
+  if p < 0 then return 0 end
+  return p
+end
+
+-- The lease left of a grant, as reported to its holder: at most the hold's lease, since a
+-- backward step of the server clock can leave a TTL longer than that, which no renewal keeps.
+local function grant_pttl(h)
+  return math.min(holder_pttl(h), h.lease)
+end
+
+-- ---- the queue and the waiters --------------------------------------------------------------
+
+-- "attempt|deadline|lease|meta" -> table
+local function parse_waiter(v)
+  if not v then return nil end
+  local attempt, deadline, lease, meta = string.match(v, '^(%d+)|(%d+)|(%d+)|(.*)$')
+  if not attempt then return nil end
+  return { attempt = tonumber(attempt), deadline = tonumber(deadline), lease = tonumber(lease),
+           meta = meta }
+end
+
+-- The waiters hash as this script sees it: its virtual clock now, the last score given out, and
+-- the entries read so far (owner -> entry or false).
+local W = { now = nil, tail = 0, existed = false, entries = {} }
+
+-- The waiters entry of `owner` (nil if none). The first read also reads the hash's clock.
+local function waiter_entry(owner)
+  local e = W.entries[owner]
+  if e ~= nil then return e or nil end
+  if W.now then
+    e = parse_waiter(read(k.waiters, 'HGET', owner))
+  else
+    local v = read(k.waiters, 'HMGET', owner, '~clock', '~tail')
+    e = parse_waiter(v[1])
+    W.now, W.tail, W.existed = advance(v[2]), tonumber(v[3]) or 0, v[2] and true or false
+  end
+  W.entries[owner] = e or false
+  return e
+end
+
+-- The waiters hash's virtual clock now.
+local function waiters_now()
+  if not W.now then waiter_entry('~clock') end
+  return W.now
+end
+
+-- Store a waiter's entry (and the clock reading with it).
+local function write_waiter(owner, attempt, deadline, lease, meta, ...)
+  local e = fmt(attempt) .. '|' .. fmt(deadline) .. '|' .. fmt(lease) .. '|' .. meta
+  redis.call('HSET', k.waiters, owner, e, '~clock', clock_value(waiters_now()), ...)
+  W.entries[owner] = parse_waiter(e)
+end
+
+-- The first two members of the queue, read once a script (kept up to date by its own changes).
+local Q = nil
+local function front()
+  if not Q then Q = read(k.queue, 'ZRANGE', 0, 1) end
+  return Q
+end
+
+-- Remove `owner` from the queue and the waiters hash; the waiters hash (and its clock) goes
+-- with the last queue entry. What the script read of the queue spares most checks.
+local function dequeue(owner)
+  read(k.queue, 'ZREM', owner)
+  local q = Q
+  Q = nil
+  local empty
+  if not q then
+    empty = redis.call('EXISTS', k.queue) == 0
+  elseif not q[1] then
+    empty = true
+  elseif q[1] ~= owner then
+    empty = false
+  else
+    empty = not q[2]
+  end
+  if empty then
+    -- a hash this script has not read yet is read (type-checked) before it is deleted
+    if not W.now then read(k.waiters, 'HLEN') end
+    redis.call('DEL', k.waiters)
+    W = { now = W.now, tail = 0, existed = false, entries = {} }
+    Q = {}
+  else
+    read(k.waiters, 'HDEL', owner)
+    W.entries[owner] = false
+  end
+end
+
+-- Remove an owner's queue entry and wake list, whatever attempt they belong to.
+local function forget_waiter(owner)
+  dequeue(owner)
+  redis.call('DEL', wake_key(owner))
+end
+
+-- Queue `owner` at the back (a retry of a queued attempt keeps its place), or refresh its entry.
+-- `mine`: its entry as read (only a retry has one; its queue place may have been lost).
+local function enqueue(owner, attempt, lease, meta, mine)
+  local now = waiters_now()
+  if not (mine and read(k.queue, 'ZSCORE', owner)) then
+    local score = math.max(now_us(), W.tail + 1)
+    read(k.queue, 'ZADD', fmt(score), owner)
+    redis.call('PEXPIRE', k.queue, QUEUE_TTL)
+    write_waiter(owner, attempt, now + WAITER_TTL, lease, meta, '~tail', fmt(score))
+    Q = nil
+  else
+    write_waiter(owner, attempt, now + WAITER_TTL, lease, meta)
+  end
+  if not W.existed then
+    redis.call('PEXPIRE', k.waiters, QUEUE_TTL)
+    W.existed = true
+  end
+end
+
+-- Remove dead waiters from the front of the queue; return the first live one and its entry.
+local function live_head()
+  while true do
+    local head = front()[1]
+    if not head then return nil end
+    local w = waiter_entry(head)
+    if w and w.deadline >= waiters_now() then return head, w end
+    forget_waiter(head)
+  end
+end
+
+local function grant_message(attempt, token)
+  return 'g|' .. fmt(attempt) .. '|' .. fmt(token) .. '|'
+end
+
+-- Hand the free lock (hash `h`, as read) to the live head of the queue: the release grants, the
+-- waiter needs no further round trip. The grantee's liveness moves into the lock hash (wdl, on
+-- the hash's own virtual clock vc), so a heartbeat can revoke a hand-off whose grantee died
+-- before popping it. `...`: more field, value pairs for the hash (a release's receipts).
+-- Returns the grantee or false.
+local function grant_next(h, ...)
+  local head, w = live_head()
+  if not head then return false end
+  local left = math.max(w.deadline - waiters_now(), 0)
+  local now = now_ms()
+  local token = take(h, head, w.attempt, w.lease, w.meta, 'vc', fmt(now) .. '|' .. fmt(now),
+    'wdl', fmt(now + left), ...)
+  h.wdl, h.vc = now + left, fmt(now) .. '|' .. fmt(now)
+  dequeue(head)
+  local wk = wake_key(head)
+  -- the message expires with the grant, so a late pop can never hold a lock that expired
+  -- meanwhile; a stale message of an older wait before it is skipped by the waiter
+  redis.call('RPUSH', wk, grant_message(w.attempt, token) .. fmt(now))
+  redis.call('PEXPIRE', wk, w.lease)
+  return head
+end
+
+-- Whether the hand-off of this hold still waits in its grantee's wake list.
+local function handoff_pending(owner, attempt, token)
+  local prefix = grant_message(attempt, token)
+  for _, msg in ipairs(redis.call('LRANGE', wake_key(owner), 0, -1)) do
+    if msg:sub(1, #prefix) == prefix then return true end
+  end
+  return false
+end
