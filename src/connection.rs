@@ -98,6 +98,7 @@ pub(crate) fn with_pooled<T>(
         let mut conn = pool.get().map_err(|e| Error::Connection {
             during,
             detail: format!("no connection available: {e}"),
+            source: Some(Box::new(e)),
         })?;
         match f(&mut conn) {
             Err(e) if attempts > 1 && conn.was_dropped() => {

@@ -34,8 +34,11 @@ pub enum Error {
     Connection {
         /// What fairlock was doing.
         during: &'static str,
-        /// The underlying cause.
+        /// What went wrong, for people.
         detail: String,
+        /// The underlying error (the redis crate's or the pool's), when there is one; also
+        /// [`std::error::Error::source`].
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// The server answered, but it is not a Redis server (or speaks another protocol).
     NotRedis {
@@ -111,7 +114,7 @@ impl fmt::Display for Error {
                 f,
                 "invalid Redis URL {url:?}: {reason}; expected redis://[user:password@]host[:port][/db]"
             ),
-            Error::Connection { during, detail } => write!(
+            Error::Connection { during, detail, .. } => write!(
                 f,
                 "Redis connection failed while {during}: {detail}; check that the server is running and reachable, then retry"
             ),
@@ -158,6 +161,10 @@ impl std::error::Error for Error {
         match self {
             Error::Redis(e) => Some(e),
             Error::Io { source, .. } => Some(source),
+            Error::Connection {
+                source: Some(source),
+                ..
+            } => Some(source.as_ref()),
             _ => None,
         }
     }
@@ -183,14 +190,19 @@ impl Error {
             } else {
                 e.to_string()
             };
-            return Error::Connection { during, detail };
+            return Error::Connection {
+                during,
+                detail,
+                source: Some(Box::new(e)),
+            };
         }
         // A restarted Redis answers LOADING until it has read its AOF or RDB file: the server is
         // unavailable for a moment, which is as retryable as a refused connection.
-        if e.code() == Some("LOADING") {
+        if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading) {
             return Error::Connection {
                 during,
                 detail: "Redis is still loading its data after a restart".into(),
+                source: Some(Box::new(e)),
             };
         }
         // A script's `redis.error_reply('FOREIGN key ...')` arrives as a server error with code
@@ -203,16 +215,21 @@ impl Error {
                     .to_string(),
             };
         }
-        let text = e.to_string();
-        if text.contains("WRONGTYPE") {
+        // Outside the scripts (which refuse foreign data themselves), e.g. `is_locked`'s read.
+        if e.code() == Some("WRONGTYPE") {
             return Error::ForeignData {
-                detail: format!("a key of this lock holds data of another type ({text}); another program uses it: choose another name or key prefix"),
+                detail: format!("a key of this lock holds data of another type ({e}); another program uses it: choose another name or key prefix"),
             };
         }
         match e.kind() {
-            redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => {
-                Error::NotRedis { detail: text }
-            }
+            // bytes that are not RESP: whatever answered is not Redis
+            redis::ErrorKind::Parse => Error::NotRedis {
+                detail: e.to_string(),
+            },
+            // RESP of the wrong shape for the request: a protocol fault, not a wrong address
+            redis::ErrorKind::UnexpectedReturnType => Error::Protocol {
+                detail: format!("while {during}: {e}"),
+            },
             _ => Error::Redis(e),
         }
     }

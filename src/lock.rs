@@ -485,6 +485,7 @@ impl Attempt<'_> {
                     return Err(Error::Connection {
                         during: "waiting for the lock",
                         detail: format!("the server closed {MAX_DROPS} connections in a row"),
+                        source: None,
                     })
                 }
                 Err(e) => {
@@ -531,6 +532,7 @@ impl Attempt<'_> {
                     "{MAX_WAIT_FAILURES} grants arrived after their lease of {:?} had run out",
                     self.lock.lease()
                 ),
+                source: None,
             });
         }
         Ok(None)
@@ -547,6 +549,7 @@ impl Attempt<'_> {
         let mut conn = client.blocking.get().map_err(|e| Error::Connection {
             during: "waiting for the lock",
             detail: e.to_string(),
+            source: Some(Box::new(e)),
         })?;
         loop {
             let block = match wait {

@@ -209,7 +209,7 @@ pub fn run_pipeline<T>(conn: &mut dyn ConnectionLike, calls: &[Call<T>]) -> Resu
     let missing: Vec<&Script> = calls
         .iter()
         .zip(&replies)
-        .filter(|(_, v)| matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT"))
+        .filter(|(_, v)| matches!(v, Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::NoScript)))
         .map(|(c, _)| c.script)
         .collect();
     if !missing.is_empty() {

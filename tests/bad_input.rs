@@ -168,6 +168,12 @@ fn an_unreachable_server_is_a_connection_error_within_seconds() {
         e.to_string().contains("check that the server is running"),
         "{e}"
     );
+    // the cause is kept, not flattened to text: the redis crate's refused connection
+    let cause = std::error::Error::source(&e).expect("a connection error keeps its cause");
+    assert!(
+        cause.downcast_ref::<redis::RedisError>().is_some(),
+        "{cause:?}"
+    );
     assert!(start.elapsed() < NO_HANG, "took {:?}", start.elapsed());
 }
 
