@@ -59,6 +59,7 @@ fn parent(url: &str) -> Result<()> {
         .map_err(|e| fairlock::Error::Connection {
             during: "connecting the demo",
             detail: e.to_string(),
+            source: Some(Box::new(e)),
         })?;
     let _: () = redis::cmd("SET")
         .arg(COUNTER)
@@ -205,6 +206,7 @@ fn worker(url: &str, round: &str, threads: &str, iterations: &str) -> Result<()>
                         .map_err(|e| fairlock::Error::Connection {
                             during: "connecting a worker",
                             detail: e.to_string(),
+                            source: Some(Box::new(e)),
                         })?;
                     for _ in 0..iterations {
                         let guard = lock.lock()?;
