@@ -1,9 +1,19 @@
 //! Durations on the command line (`500ms`, `30s`, `5m`, `1h`, `1m30s`, `1.5s`) and in messages.
+//!
+//! Parsing is humantime's, narrowed to the form the README documents: `<number><unit>` parts
+//! with no spaces, unit one of `ms`, `s`, `m`, `h`.
 
 use std::time::Duration;
 
+/// The units accepted (humantime knows more: `d`, `min`, `sec`, `M` for months, ...).
+const UNITS: [&str; 4] = ["ms", "s", "m", "h"];
+
+/// One year is far beyond any lease or wait fairlock accepts.
+const LONGEST: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Parse a duration: one or more `<number><unit>` parts, unit one of `ms`, `s`, `m`, `h`.
-/// A bare number is refused: `--lease 500` could mean seconds or milliseconds.
+/// A bare number is refused: `--lease 500` could mean seconds or milliseconds (humantime takes
+/// a bare `0`).
 pub fn parse(text: &str) -> Result<Duration, String> {
     let bad = |why: &str| {
         Err(format!(
@@ -14,40 +24,27 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     if s.is_empty() {
         return bad("it is empty");
     }
-    let mut total = 0f64;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let (num, tail) = rest.split_at(num_len);
-        if num.is_empty() {
-            return bad("expected a number");
+    // humantime allows spaces between a number and its unit, and between parts
+    if s.contains(char::is_whitespace) {
+        return bad("it contains a space");
+    }
+    if !s.ends_with(char::is_alphabetic) {
+        return bad("a unit is missing");
+    }
+    let mut units = s
+        .split(|c: char| !c.is_alphabetic())
+        .filter(|u| !u.is_empty());
+    if let Some(unit) = units.find(|u| !UNITS.contains(u)) {
+        return bad(&format!("unknown unit {unit:?}"));
+    }
+    match humantime::parse_duration(s) {
+        Ok(d) if d <= LONGEST => Ok(d),
+        Ok(_) => bad("it is too long"),
+        Err(humantime::DurationError::NumberOverflow) => {
+            bad("it is too long, or finer than a nanosecond")
         }
-        let value: f64 = match num.parse() {
-            Ok(v) => v,
-            Err(_) => return bad("not a number"),
-        };
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_len);
-        let scale = match unit {
-            "ms" => 0.001,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            "" => return bad("a unit is missing"),
-            _ => return bad("unknown unit"),
-        };
-        total += value * scale;
-        rest = tail;
+        Err(e) => bad(&e.to_string()),
     }
-    // one year is far beyond any lease or wait fairlock accepts; refuse before overflow
-    if !total.is_finite() || total > 365.0 * 24.0 * 3600.0 {
-        return bad("it is too long");
-    }
-    Ok(Duration::from_secs_f64(total))
 }
 
 /// Short human form: `450ms`, `3.2s`, `1m 05s`, `2h 03m`, `3d 04h`.
@@ -87,7 +84,20 @@ mod tests {
 
     #[test]
     fn refuses_bad_text() {
-        for bad in ["", "500", "5x", "s", "-1s", "1.2.3s", "99999999h", "5 s"] {
+        for bad in [
+            "",
+            "500",
+            "5x",
+            "s",
+            "-1s",
+            "1.2.3s",
+            "99999999h",
+            "5 s",
+            "0",
+            "1d",
+            "1m 30s",
+            "5s5",
+        ] {
             assert!(parse(bad).is_err(), "{bad:?} should be refused");
         }
     }

@@ -162,28 +162,12 @@ fn since(held_for: Duration) -> SystemTime {
         .unwrap_or(UNIX_EPOCH)
 }
 
-/// `2025-01-02 12:03:04 UTC`, without a date crate (Howard Hinnant's civil-from-days).
+/// `2025-01-02 12:03:04 UTC`: humantime's RFC 3339 form (`2025-01-02T12:03:04Z`), reworded.
 fn utc(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    // humantime formats times from the epoch to the end of year 9999 only (it panics outside)
+    let last = UNIX_EPOCH + Duration::from_secs(253_402_300_799);
+    let stamp = humantime::format_rfc3339_seconds(t.clamp(UNIX_EPOCH, last)).to_string();
+    format!("{} {} UTC", &stamp[..10], &stamp[11..19])
 }
 
 #[cfg(test)]
@@ -197,5 +181,7 @@ mod tests {
         assert_eq!(utc(UNIX_EPOCH), "1970-01-01 00:00:00 UTC");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(utc(leap), "2000-02-29 00:00:00 UTC");
+        let before = UNIX_EPOCH - Duration::from_secs(1); // a clock set before 1970
+        assert_eq!(utc(before), "1970-01-01 00:00:00 UTC");
     }
 }
