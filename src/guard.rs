@@ -136,8 +136,9 @@ impl LockGuard {
         self.hold.token
     }
 
-    /// The lock this guard holds.
-    pub fn lock(&self) -> &FairLock {
+    /// The lock this guard holds (named after its type rather than `lock`, so that
+    /// `guard.fair_lock().lock()` reads as the re-entry it is).
+    pub fn fair_lock(&self) -> &FairLock {
         &self.lock
     }
 
