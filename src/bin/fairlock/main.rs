@@ -16,6 +16,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use crossbeam_channel::Receiver;
 use fairlock::{FairLock, LockClient};
 
 use crate::exit::{say, Failure};
@@ -196,16 +197,24 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Cmd::Run(args) => {
             let opts = wait_options(&args.acquire);
-            let (client, lock) = connect(&url, &args.name, args.acquire.lease, true)?;
-            run::run(&client, &lock, &opts, args.kill_grace, &args.command)
+            let (client, lock, signals) = connect_to_hold(&url, &args.name, args.acquire.lease)?;
+            run::run(
+                &client,
+                &lock,
+                &signals,
+                &opts,
+                args.kill_grace,
+                &args.command,
+            )
         }
         Cmd::Hold(args) => {
             let opts = wait_options(&args.acquire);
-            let (client, lock) = connect(&url, &args.name, args.acquire.lease, true)?;
-            run::hold(&client, &lock, &opts)
+            let (client, lock, signals) = connect_to_hold(&url, &args.name, args.acquire.lease)?;
+            run::hold(&client, &lock, &signals, &opts)
         }
         Cmd::Status(args) => {
-            let (_client, lock) = connect(&url, &args.name, DEFAULT_LEASE, false)?;
+            fairlock::validate_name(&args.name)?;
+            let (_client, lock) = connect(&url, &args.name, DEFAULT_LEASE)?;
             status::status(&lock, args.json)
         }
         Cmd::Release(args) => {
@@ -214,7 +223,8 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
                     "release takes the lock from whoever holds it, which may still be working: add --force to do it",
                 ));
             }
-            let (_client, lock) = connect(&url, &args.name, DEFAULT_LEASE, false)?;
+            fairlock::validate_name(&args.name)?;
+            let (_client, lock) = connect(&url, &args.name, DEFAULT_LEASE)?;
             status::release(&lock)
         }
     }
@@ -235,15 +245,13 @@ fn wait_options(a: &AcquireArgs) -> WaitOptions {
     }
 }
 
-/// Check the name, install signal handlers (for commands that wait or run something), connect.
-/// Arguments are checked before the server is contacted, so a typo is a usage error (64) even
-/// when Redis is down.
-fn connect(
+/// For `run` and `hold`: check the name and lease, catch signals, connect. Arguments are checked
+/// before the server is contacted, so a typo is a usage error (64) even when Redis is down.
+fn connect_to_hold(
     url: &str,
     name: &str,
     lease: Duration,
-    catch_signals: bool,
-) -> Result<(LockClient, FairLock), Failure> {
+) -> Result<(LockClient, FairLock, Receiver<signals::Received>), Failure> {
     fairlock::validate_name(name)?;
     if !(fairlock::MIN_LEASE..=fairlock::MAX_LEASE).contains(&lease) {
         return Err(Failure::usage(format!(
@@ -251,14 +259,18 @@ fn connect(
             duration::human(lease)
         )));
     }
-    if catch_signals {
-        signals::install().map_err(|e| {
-            Failure::new(
-                exit::SOFTWARE,
-                format!("cannot install signal handlers: {e}"),
-            )
-        })?;
-    }
+    let signals = signals::install().map_err(|e| {
+        Failure::new(
+            exit::SOFTWARE,
+            format!("cannot install signal handlers: {e}"),
+        )
+    })?;
+    let (client, lock) = connect(url, name, lease)?;
+    Ok((client, lock, signals))
+}
+
+/// Connect to Redis (the name has been checked).
+fn connect(url: &str, name: &str, lease: Duration) -> Result<(LockClient, FairLock), Failure> {
     let client = LockClient::builder(url).lease(lease).build().map_err(|e| {
         let mut f = Failure::from(e);
         if f.code == exit::UNAVAILABLE {

@@ -6,26 +6,28 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::{select, Receiver};
 use fairlock::{FairLock, LockClient};
 
 use crate::duration::human;
 use crate::exit::{self, say, Failure};
 use crate::holder::{Event, Holder};
-use crate::signals;
+use crate::signals::Received;
 use crate::status::describe_origin;
-use crate::waiting::{self, WaitOptions, TICK};
+use crate::waiting::{self, WaitOptions};
 
 /// Take the lock, run `command` with `FAIRLOCK_NAME`, `FAIRLOCK_TOKEN` and `FAIRLOCK_OWNER` in its
 /// environment, release when it exits, and return its exit code (or [`exit::LOST`]).
 pub fn run(
     client: &LockClient,
     lock: &FairLock,
+    signals: &Receiver<Received>,
     opts: &WaitOptions,
     kill_grace: Duration,
     command: &[OsString],
 ) -> Result<u8, Failure> {
     let holder = start_holder(client, lock, opts, thread_name(command))?;
-    let token = waiting::acquire(&holder, lock, opts)?;
+    let token = waiting::acquire(&holder, lock, signals, opts)?;
     let mut child = match spawn(command, lock.name(), token, &holder.owner) {
         Ok(child) => child,
         Err(e) => {
@@ -38,7 +40,7 @@ pub fn run(
             return Err(Failure::new(code, format!("cannot run {program:?}: {e}")));
         }
     };
-    let supervised = supervise(&mut child, &holder, lock, kill_grace);
+    let supervised = supervise(&mut child, &holder, lock, signals, kill_grace);
     let known_lost = matches!(supervised, Ok((_, true)));
     let lost_at_release = waiting::release(&holder, lock.name(), known_lost);
     let (status, lost) = supervised?;
@@ -58,22 +60,37 @@ pub fn run(
 }
 
 /// Take the lock and keep it until SIGINT, SIGTERM, SIGHUP or SIGQUIT.
-pub fn hold(client: &LockClient, lock: &FairLock, opts: &WaitOptions) -> Result<u8, Failure> {
+pub fn hold(
+    client: &LockClient,
+    lock: &FairLock,
+    signals: &Receiver<Received>,
+    opts: &WaitOptions,
+) -> Result<u8, Failure> {
     let holder = start_holder(client, lock, opts, "hold".into())?;
-    let token = waiting::acquire(&holder, lock, opts)?;
+    let token = waiting::acquire(&holder, lock, signals, opts)?;
     say(&format!(
         "holding lock {:?} (fencing token {token}); Ctrl-C or SIGTERM releases it",
         lock.name()
     ));
+    // the lock thread runs until asked to release; should it end all the same, stop listening
+    // to it rather than wake up on its closed channel again and again
+    let mut events = holder.events.clone();
     loop {
-        if let Ok(Event::Lost) = holder.events.recv_timeout(TICK) {
-            return Err(Failure::new(
-                exit::LOST,
-                format!("lost lock {:?}: {}", lock.name(), loss_cause(lock, &holder)),
-            ));
-        }
-        if signals::take().iter().any(|s| s.is_stop()) {
-            break;
+        select! {
+            recv(events) -> event => match event {
+                Ok(Event::Lost) => {
+                    return Err(Failure::new(
+                        exit::LOST,
+                        format!("lost lock {:?}: {}", lock.name(), loss_cause(lock, &holder)),
+                    ));
+                }
+                Ok(_) => {}
+                Err(_) => events = crossbeam_channel::never(),
+            },
+            recv(signals) -> sig => match sig {
+                Ok(sig) if sig.is_stop() => break,
+                _ => {}
+            },
         }
     }
     if waiting::release(&holder, lock.name(), false) {
@@ -148,34 +165,21 @@ fn die_with_parent(cmd: &mut Command) {
 fn die_with_parent(_cmd: &mut Command) {}
 
 /// Wait for the child, forwarding signals, and stop it if the lock is lost. Returns its status
-/// and whether the lock was lost meanwhile.
+/// and whether the lock was lost meanwhile. The child's exit is noticed through SIGCHLD.
 fn supervise(
     child: &mut Child,
     holder: &Holder,
     lock: &FairLock,
+    signals: &Receiver<Received>,
     kill_grace: Duration,
 ) -> Result<(ExitStatus, bool), Failure> {
     let mut lost_at: Option<Instant> = None;
-    let mut killed = false;
+    // fires once kill_grace has passed since SIGTERM was sent for a lost lock
+    let mut grace_over = crossbeam_channel::never();
+    // as in `hold`: a lock thread that ends early is not listened to any more
+    let mut events = holder.events.clone();
     loop {
-        if let Ok(Event::Lost) = holder.events.recv_timeout(TICK) {
-            if lost_at.is_none() {
-                lost_at = Some(Instant::now());
-                send(child, libc::SIGTERM);
-                say(&format!(
-                    "lost lock {:?} while the command ran ({}): sent SIGTERM to the command, SIGKILL follows after {}",
-                    lock.name(),
-                    loss_cause(lock, holder),
-                    human(kill_grace)
-                ));
-            }
-        }
-        for sig in signals::take() {
-            // a terminal's signal reached the command directly (same process group)
-            if !sig.from_terminal {
-                send(child, sig.signal);
-            }
-        }
+        // SIGCHLD is caught since before the spawn, so an exit is never missed between checks
         match child.try_wait() {
             Ok(Some(status)) => return Ok((status, lost_at.is_some())),
             Ok(None) => {}
@@ -188,15 +192,38 @@ fn supervise(
                 ));
             }
         }
-        if let Some(at) = lost_at {
-            if !killed && at.elapsed() >= kill_grace {
-                killed = true;
+        select! {
+            recv(events) -> event => match event {
+                Ok(Event::Lost) if lost_at.is_none() => {
+                    lost_at = Some(Instant::now());
+                    grace_over = crossbeam_channel::after(kill_grace);
+                    send(child, libc::SIGTERM);
+                    say(&format!(
+                        "lost lock {:?} while the command ran ({}): sent SIGTERM to the command, SIGKILL follows after {}",
+                        lock.name(),
+                        loss_cause(lock, holder),
+                        human(kill_grace)
+                    ));
+                }
+                Ok(_) => {}
+                Err(_) => events = crossbeam_channel::never(),
+            },
+            recv(signals) -> sig => {
+                // a terminal's signal reached the command directly (same process group)
+                if let Ok(sig) = sig {
+                    if !sig.from_terminal && !sig.is_child() {
+                        send(child, sig.signal);
+                    }
+                }
+            },
+            recv(grace_over) -> _ => {
+                grace_over = crossbeam_channel::never();
                 let _ = child.kill();
                 say(&format!(
                     "the command did not stop within {} of SIGTERM: sent SIGKILL",
                     human(kill_grace)
                 ));
-            }
+            },
         }
     }
 }

@@ -1,29 +1,23 @@
-//! Signals fairlock catches: counted in atomics by the handler (the only thing a handler may
-//! safely do) and collected by the main loop, which polls every few tens of milliseconds.
+//! Signals fairlock catches, delivered over a channel by a thread that reads signal-hook's
+//! iterator, so the main loops wait on them with `select!` next to the lock thread's events.
 //!
 //! A signal's origin is kept: one the kernel generated for the terminal (Ctrl-C, Ctrl-\, hang-up)
 //! went to the whole foreground process group, so the child, which shares fairlock's group, has
 //! it already and must not get it twice. One sent with kill(2) (cron, systemd, an operator) is
 //! forwarded.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
+use crossbeam_channel::Receiver;
 use libc::c_int;
+use signal_hook::consts::signal::{SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+use signal_hook::iterator::exfiltrator::WithOrigin;
+use signal_hook::iterator::SignalsInfo;
+use signal_hook::low_level::siginfo::Cause;
 
-/// The signals caught (and forwarded to a running command).
-pub const CAUGHT: [c_int; 6] = [
-    libc::SIGINT,
-    libc::SIGTERM,
-    libc::SIGHUP,
-    libc::SIGQUIT,
-    libc::SIGUSR1,
-    libc::SIGUSR2,
-];
+/// The signals caught and forwarded to a running command.
+pub const CAUGHT: [c_int; 6] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2];
 
-static SENT: [AtomicU32; CAUGHT.len()] = [const { AtomicU32::new(0) }; CAUGHT.len()];
-static FROM_TERMINAL: [AtomicU32; CAUGHT.len()] = [const { AtomicU32::new(0) }; CAUGHT.len()];
-
-/// One signal received.
+/// One signal received. Several of the same signal that arrive before the thread reads them are
+/// delivered once, as the kernel would coalesce them.
 #[derive(Clone, Copy, Debug)]
 pub struct Received {
     pub signal: c_int,
@@ -34,10 +28,12 @@ pub struct Received {
 impl Received {
     /// Whether the signal asks fairlock to stop (as opposed to SIGUSR1/2, only passed on).
     pub fn is_stop(&self) -> bool {
-        matches!(
-            self.signal,
-            libc::SIGINT | libc::SIGTERM | libc::SIGHUP | libc::SIGQUIT
-        )
+        matches!(self.signal, SIGINT | SIGTERM | SIGHUP | SIGQUIT)
+    }
+
+    /// SIGCHLD: the running command changed state (it is caught, not forwarded).
+    pub fn is_child(&self) -> bool {
+        self.signal == SIGCHLD
     }
 
     /// The exit code a shell reports for a process ended by this signal.
@@ -46,56 +42,28 @@ impl Received {
     }
 
     pub fn name(&self) -> &'static str {
-        name(self.signal)
+        signal_hook::low_level::signal_name(self.signal).unwrap_or("a signal")
     }
 }
 
-pub fn name(signal: c_int) -> &'static str {
-    match signal {
-        libc::SIGINT => "SIGINT",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGKILL => "SIGKILL",
-        _ => "a signal",
-    }
-}
-
-/// Install the handlers. Call once, before anything that may be interrupted.
-pub fn install() -> std::io::Result<()> {
-    for (i, &signal) in CAUGHT.iter().enumerate() {
-        // SAFETY: the action only touches atomics, which is async-signal-safe.
-        unsafe {
-            signal_hook_registry::register_sigaction(signal, move |info: &libc::siginfo_t| {
-                let counter = if info.si_code == libc::SI_KERNEL {
-                    &FROM_TERMINAL[i]
-                } else {
-                    &SENT[i]
+/// Catch [`CAUGHT`] and SIGCHLD from now on. Call once, before anything that may be
+/// interrupted. The thread that reads them lives as long as the process, so the channel never
+/// disconnects.
+pub fn install() -> std::io::Result<Receiver<Received>> {
+    let mut signals = SignalsInfo::<WithOrigin>::new(CAUGHT.iter().chain(&[SIGCHLD]))?;
+    let (tx, rx) = crossbeam_channel::unbounded();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for origin in signals.forever() {
+                let received = Received {
+                    signal: origin.signal,
+                    from_terminal: origin.cause == Cause::Kernel,
                 };
-                counter.fetch_add(1, Ordering::SeqCst);
-            })?;
-        }
-    }
-    Ok(())
-}
-
-/// The signals received since the last call, in the order of [`CAUGHT`] (the order of arrival
-/// between different signals is not kept; it does not matter for forwarding).
-pub fn take() -> Vec<Received> {
-    let mut out = Vec::new();
-    for (i, &signal) in CAUGHT.iter().enumerate() {
-        for (counter, from_terminal) in [(&SENT[i], false), (&FROM_TERMINAL[i], true)] {
-            let n = counter.swap(0, Ordering::SeqCst);
-            // a burst of the same signal is delivered once, as the kernel would coalesce it
-            if n > 0 {
-                out.push(Received {
-                    signal,
-                    from_terminal,
-                });
+                if tx.send(received).is_err() {
+                    return;
+                }
             }
-        }
-    }
-    out
+        })?;
+    Ok(rx)
 }

@@ -4,17 +4,15 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::RecvTimeoutError;
+use crossbeam_channel::{select, Receiver};
 use fairlock::{FairLock, LockStatus};
 
 use crate::duration::human;
 use crate::exit::{say, Failure};
 use crate::holder::{Event, Holder, Wait};
-use crate::signals;
+use crate::signals::Received;
 use crate::status::describe_origin;
 
-/// How often the main loop wakes (signals are polled, not pushed).
-pub const TICK: Duration = Duration::from_millis(50);
 /// How often the live line reads the lock's status.
 const REFRESH: Duration = Duration::from_millis(500);
 /// How long to wait for the lock thread's release once asked.
@@ -28,50 +26,60 @@ pub struct WaitOptions {
 }
 
 /// Wait for the lock thread to take the lock. Returns the fencing token, or how to end.
-pub fn acquire(holder: &Holder, lock: &FairLock, opts: &WaitOptions) -> Result<u64, Failure> {
+pub fn acquire(
+    holder: &Holder,
+    lock: &FairLock,
+    signals: &Receiver<Received>,
+    opts: &WaitOptions,
+) -> Result<u64, Failure> {
     let mut line = LiveLine::new();
     let started = Instant::now();
     loop {
-        match holder.events.recv_timeout(TICK) {
-            Ok(Event::Acquired { token }) => {
-                line.clear();
-                return Ok(token);
-            }
-            Ok(Event::Busy) => {
-                line.clear();
-                let message = if opts.quiet {
-                    String::new()
-                } else {
-                    busy_message(lock, opts.wait, started.elapsed())
-                };
-                return Err(Failure::new(opts.busy_exit_code, message));
-            }
-            Ok(Event::Failed(e)) => {
-                line.clear();
-                return Err(e.into());
-            }
-            Ok(_) => {}
-            Err(RecvTimeoutError::Disconnected) => {
-                line.clear();
-                return Err(Failure::new(
-                    crate::exit::SOFTWARE,
-                    "the lock thread ended unexpectedly",
-                ));
-            }
-            Err(RecvTimeoutError::Timeout) => {}
+        select! {
+            recv(holder.events) -> event => match event {
+                Ok(Event::Acquired { token }) => {
+                    line.clear();
+                    return Ok(token);
+                }
+                Ok(Event::Busy) => {
+                    line.clear();
+                    let message = if opts.quiet {
+                        String::new()
+                    } else {
+                        busy_message(lock, opts.wait, started.elapsed())
+                    };
+                    return Err(Failure::new(opts.busy_exit_code, message));
+                }
+                Ok(Event::Failed(e)) => {
+                    line.clear();
+                    return Err(e.into());
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    line.clear();
+                    return Err(Failure::new(
+                        crate::exit::SOFTWARE,
+                        "the lock thread ended unexpectedly",
+                    ));
+                }
+            },
+            // SIGUSR1, SIGUSR2 (nothing to pass them on to yet) and SIGCHLD are ignored
+            recv(signals) -> sig => match sig {
+                Ok(sig) if sig.is_stop() => {
+                    line.clear();
+                    return Err(interrupted(holder, lock, sig));
+                }
+                _ => {}
+            },
+            recv(line.ticks) -> _ => line.refresh(lock, &holder.owner),
         }
-        if let Some(sig) = signals::take().into_iter().find(|s| s.is_stop()) {
-            line.clear();
-            return Err(interrupted(holder, lock, sig));
-        }
-        line.refresh(lock, &holder.owner);
     }
 }
 
 /// A stop signal came while waiting. The lock thread is blocked in Redis and cannot be woken, so
 /// the queue place is given up from here (with a grant that reached it meanwhile), then fairlock
 /// exits. A grant the lock thread already reported is released the ordinary way.
-fn interrupted(holder: &Holder, lock: &FairLock, sig: signals::Received) -> Failure {
+fn interrupted(holder: &Holder, lock: &FairLock, sig: Received) -> Failure {
     let message = format!(
         "{} while waiting for lock {:?}: gave up waiting",
         sig.name(),
@@ -125,23 +133,25 @@ fn busy_detail(st: &LockStatus) -> String {
 struct LiveLine {
     enabled: bool,
     shown: String,
-    next: Instant,
+    /// When to read the status again: every [`REFRESH`] on a terminal, never otherwise.
+    ticks: Receiver<Instant>,
 }
 
 impl LiveLine {
     fn new() -> LiveLine {
+        let enabled = std::io::stderr().is_terminal();
         LiveLine {
-            enabled: std::io::stderr().is_terminal(),
+            enabled,
             shown: String::new(),
-            next: Instant::now() + REFRESH,
+            ticks: if enabled {
+                crossbeam_channel::tick(REFRESH)
+            } else {
+                crossbeam_channel::never()
+            },
         }
     }
 
     fn refresh(&mut self, lock: &FairLock, owner: &str) {
-        if !self.enabled || Instant::now() < self.next {
-            return;
-        }
-        self.next = Instant::now() + REFRESH;
         // a failed read keeps the last line; the lock thread reports real trouble
         let Ok(st) = lock.status() else { return };
         let place = match st.waiters.iter().position(|w| w.origin.owner == owner) {
