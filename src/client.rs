@@ -11,16 +11,9 @@ use crate::connection::{with_pooled, Conn, Manager};
 use crate::error::{Error, Result};
 use crate::janitor::Janitor;
 use crate::keys;
-use crate::lock::FairLock;
+use crate::limits::{DEFAULT_LEASE, MAX_LEASE, MAX_WAITING_CONNECTIONS, MIN_LEASE};
 use crate::raw;
 use crate::watchdog::Watchdog;
-
-/// The shortest lease accepted: renewals run every third of it, and Redis timers tick every 100 ms.
-pub const MIN_LEASE: Duration = Duration::from_millis(100);
-/// The longest lease accepted (a lease is a safety net, not a schedule).
-pub const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
-/// How many connections may block in BLPOP at once (one per waiting thread).
-pub const MAX_WAITING_CONNECTIONS: u32 = 4096;
 
 /// The settings of a [`LockClient`]. Built by [`LockClientBuilder`]; read with [`LockClient::config`].
 #[derive(Clone, Debug)]
@@ -54,7 +47,7 @@ impl Config {
 impl Default for Config {
     fn default() -> Config {
         Config {
-            lease: Duration::from_secs(30),
+            lease: DEFAULT_LEASE,
             key_prefix: "fairlock".into(),
             pool_size: 8,
             connect_timeout: Duration::from_secs(2),
@@ -282,11 +275,6 @@ impl LockClient {
             url: url.to_string(),
             config: Config::default(),
         }
-    }
-
-    /// A handle to the lock `name`. Checks the name; does not talk to Redis.
-    pub fn lock(&self, name: &str) -> Result<FairLock> {
-        FairLock::new(self.inner.clone(), name)
     }
 
     /// The settings in force.

@@ -105,7 +105,7 @@ impl fmt::Display for Error {
             Error::InvalidName { name, reason } => write!(
                 f,
                 "invalid lock name {name:?}: {reason}; use 1 to {} bytes without braces or control characters",
-                crate::keys::MAX_NAME_LEN
+                crate::limits::MAX_NAME_LEN
             ),
             Error::InvalidConfig { setting, reason } => {
                 write!(f, "invalid setting `{setting}`: {reason}")

@@ -1,79 +1,17 @@
-//! [`LockGuard`]: one level of a thread's hold, released on drop. Also the per-thread record of
-//! which locks a thread holds, which makes re-entry a single round trip.
+//! [`LockGuard`]: one level of a thread's hold, released on drop.
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::cell::Cell;
 use std::fmt;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-
 use crate::boot_clock::BootInstant;
 use crate::error::{Error, Result};
+use crate::hold::{Hold, HoldState};
 use crate::lock::FairLock;
 use crate::raw::Release;
-
-/// What the watchdog and the guards of one hold share.
-pub(crate) struct HoldState {
-    pub lost: AtomicBool,
-    /// Local estimate of when the lease runs out (never later than the server's). On a clock
-    /// that counts system suspend, so the estimate stays early across one.
-    pub expires: Mutex<BootInstant>,
-}
-
-/// One thread's hold of one lock: all of its nested guards share it.
-pub(crate) struct Hold {
-    pub token: u64,
-    pub depth: Cell<u32>,
-    pub state: Arc<HoldState>,
-    /// Watchdog registration, when the lease is renewed.
-    pub renewal: Option<u64>,
-}
-
-type HoldKey = (String, String); // (client id, lock key)
-
-thread_local! {
-    static HOLDS: RefCell<HashMap<HoldKey, Rc<Hold>>> = RefCell::new(HashMap::new());
-}
-
-pub(crate) fn current_hold(lock: &FairLock) -> Option<Rc<Hold>> {
-    HOLDS
-        .try_with(|h| h.borrow().get(&lock.hold_key()).cloned())
-        .ok()
-        .flatten()
-}
-
-fn remember(lock: &FairLock, hold: Rc<Hold>) {
-    let _ = HOLDS.try_with(|h| h.borrow_mut().insert(lock.hold_key(), hold));
-}
-
-/// Forget `hold` as this thread's hold of `lock` and stop renewing it. Only removes the entry
-/// if it is this very hold: an old guard must not evict a newer hold of the same lock.
-pub(crate) fn forget(lock: &FairLock, hold: &Rc<Hold>) {
-    let _ = HOLDS.try_with(|h| {
-        let mut map = h.borrow_mut();
-        if map
-            .get(&lock.hold_key())
-            .is_some_and(|cur| Rc::ptr_eq(cur, hold))
-        {
-            map.remove(&lock.hold_key());
-        }
-    });
-    if let Some(id) = hold.renewal {
-        lock.client().watchdog.unregister(id);
-    }
-}
-
-impl Hold {
-    /// Lost for sure: the watchdog said so, or the lease ran out by the local estimate (which
-    /// is never later than the server's).
-    pub fn is_stale(&self) -> bool {
-        self.state.lost.load(Ordering::SeqCst) || *self.state.expires.lock() <= BootInstant::now()
-    }
-}
 
 /// A held lock. Dropping it releases one level (and logs a warning if that fails); call
 /// [`LockGuard::unlock`] to see the error instead.
@@ -91,10 +29,7 @@ pub struct LockGuard {
 impl LockGuard {
     /// Start a new hold at depth 1 (the caller got a grant with this token).
     pub(crate) fn new_hold(lock: &FairLock, token: u64, expires: BootInstant) -> LockGuard {
-        let state = Arc::new(HoldState {
-            lost: AtomicBool::new(false),
-            expires: Mutex::new(expires),
-        });
+        let state = Arc::new(HoldState::new(expires));
         let renewal = lock.renewed_lease().map(|lease| {
             lock.client().watchdog.register(
                 lock.raw().clone(),
@@ -111,7 +46,7 @@ impl LockGuard {
             state,
             renewal,
         });
-        remember(lock, hold.clone());
+        lock.remember_hold(hold.clone());
         LockGuard {
             lock: lock.clone(),
             hold,
@@ -152,7 +87,7 @@ impl LockGuard {
     /// estimate (a fixed lease's end, or Redis unreachable for longer than the lease). Work done
     /// under a lost lock is not protected any more: stop, and rely on the fencing token.
     pub fn is_lost(&self) -> bool {
-        self.hold.is_stale()
+        self.hold.is_lost()
     }
 
     /// Local, conservative estimate of the lease left (the server may allow a little more).
@@ -199,7 +134,7 @@ impl LockGuard {
         let depth = self.hold.depth.get();
         self.hold.depth.set(depth.saturating_sub(1));
         if depth <= 1 {
-            forget(&self.lock, &self.hold);
+            self.lock.forget_hold(&self.hold);
         }
         self.hold.token
     }
@@ -215,7 +150,7 @@ impl LockGuard {
         if depth <= 1 {
             // Stop renewing before the release goes out: a lease must never be extended for a
             // hold that is being given up (the next owner's lock has another token anyway).
-            forget(&self.lock, hold);
+            self.lock.forget_hold(hold);
         }
         let call = self
             .lock

@@ -1,12 +1,7 @@
 //! The key scheme: which Redis keys one lock uses, and which names are allowed.
 
 use crate::error::{Error, Result};
-
-/// The longest lock name accepted, in bytes.
-pub const MAX_NAME_LEN: usize = 512;
-
-/// The longest key prefix accepted, in bytes.
-pub const MAX_PREFIX_LEN: usize = 128;
+use crate::limits::{MAX_NAME_LEN, MAX_PREFIX_LEN};
 
 /// The Redis keys of one lock. All share the hash tag `{name}`, so one script may touch them
 /// all (and they would share one Cluster slot; the client itself talks to one node only).

@@ -24,10 +24,17 @@
 //! # Ok::<(), fairlock::Error>(())
 //! ```
 //!
-//! Layers, as in `lock_api`: `scripts/*.lua` with their typed calls in [`raw`] are the raw
-//! protocol; [`FairLock`] and [`LockGuard`] are what users touch; the watchdog (lease renewal)
-//! and the janitor (waiter heartbeats and crash repair) run in the background, one thread each
-//! per [`LockClient`].
+//! Layers, bottom to top; a module uses only those below it (`tests/layers.rs` checks it):
+//! 1. `limits` (limits and defaults), `error`, `keys` (the key scheme and name checks),
+//!    `boot_clock` (a clock that counts suspend), `server_check` (the eviction policy check);
+//! 2. `connection`: the connection manager, the pools and the retry of a dropped connection;
+//! 3. [`raw`]: the protocol, `scripts/*.lua` with one typed call per transition;
+//! 4. `hold`: the per-thread record of holds, and the state a hold shares with the watchdog;
+//! 5. `watchdog` (lease renewal) and `janitor` (waiter heartbeats and crash repair), one
+//!    thread each per client, fed plain data;
+//! 6. `client`: [`LockClient`], its settings, pools and background threads;
+//! 7. `status`, then [`FairLock`] (`lock`) and [`LockGuard`] (`guard`), the handle and its
+//!    guard, which refer to each other as `lock_api`'s `Mutex` and `MutexGuard` do.
 
 #![warn(missing_docs)]
 
@@ -36,19 +43,22 @@ mod client;
 mod connection;
 mod error;
 mod guard;
+mod hold;
 mod janitor;
 mod keys;
+mod limits;
 mod lock;
 pub mod raw;
 mod server_check;
 mod status;
 mod watchdog;
 
-pub use client::{
-    Config, LockClient, LockClientBuilder, MAX_LEASE, MAX_WAITING_CONNECTIONS, MIN_LEASE,
-};
+pub use client::{Config, LockClient, LockClientBuilder};
 pub use error::{Error, Result};
 pub use guard::LockGuard;
-pub use keys::{validate_name, MAX_NAME_LEN};
+pub use keys::validate_name;
+pub use limits::{
+    DEFAULT_LEASE, MAX_LEASE, MAX_NAME_LEN, MAX_PREFIX_LEN, MAX_WAITING_CONNECTIONS, MIN_LEASE,
+};
 pub use lock::FairLock;
 pub use status::{Holder, LockStatus, Origin, Waiter};

@@ -24,9 +24,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::boot_clock::BootInstant;
-use crate::client::{validate_lease, ClientInner};
+use crate::client::{validate_lease, ClientInner, LockClient};
 use crate::error::{Error, Result};
-use crate::guard::{current_hold, forget, Hold, LockGuard};
+use crate::guard::LockGuard;
+use crate::hold::{self, Hold, HoldKey};
 use crate::raw::{self, Acquire, Leave, LeaveMode, Mode, RawLock, Wake};
 use crate::status::LockStatus;
 
@@ -104,6 +105,16 @@ enum Wait {
     Until(Instant),
     /// Wait as long as it takes.
     Forever,
+}
+
+impl LockClient {
+    /// A handle to the lock `name`. Checks the name; does not talk to Redis.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] for a name that cannot be a key (see [`validate_name`](crate::validate_name)).
+    pub fn lock(&self, name: &str) -> Result<FairLock> {
+        FairLock::new(self.inner.clone(), name)
+    }
 }
 
 impl FairLock {
@@ -313,8 +324,26 @@ impl FairLock {
         &self.raw
     }
 
-    pub(crate) fn hold_key(&self) -> (String, String) {
+    fn hold_key(&self) -> HoldKey {
         (self.client.id.clone(), self.raw.keys().lock.clone())
+    }
+
+    /// The calling thread's hold of this lock (through this client), if any.
+    fn current_hold(&self) -> Option<Rc<Hold>> {
+        hold::current(&self.hold_key())
+    }
+
+    /// Record a new hold of the calling thread.
+    pub(crate) fn remember_hold(&self, hold: Rc<Hold>) {
+        hold::remember(self.hold_key(), hold);
+    }
+
+    /// Forget `hold` as the calling thread's hold and stop renewing it.
+    pub(crate) fn forget_hold(&self, hold: &Rc<Hold>) {
+        hold::forget(&self.hold_key(), hold);
+        if let Some(id) = hold.renewal {
+            self.client.watchdog.unregister(id);
+        }
     }
 
     /// The lease to renew, or `None` for a fixed lease.
@@ -352,13 +381,13 @@ impl FairLock {
 
     fn acquire(&self, wait: Wait) -> Result<Option<LockGuard>> {
         self.client.check_fork()?;
-        if let Some(hold) = current_hold(self) {
-            if !hold.is_stale() {
+        if let Some(hold) = self.current_hold() {
+            if !hold.is_lost() {
                 return self.reenter(hold).map(Some);
             }
             // A hold whose lease is over (a leaked fixed-lease guard, or one the watchdog found
             // lost): this is a fresh acquisition. An old guard still around releases nothing.
-            forget(self, &hold);
+            self.forget_hold(&hold);
         }
         let attempt = Attempt {
             lock: self,
@@ -390,7 +419,7 @@ impl FairLock {
             raw::Reenter::Reentered(_) => Ok(LockGuard::nested(self, hold)),
             raw::Reenter::Lost => {
                 hold.state.lost.store(true, Ordering::SeqCst);
-                forget(self, &hold);
+                self.forget_hold(&hold);
                 Err(Error::NotHeld {
                     name: self.name.to_string(),
                     holder: None,

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use crate::boot_clock::BootInstant;
 use crate::connection::{with_pooled, Manager};
 use crate::error::{Error, Result};
-use crate::guard::HoldState;
+use crate::hold::HoldState;
 use crate::raw::{self, RawLock};
 
 struct Renewal {

@@ -1,0 +1,77 @@
+//! The per-thread record of which locks a thread holds (which makes re-entry one round trip), and
+//! the state the watchdog and a hold's guards share.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::boot_clock::BootInstant;
+
+/// What the watchdog and the guards of one hold share.
+pub(crate) struct HoldState {
+    pub lost: AtomicBool,
+    /// Local estimate of when the lease runs out (never later than the server's). On a clock
+    /// that counts system suspend, so the estimate stays early across one.
+    pub expires: Mutex<BootInstant>,
+}
+
+impl HoldState {
+    pub fn new(expires: BootInstant) -> HoldState {
+        HoldState {
+            lost: AtomicBool::new(false),
+            expires: Mutex::new(expires),
+        }
+    }
+}
+
+/// One thread's hold of one lock: all of its nested guards share it.
+pub(crate) struct Hold {
+    pub token: u64,
+    pub depth: Cell<u32>,
+    pub state: Arc<HoldState>,
+    /// Watchdog registration, when the lease is renewed.
+    pub renewal: Option<u64>,
+}
+
+impl Hold {
+    /// Lost for sure: the watchdog said so, or the lease ran out by the local estimate (which
+    /// is never later than the server's).
+    pub fn is_lost(&self) -> bool {
+        self.state.lost.load(Ordering::SeqCst) || *self.state.expires.lock() <= BootInstant::now()
+    }
+}
+
+/// Which hold: (client id, lock key).
+pub(crate) type HoldKey = (String, String);
+
+thread_local! {
+    static HOLDS: RefCell<HashMap<HoldKey, Rc<Hold>>> = RefCell::new(HashMap::new());
+}
+
+/// The calling thread's hold of `key`, if any.
+pub(crate) fn current(key: &HoldKey) -> Option<Rc<Hold>> {
+    HOLDS
+        .try_with(|h| h.borrow().get(key).cloned())
+        .ok()
+        .flatten()
+}
+
+/// Record `hold` as the calling thread's hold of `key`.
+pub(crate) fn remember(key: HoldKey, hold: Rc<Hold>) {
+    let _ = HOLDS.try_with(|h| h.borrow_mut().insert(key, hold));
+}
+
+/// Forget `hold` as the calling thread's hold of `key`. Only removes the entry if it is this
+/// very hold: an old guard must not evict a newer hold of the same lock.
+pub(crate) fn forget(key: &HoldKey, hold: &Rc<Hold>) {
+    let _ = HOLDS.try_with(|h| {
+        let mut map = h.borrow_mut();
+        if map.get(key).is_some_and(|cur| Rc::ptr_eq(cur, hold)) {
+            map.remove(key);
+        }
+    });
+}
