@@ -199,15 +199,9 @@ fn human_coarse(d: Duration) -> String {
     human(d)
 }
 
+/// stderr's width in columns (80 when it cannot be told).
 fn terminal_width() -> usize {
-    // SAFETY: TIOCGWINSZ writes a winsize into the struct we own; a failure leaves it zeroed.
-    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
-    let ok = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0;
-    if ok && ws.ws_col > 0 {
-        ws.ws_col as usize
-    } else {
-        80
-    }
+    terminal_size::terminal_size_of(std::io::stderr()).map_or(80, |(width, _)| width.0.into())
 }
 
 /// Release through the lock thread and wait (bounded) for the outcome. Returns whether the
