@@ -244,7 +244,7 @@ pub struct LockClient {
 }
 
 pub(crate) struct ClientInner {
-    /// Unique per client; with the thread's number it forms the owner flag.
+    /// Unique per client; with the thread's number it forms the owner id.
     pub id: String,
     pub url: String,
     pub config: Config,
@@ -282,14 +282,14 @@ impl LockClient {
         &self.inner.config
     }
 
-    /// This client's unique id (the first part of every owner flag it writes).
+    /// This client's unique id (the first part of every owner id it writes).
     pub fn id(&self) -> &str {
         &self.inner.id
     }
 
-    /// The owner flag of the calling thread: `<client id>:<thread number>`, as stored in Redis.
+    /// The owner id of the calling thread: `<client id>:<thread number>`, as stored in Redis.
     pub fn current_owner(&self) -> String {
-        self.inner.flag()
+        self.inner.owner()
     }
 
     /// Check now that the server is still safe for locks: its `maxmemory-policy` must not
@@ -317,8 +317,8 @@ thread_local! {
 }
 
 impl ClientInner {
-    /// The owner flag of the calling thread.
-    pub fn flag(&self) -> String {
+    /// The owner id of the calling thread.
+    pub fn owner(&self) -> String {
         let n = THREAD_NUMBER.with(|n| *n);
         format!("{}:{n}", self.id)
     }
@@ -342,7 +342,7 @@ impl ClientInner {
     }
 
     /// Refuse to act in a child process forked after this client was built: it would share the
-    /// parent's sockets and owner flags (so its guards' drops would release the parent's holds),
+    /// parent's sockets and owner ids (so its guards' drops would release the parent's holds),
     /// and it has no watchdog or janitor.
     pub fn check_fork(&self) -> Result<()> {
         if std::process::id() == self.pid {

@@ -61,7 +61,7 @@ pub enum Error {
     NotHeld {
         /// The lock name.
         name: String,
-        /// Who holds it now (owner flag), if anyone.
+        /// Who holds it now (owner id), if anyone.
         holder: Option<String>,
     },
     /// The wait for the lock ended with an error that left the outcome unknown and the lock

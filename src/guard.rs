@@ -16,7 +16,7 @@ use crate::raw::Release;
 /// A held lock. Dropping it releases one level (and logs a warning if that fails); call
 /// [`LockGuard::unlock`] to see the error instead.
 ///
-/// A guard belongs to the thread that took the lock (the owner flag names the thread), so it is
+/// A guard belongs to the thread that took the lock (the owner id names the thread), so it is
 /// neither `Send` nor `Sync`. Nested guards of one thread (re-entry) share one hold and one
 /// fencing token; the lock is free again when the last of them is released.
 #[must_use = "the lock is released as soon as the guard is dropped"]
@@ -33,7 +33,7 @@ impl LockGuard {
         let renewal = lock.renewed_lease().map(|lease| {
             lock.client().watchdog.register(
                 lock.raw().clone(),
-                lock.client().flag(),
+                lock.client().owner(),
                 token,
                 lease,
                 state.clone(),
@@ -77,8 +77,10 @@ impl LockGuard {
         &self.lock
     }
 
-    /// How many levels this thread holds now (1 when not re-entered).
-    pub fn depth(&self) -> u32 {
+    /// How many levels this thread holds now (1 when not re-entered); the same count as
+    /// [`FairLock::hold_count`] and [`Holder::hold_count`](crate::Holder::hold_count), read
+    /// locally.
+    pub fn hold_count(&self) -> u32 {
         self.hold.depth.get()
     }
 
@@ -90,9 +92,10 @@ impl LockGuard {
         self.hold.is_lost()
     }
 
-    /// Local, conservative estimate of the lease left (the server may allow a little more).
-    /// For a renewed lease this moves forward with each renewal.
-    pub fn expires_in(&self) -> Duration {
+    /// Local, conservative estimate of the lease left (the server may allow a little more, as
+    /// [`Holder::lease_remaining`](crate::Holder::lease_remaining) shows). For a renewed lease
+    /// this moves forward with each renewal.
+    pub fn lease_remaining(&self) -> Duration {
         self.hold
             .state
             .expires
@@ -155,7 +158,7 @@ impl LockGuard {
         let call = self
             .lock
             .raw()
-            .release(&self.lock.client().flag(), hold.token, depth.max(1));
+            .release(&self.lock.client().owner(), hold.token, depth.max(1));
         let outcome = self
             .lock
             .client()

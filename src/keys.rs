@@ -26,9 +26,9 @@ impl LockKeys {
         }
     }
 
-    /// The list a waiter with this flag blocks on (built the same way in `common.lua`).
-    pub fn wake(&self, flag: &str) -> String {
-        format!("{}:wake:{flag}", self.lock)
+    /// The list a waiter with this owner id blocks on (built the same way in `common.lua`).
+    pub fn wake(&self, owner: &str) -> String {
+        format!("{}:wake:{owner}", self.lock)
     }
 
     /// The keys in the order every script expects them (KEYS[1..4]).

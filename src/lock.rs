@@ -245,7 +245,7 @@ impl FairLock {
     pub fn hold_count(&self) -> Result<u32> {
         let (owner, count) = self.owner_and("count")?;
         Ok(match (owner, count) {
-            (Some(o), Some(n)) if o == self.client.flag() => n as u32,
+            (Some(o), Some(n)) if o == self.client.owner() => n as u32,
             _ => 0,
         })
     }
@@ -253,7 +253,7 @@ impl FairLock {
     /// Release the lock from whoever holds it now, and grant it to the next waiter. For operators
     /// and stuck jobs; the former holder's guard finds out at its next renewal or release.
     /// Reads the holder first and then releases exactly that hold (owner and token), so a
-    /// repeated request never releases the next holder too. Returns the owner flag of the
+    /// repeated request never releases the next holder too. Returns the owner id of the
     /// released holder (`None` when the lock was free, or changed hands in between).
     ///
     /// # Errors
@@ -284,7 +284,7 @@ impl FairLock {
     }
 
     /// Give up the queue place of `owner`, a thread of this client blocked in an acquire call of
-    /// this lock (its flag from [`LockClient::current_owner`](crate::LockClient::current_owner)),
+    /// this lock (its owner id from [`LockClient::current_owner`](crate::LockClient::current_owner)),
     /// and hand on a grant that already reached it. For a process that must exit while one of
     /// its threads is blocked in [`FairLock::lock`] (the command-line tool on Ctrl-C): that call
     /// is not woken, so exit right after. Without this the place lapses only when the janitor
@@ -363,10 +363,10 @@ impl FairLock {
     /// Whether the hold with this token still owns the lock.
     pub(crate) fn owns(&self, token: u64) -> Result<bool> {
         let (owner, tok) = self.owner_and("token")?;
-        Ok(owner.as_deref() == Some(&self.client.flag()) && tok == Some(token))
+        Ok(owner.as_deref() == Some(&self.client.owner()) && tok == Some(token))
     }
 
-    /// The lock's owner flag and one numeric field of its hash.
+    /// The lock's owner id and one numeric field of its hash.
     fn owner_and(&self, field: &str) -> Result<(Option<String>, Option<u64>)> {
         self.client.with_conn("reading the lock", |c| {
             c.query(
@@ -391,7 +391,7 @@ impl FairLock {
         }
         let attempt = Attempt {
             lock: self,
-            owner: self.client.flag(),
+            owner: self.client.owner(),
             number: self.client.next_attempt(),
             meta: self.client.meta(),
         };
@@ -414,7 +414,7 @@ impl FairLock {
     fn reenter(&self, hold: Rc<Hold>) -> Result<LockGuard> {
         let call = self
             .raw
-            .reenter(&self.client.flag(), hold.token, hold.depth.get());
+            .reenter(&self.client.owner(), hold.token, hold.depth.get());
         match self.client.with_conn(call.during(), |c| call.run(c))? {
             raw::Reenter::Reentered(_) => Ok(LockGuard::nested(self, hold)),
             raw::Reenter::Lost => {

@@ -20,7 +20,7 @@ pub struct LockStatus {
 /// Where a holder or waiter runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Origin {
-    /// Owner flag: `<client id>:<thread number>`.
+    /// Owner id: `<client id>:<thread number>`.
     pub owner: String,
     /// Host name of the machine.
     pub host: String,
@@ -83,8 +83,8 @@ impl LockStatus {
         let waiters = raw
             .queue
             .into_iter()
-            .map(|(flag, arrival_us, meta)| Waiter {
-                origin: origin(flag, &meta),
+            .map(|(owner, arrival_us, meta)| Waiter {
+                origin: origin(owner, &meta),
                 waiting_for: ms(raw.server_ms - arrival_us / 1000),
             })
             .collect();

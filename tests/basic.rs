@@ -24,7 +24,7 @@ fn lock_and_unlock_leave_only_the_fence_and_a_tombstone_that_expires() {
     // tokens are time-seeded (server µs), so only their order is known, not their values
     let first = guard.fencing_token();
     assert!(first > 0);
-    assert_eq!(guard.depth(), 1);
+    assert_eq!(guard.hold_count(), 1);
     assert!(guard.is_held().unwrap());
     assert!(!guard.is_lost());
     assert!(lock.is_locked().unwrap());
@@ -138,7 +138,7 @@ fn reentrancy_depth_three_makes_another_thread_wait_for_all_three_releases() {
     assert_eq!(g2.fencing_token(), token);
     assert_eq!(g3.fencing_token(), token);
     assert_eq!(lock.hold_count().unwrap(), 3);
-    assert_eq!(g3.depth(), 3);
+    assert_eq!(g3.hold_count(), 3);
     assert_eq!(lock.status().unwrap().holder.unwrap().hold_count, 3);
 
     let acquired = Arc::new(AtomicBool::new(false));
@@ -151,7 +151,7 @@ fn reentrancy_depth_three_makes_another_thread_wait_for_all_three_releases() {
             assert!(lock.try_lock().unwrap().is_none());
             let g = lock.lock().unwrap();
             acquired.store(true, Ordering::SeqCst);
-            assert_eq!(g.depth(), 1);
+            assert_eq!(g.hold_count(), 1);
             assert_eq!(lock.hold_count().unwrap(), 1);
             let t = g.fencing_token();
             g.unlock().unwrap();
@@ -262,7 +262,7 @@ fn release_of_an_expired_free_lock_is_refused_and_changes_nothing() {
     // the thread's record of the hold is gone: the next lock() is a fresh hold, not a re-entry
     let again = lock.lock().unwrap();
     assert!(again.fencing_token() > first);
-    assert_eq!(again.depth(), 1);
+    assert_eq!(again.hold_count(), 1);
     again.unlock().unwrap();
 }
 

@@ -393,7 +393,7 @@ fn a_server_clock_step_cannot_make_a_lease_estimate_late() {
         let lock = lock.clone();
         thread::spawn(move || {
             let g = lock.lock().unwrap();
-            let left = g.expires_in();
+            let left = g.lease_remaining();
             g.unlock().unwrap();
             left
         })

@@ -4,7 +4,7 @@
 //!
 //! Line format: `<t ns> <pid> <thread> <KIND> <args...>`. Worker kinds:
 //! - `REQ lock`: about to call `lock()`
-//! - `ACQ lock token lease_left_us`: `lock()` returned a guard (its `expires_in()` then, in µs)
+//! - `ACQ lock token lease_left_us`: `lock()` returned a guard (its `lease_remaining()` then, in µs)
 //! - `CS lock before after`: the counter read-modify-write (`after` is `?` when the SET failed)
 //! - `FENCE lock token ok seq epoch` | `FENCE lock token stale max` | `FENCE lock token unknown`
 //! - `UNLOCK lock`: about to call `unlock()` (the critical section is over)

@@ -232,7 +232,7 @@ fn worker_thread(
             }
         };
         let token = guard.fencing_token();
-        let left = guard.expires_in().as_micros();
+        let left = guard.lease_remaining().as_micros();
         h.log(&th, &format!("ACQ {name} {token} {left}"));
         let ok = critical_section(h, &th, name, token, &mut conn, url, &script, &mut rng);
         let lost = u8::from(guard.is_lost());
