@@ -1,4 +1,4 @@
-//! The benchmark driver of issues 3 and 12: uncontended and re-entrant cost, hand-off latency,
+//! The benchmark driver: uncontended and re-entrant cost, hand-off latency,
 //! contended throughput with fairness, and scaling with waiters, for fairlock and its two peers
 //! (see `locks/mod.rs`), every figure next to the PING round trip (RTT) measured in the same run;
 //! what each acquisition costs Redis in calls and CPU time, and for fairlock the calls per
@@ -2002,16 +2002,16 @@ fn x2(v: f64) -> String {
     format!("{v:.2}")
 }
 
-/// The targets of both issues, checked against this run; then the workers' errors.
+/// The targets, checked against this run; then the workers' errors.
 fn targets(b: &mut Bench) {
     let j = Json::Object(b.json.clone());
-    targets_issue3(&j).report(b, "Targets of issue 3", "targets");
-    targets_issue12(&j).report(b, "Targets of issue 12", "targets_issue12");
+    targets_latency(&j).report(b, "Targets: latency, fairness and throughput", "targets");
+    targets_cost(&j).report(b, "Targets: what a lock costs Redis", "targets_cost");
     worker_errors(b, &j);
 }
 
-/// Issue 3: latency, fairness and throughput.
-fn targets_issue3(j: &Json) -> Targets {
+/// Latency, fairness and throughput.
+fn targets_latency(j: &Json) -> Targets {
     let micro = |fig: &str, lock: &str, key: &str| micro_figure(j, fig, lock, key);
     let hand = |lock: &str, between: &str, key: &str| {
         j["handoff"].as_array().and_then(|a| {
@@ -2160,8 +2160,8 @@ fn targets_issue3(j: &Json) -> Targets {
     t
 }
 
-/// Issue 12: what one lock costs Redis, in calls and CPU, against the naive lock.
-fn targets_issue12(j: &Json) -> Targets {
+/// What one lock costs Redis, in calls and CPU, against the naive lock.
+fn targets_cost(j: &Json) -> Targets {
     let mut t = Targets::default();
     let micro = |lock: &str, key: &str| micro_figure(j, "uncontended acquire + release", lock, key);
     let contended = |lock: &str| {

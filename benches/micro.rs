@@ -1,4 +1,4 @@
-//! Criterion micro benchmarks (issue 3, figures 1, 2 and the peers' figure 1): the PING round
+//! Criterion micro benchmarks: the PING round
 //! trip, a trivial EVALSHA, uncontended acquire + release, and re-entrant acquire + release.
 //!
 //! Needs a throwaway Redis in `FAIRLOCK_BENCH_REDIS` (`scripts/bench.sh` starts one and passes

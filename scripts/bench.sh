@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks of issues 3 and 12 (throwaway redis-server): uncontended and re-entrant cost, hand-off
+# Benchmarks against a throwaway redis-server: uncontended and re-entrant cost, hand-off
 # latency, contended throughput with fairness, scaling with waiters, Redis calls and CPU per
 # acquisition (per script for fairlock); fairlock, the redlock crate and the naive lock, in RTTs.
 #

@@ -120,7 +120,8 @@ impl LockGuard {
 
     /// Give up this guard *without* releasing: the lock stays held until its lease runs out, and
     /// is not renewed. For a job with a fixed lease that must not run again within that period,
-    /// even on another server (the seeds' `tryLock(0, 5, SECONDS)`). Returns the fencing token.
+    /// even on another server (Redisson's `tryLock(0, 5, SECONDS)` without `unlock`). Returns the
+    /// fencing token.
     ///
     /// ```no_run
     /// # use std::time::Duration;

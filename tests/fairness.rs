@@ -329,7 +329,7 @@ fn a_waiter_sleeps_in_one_blpop_instead_of_polling() {
     let commands = server.total_commands() - total;
     println!("2 s of waiting: {blpops} BLPOP, {scripts} scripts, {commands} commands");
     // one blocking pop (it may have started just before we looked) and the janitor's heartbeat
-    // every 200 ms: a polling waiter (the seeds' 100 ms retry loop) would show 20+ attempts
+    // every 200 ms: a polling waiter (a 100 ms retry loop) would show 20+ attempts
     assert!(blpops <= 1, "{blpops} BLPOPs in 2 s");
     assert!(scripts <= 20, "{scripts} scripts in 2 s");
     let held = g.fencing_token();

@@ -4,8 +4,8 @@
 //! - `redlock`: the `redlock` crate 2.0.0, single instance, its default retry (3 attempts per
 //!   `lock` call, a random 0-200 ms sleep between them); a new TCP connection per command, as the
 //!   crate does. A waiter calls `lock` again until it gets the lock.
-//! - `naive`: the seeds' lock: `SET key id NX PX 30000`, on failure sleep 100 ms and try again;
-//!   release with an atomic compare-and-delete script. One connection per worker.
+//! - `naive`: the lock fairlock replaces (the user's original code): `SET key id NX PX 30000`,
+//!   on failure sleep 100 ms and try again; release with an atomic compare-and-delete script. One connection per worker.
 //!
 //! Every lock lives in the worker thread that uses it (fairlock guards belong to their thread).
 #![allow(dead_code)] // each bench target uses a different part
@@ -71,7 +71,7 @@ impl Lib {
 
 /// Lease / TTL of the peers' locks: long enough never to expire during a benchmark.
 pub const PEER_TTL_MS: usize = 30_000;
-/// The naive lock's retry sleep (the seeds' value).
+/// The naive lock's retry sleep (the original code's value).
 pub const NAIVE_RETRY: Duration = Duration::from_millis(100);
 
 const COMPARE_AND_DELETE: &str = r"if redis.call('get', KEYS[1]) == ARGV[1] then
