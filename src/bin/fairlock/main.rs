@@ -160,36 +160,70 @@ fn usage_error(e: clap::Error) -> u8 {
     match e.kind() {
         ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
             let _ = e.print();
-            return 0;
+            0
         }
-        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+        // the first with no arguments at all, the second when $FAIRLOCK_REDIS_URL counts as one
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
             say("missing command: use run, status, release or hold; see fairlock --help");
-            return exit::USAGE;
+            exit::USAGE
         }
-        _ => {}
-    }
-    // clap's message spans lines (tips, usage); keep what names the problem, on one line
-    let text = e.to_string();
-    let mut parts: Vec<String> = Vec::new();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.starts_with("Usage:") || line.starts_with("For more information") {
-            break;
-        }
-        if line.is_empty() {
-            continue;
-        }
-        match parts.last_mut() {
-            // "required arguments were not provided:" is followed by one line per argument
-            Some(last) if last.ends_with(':') => *last = format!("{last} {line}"),
-            Some(last) if last.ends_with('>') || last.ends_with("...") => {
-                *last = format!("{last} {line}")
-            }
-            _ => parts.push(line.trim_start_matches("error:").trim().to_string()),
+        _ => {
+            say(&format!("{}; see fairlock --help", describe(&e)));
+            exit::USAGE
         }
     }
-    say(&format!("{}; see fairlock --help", parts.join("; ")));
-    exit::USAGE
+}
+
+/// A parse error as one line, from its kind and context (clap's own rendering spans several
+/// lines, with tips and a usage block).
+fn describe(e: &clap::Error) -> String {
+    use clap::error::{ContextKind as Ck, ContextValue, ErrorKind};
+    let ctx = |kind| e.get(kind).map(ToString::to_string).unwrap_or_default();
+    let (arg, value) = (ctx(Ck::InvalidArg), ctx(Ck::InvalidValue));
+    let mut line = match e.kind() {
+        ErrorKind::InvalidSubcommand => {
+            format!("unrecognized subcommand '{}'", ctx(Ck::InvalidSubcommand))
+        }
+        ErrorKind::UnknownArgument => format!("unexpected argument '{arg}' found"),
+        ErrorKind::MissingRequiredArgument => {
+            format!("the following required arguments were not provided: {arg}")
+        }
+        ErrorKind::ArgumentConflict if ctx(Ck::PriorArg) == arg => {
+            format!("the argument '{arg}' cannot be used multiple times")
+        }
+        ErrorKind::ArgumentConflict => {
+            format!(
+                "the argument '{arg}' cannot be used with '{}'",
+                ctx(Ck::PriorArg)
+            )
+        }
+        ErrorKind::InvalidValue if value.is_empty() => {
+            format!("a value is required for '{arg}' but none was supplied")
+        }
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
+            format!("invalid value '{value}' for '{arg}'")
+        }
+        kind => kind.to_string(),
+    };
+    // the value parser's own message (a bad duration, a number out of range)
+    if let Some(source) = std::error::Error::source(e) {
+        line = format!("{line}: {source}");
+    }
+    for (kind, what) in [
+        (Ck::SuggestedSubcommand, "subcommand"),
+        (Ck::SuggestedArg, "argument"),
+        (Ck::SuggestedValue, "value"),
+    ] {
+        if let Some(suggested) = e.get(kind) {
+            line = format!("{line}; tip: a similar {what} exists: '{suggested}'");
+        }
+    }
+    if let Some(ContextValue::StyledStrs(tips)) = e.get(Ck::Suggested) {
+        for tip in tips {
+            line = format!("{line}; tip: {tip}");
+        }
+    }
+    line
 }
 
 fn execute(cli: Cli) -> Result<u8, Failure> {
