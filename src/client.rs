@@ -15,7 +15,8 @@ use crate::limits::{DEFAULT_LEASE, MAX_LEASE, MAX_WAITING_CONNECTIONS, MIN_LEASE
 use crate::raw;
 use crate::watchdog::Watchdog;
 
-/// The settings of a [`LockClient`]. Built by [`LockClientBuilder`]; read with [`LockClient::config`].
+/// The settings of a [`LockClient`]: set one by one on a [`LockClientBuilder`], or all at once
+/// with [`LockClientBuilder::config`]; read with [`LockClient::config`].
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Lease of a hold; renewed by the watchdog every third of it. Default 30 s.
@@ -76,6 +77,25 @@ pub struct LockClientBuilder {
 }
 
 impl LockClientBuilder {
+    /// All settings at once, e.g. a [`Config`] read from a configuration file, or another
+    /// client's [`LockClient::config`]. Checked by [`build`](Self::build) like the others.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// let config = fairlock::Config {
+    ///     key_prefix: "myapp-locks".into(),
+    ///     ..fairlock::Config::default()
+    /// };
+    /// let client = fairlock::LockClient::builder("redis://127.0.0.1:6379/")
+    ///     .config(config)
+    ///     .build()?;
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
     /// Lease of a hold (default 30 s, at least 100 ms). The watchdog renews it every third.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = lease;

@@ -79,6 +79,14 @@ fn bad_settings_are_refused_before_connecting() {
             builder(&nowhere).lease(Duration::from_secs(8 * 24 * 3600)),
         ),
         ("pool_size", builder(&nowhere).pool_size(0)),
+        // a whole Config is checked the same way
+        (
+            "pool_size",
+            builder(&nowhere).config(fairlock::Config {
+                pool_size: 0,
+                ..fairlock::Config::default()
+            }),
+        ),
         ("key_prefix", builder(&nowhere).key_prefix("")),
         ("key_prefix", builder(&nowhere).key_prefix("my locks")),
         ("key_prefix", builder(&nowhere).key_prefix("a{b}")),

@@ -459,3 +459,25 @@ fn status_names_the_holder_and_the_waiters_in_queue_order() {
     }
     assert!(lock.status().unwrap().waiters.is_empty());
 }
+
+#[test]
+fn a_client_built_from_a_config_uses_all_of_its_settings() {
+    let server = RedisServer::start();
+    let first = support::client_with(&server, |b| {
+        b.key_prefix("from-config").lease(Duration::from_secs(10))
+    });
+    let second = fairlock::LockClient::builder(&server.url())
+        .config(first.config().clone())
+        .build()
+        .unwrap();
+    assert_eq!(second.config().key_prefix, "from-config");
+    assert_eq!(second.config().lease, Duration::from_secs(10));
+    let guard = second.lock("cfg").unwrap().lock().unwrap();
+    // the prefix and the lease reached Redis
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("from-config:{cfg}")
+        .query(&mut server.conn())
+        .unwrap();
+    assert!(pttl > 0 && pttl <= 10_000, "lease {pttl} ms");
+    guard.unlock().unwrap();
+}
