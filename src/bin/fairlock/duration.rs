@@ -47,6 +47,12 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// The form [`parse`] reads back, for defaults: humantime's without its spaces (`30s`,
+/// `1m30s`). Days and longer come out in units `parse` refuses.
+pub fn text(d: Duration) -> String {
+    humantime::format_duration(d).to_string().replace(' ', "")
+}
+
 /// Short human form: `450ms`, `3.2s`, `1m 05s`, `2h 03m`, `3d 04h`.
 pub fn human(d: Duration) -> String {
     let secs = d.as_secs();
@@ -100,6 +106,13 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?} should be refused");
         }
+    }
+
+    #[test]
+    fn default_lease_reads_back() {
+        assert_eq!(text(Duration::from_millis(90_500)), "1m30s500ms");
+        let default = text(fairlock::DEFAULT_LEASE);
+        assert_eq!(parse(&default), Ok(fairlock::DEFAULT_LEASE), "{default}");
     }
 
     #[test]

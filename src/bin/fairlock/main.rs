@@ -13,6 +13,7 @@ mod status;
 mod waiting;
 
 use std::ffi::OsString;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -24,6 +25,9 @@ use crate::holder::Wait;
 use crate::waiting::WaitOptions;
 
 const DEFAULT_URL: &str = "redis://127.0.0.1:6379/";
+
+/// `--lease`'s default: the library's, written as `--lease` takes it.
+static DEFAULT_LEASE: LazyLock<String> = LazyLock::new(|| duration::text(fairlock::DEFAULT_LEASE));
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -84,7 +88,7 @@ struct AcquireArgs {
     #[arg(long)]
     no_wait: bool,
     /// Lease of the hold, renewed every third of it while fairlock runs (100ms to 7 days)
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "30s")]
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = DEFAULT_LEASE.as_str())]
     lease: Duration,
     /// Exit code when the lock is busy or the wait ran out (0 makes "someone else runs it" a success)
     #[arg(long, value_name = "N", default_value_t = exit::TEMPFAIL)]
@@ -248,7 +252,7 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
         }
         Cmd::Status(args) => {
             fairlock::validate_name(&args.name)?;
-            let (_client, lock) = connect(&url, &args.name, DEFAULT_LEASE)?;
+            let (_client, lock) = connect(&url, &args.name, fairlock::DEFAULT_LEASE)?;
             status::status(&lock, args.json)
         }
         Cmd::Release(args) => {
@@ -258,13 +262,11 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
                 ));
             }
             fairlock::validate_name(&args.name)?;
-            let (_client, lock) = connect(&url, &args.name, DEFAULT_LEASE)?;
+            let (_client, lock) = connect(&url, &args.name, fairlock::DEFAULT_LEASE)?;
             status::release(&lock)
         }
     }
 }
-
-const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 fn wait_options(a: &AcquireArgs) -> WaitOptions {
     let wait = match (a.no_wait, a.wait) {
@@ -289,8 +291,10 @@ fn connect_to_hold(
     fairlock::validate_name(name)?;
     if !(fairlock::MIN_LEASE..=fairlock::MAX_LEASE).contains(&lease) {
         return Err(Failure::usage(format!(
-            "invalid --lease {}: it must be between 100ms and 7 days",
-            duration::human(lease)
+            "invalid --lease {}: it must be between {} and {}",
+            duration::human(lease),
+            humantime::format_duration(fairlock::MIN_LEASE),
+            humantime::format_duration(fairlock::MAX_LEASE),
         )));
     }
     let signals = signals::install().map_err(|e| {
