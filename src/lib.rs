@@ -34,10 +34,12 @@
 //!    thread each per client, fed plain data;
 //! 6. `client`: [`LockClient`], its settings, pools and background threads;
 //! 7. `status`, then [`FairLock`] (`lock`) and [`LockGuard`] (`guard`), the handle and its
-//!    guard, which refer to each other as `lock_api`'s `Mutex` and `MutexGuard` do.
+//!    guard, which refer to each other as `lock_api`'s `Mutex` and `MutexGuard` do, with
+//!    `attempt`, one acquire call that may wait (the wake-up path).
 
 #![warn(missing_docs)]
 
+mod attempt;
 mod boot_clock;
 mod client;
 mod connection;

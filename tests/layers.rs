@@ -1,11 +1,12 @@
 //! The library's modules form layers (README: Architecture): a module may use only the modules
-//! before it in [`LAYERS`], never one after it. The one pair that refers both ways is `lock` and
-//! `guard`, the handle and its guard, as `lock_api`'s `Mutex` and `MutexGuard` do.
+//! before it in [`LAYERS`], never one after it. Only the top layer's modules refer to each other:
+//! `lock` and `guard`, the handle and its guard, as `lock_api`'s `Mutex` and `MutexGuard` do, and
+//! `attempt`, the acquisition a handle runs and that makes a guard.
 
 use std::collections::BTreeSet;
 
 /// Bottom to top; each entry is one layer (modules of one layer do not use each other, except
-/// the named pair in the last one).
+/// in the last one).
 const LAYERS: &[&[&str]] = &[
     &["limits"],
     &["error"],
@@ -16,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["watchdog", "janitor"],
     &["client"],
     &["status"],
-    &["lock", "guard"],
+    &["lock", "guard", "attempt"],
 ];
 
 fn layer_of(module: &str) -> Option<usize> {

@@ -1,0 +1,316 @@
+//! One acquire call of one thread that may have to wait: an `Attempt`.
+//!
+//! How a waiter waits (the whole wake-up path is here and in `release.lua`):
+//! 1. Each acquire call is an *attempt* with a number of its own. `acquire.lua` either grants
+//!    the lock or puts the attempt in the lock's FIFO queue.
+//! 2. The thread blocks in a timed BLPOP on its own wake list, on a connection of its own (so 64
+//!    waiters never starve the command pool).
+//! 3. The release that makes this attempt the head grants it the lock inside the script and
+//!    pushes `g|<attempt>|<token>|<time>` (a hand-off) to exactly that list: the BLPOP returns
+//!    holding the lock, with no further round trip. A push that lands before the BLPOP starts
+//!    stays in the list, so no wake-up is lost.
+//! 4. The janitor keeps the queue entry alive meanwhile; if the attempt lost its place (a long
+//!    pause, a lapsed grant, a Redis restart) it pushes `r|<attempt>` and the thread re-runs
+//!    step 1 with the same attempt. So does a wait that failed: with the same attempt,
+//!    `acquire.lua` keeps the place, or returns a grant whose wake-up was lost.
+//! 5. A waiter whose time runs out leaves with `leave.lua`, which takes a grant that reached it
+//!    meanwhile rather than wasting it; a waiter that fails hands such a grant on. Both act on
+//!    this attempt only, so a late copy never touches the thread's later waits or holds.
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use crate::boot_clock::BootInstant;
+use crate::client::ClientInner;
+use crate::error::{Error, Result};
+use crate::guard::LockGuard;
+use crate::lock::{ms, FairLock, Wait};
+use crate::raw::{self, Acquire, Call, Leave, LeaveMode, Mode, Wake};
+
+/// The longest single BLPOP: a waiter re-blocks at least this often, which bounds how long a
+/// silently dead connection (no RST) can hide.
+const MAX_BLOCK: Duration = Duration::from_secs(10);
+/// BLPOP timeouts below 1 ms turned into "forever" on Redis < 7.0.8 (redis/redis#11688).
+const MIN_BLOCK: Duration = Duration::from_millis(2);
+/// Consecutive failed BLPOPs (or late grants) before a wait gives up with the error.
+const MAX_WAIT_FAILURES: u32 = 3;
+/// Connections the server may close under a waiter (restarts) before it gives up.
+const MAX_DROPS: u32 = 10;
+
+/// What one acquire request decided.
+enum Requested {
+    Granted { token: u64, expires: BootInstant },
+    Busy,
+    Queued { server_ms: i64, pttl_ms: i64 },
+}
+
+/// What a wait in the queue came to.
+enum Queue {
+    /// Granted with this token, the lease ending at `expires` by our (early) estimate.
+    Granted { token: u64, expires: BootInstant },
+    /// The deadline came and no grant with it.
+    GaveUp,
+    /// Run the acquire script again (the place was lost, or the wait failed).
+    Again,
+}
+
+/// One acquire call of one thread: an attempt number the scripts tie its queue entry and its
+/// grant to (see `raw`).
+pub(crate) struct Attempt<'a> {
+    lock: &'a FairLock,
+    pub owner: String,
+    pub number: u64,
+    meta: String,
+    /// Consecutive failures (failed waits, grants that arrived after their lease): a few are
+    /// worth re-checking, more mean the network or the server is in trouble.
+    failures: Cell<u32>,
+    /// Connections the server closed under this wait.
+    drops: Cell<u32>,
+}
+
+/// How a wait on the wake list ended.
+enum Waited {
+    /// The lock was granted to this attempt at the server's `grant_ms`.
+    Handoff { token: u64, grant_ms: i64 },
+    /// The caller's deadline came; it still has to leave the queue.
+    Deadline,
+    /// The attempt's queue entry was dropped: run acquire again.
+    Again,
+    /// The server dropped the connection (a restart): run acquire again (with the same attempt
+    /// it keeps the place, or returns a grant whose wake-up was lost).
+    Dropped,
+}
+
+impl<'a> Attempt<'a> {
+    fn client(&self) -> &ClientInner {
+        self.lock.client()
+    }
+
+    pub fn new(lock: &'a FairLock) -> Attempt<'a> {
+        let client = lock.client();
+        Attempt {
+            lock,
+            owner: client.owner(),
+            number: client.next_attempt(),
+            meta: client.meta(),
+            failures: Cell::new(0),
+            drops: Cell::new(0),
+        }
+    }
+
+    /// Take the lock, queue for it and wait as `wait` allows; `None` when it did not come.
+    pub fn run(&self, wait: Wait) -> Result<Option<LockGuard>> {
+        let mode = match wait {
+            Wait::No => Mode::Try,
+            Wait::Until(_) | Wait::Forever => Mode::Wait,
+        };
+        let call = self.lock.raw().acquire(
+            &self.owner,
+            self.number,
+            self.lock.lease(),
+            mode,
+            &self.meta,
+        );
+        loop {
+            let sent = BootInstant::now();
+            let grant = match self.request(&call, sent)? {
+                Requested::Granted { token, expires } => Some((token, expires)),
+                Requested::Busy => return Ok(None),
+                Requested::Queued { server_ms, pttl_ms } => {
+                    match self.wait_in_queue(wait, sent, server_ms, pttl_ms)? {
+                        Queue::Granted { token, expires } => Some((token, expires)),
+                        Queue::GaveUp => return Ok(None),
+                        Queue::Again => None,
+                    }
+                }
+            };
+            if let Some((token, expires)) = grant {
+                if let Some(guard) = self.fresh_hold(token, expires)? {
+                    return Ok(Some(guard));
+                }
+            }
+        }
+    }
+
+    /// Run the acquire script once (sent at `sent`).
+    fn request(&self, call: &Call<Acquire>, sent: BootInstant) -> Result<Requested> {
+        Ok(
+            match self.client().with_conn(call.during(), |c| call.run(c))? {
+                Acquire::Granted(g) => Requested::Granted {
+                    token: g.token,
+                    expires: sent + ms(g.pttl_ms).min(self.lock.lease()),
+                },
+                Acquire::Busy { .. } => Requested::Busy,
+                Acquire::Stale => {
+                    return Err(Error::protocol(format!(
+                        "Redis knows a newer attempt of owner {} than this one; is the client id shared with another process?",
+                        self.owner
+                    )))
+                }
+                Acquire::Queued { server_ms, pttl_ms } => Requested::Queued { server_ms, pttl_ms },
+            },
+        )
+    }
+
+    /// Queued by the request sent at `sent` (the server's clock then: `server_ms`): wait for
+    /// the hand-off with the janitor keeping the place, and decide what the wait's end means.
+    fn wait_in_queue(
+        &self,
+        wait: Wait,
+        sent: BootInstant,
+        server_ms: i64,
+        holder_pttl_ms: i64,
+    ) -> Result<Queue> {
+        let lock = self.lock;
+        let janitor = &self.client().janitor;
+        janitor.register(lock.raw(), &self.owner, self.number, ms(holder_pttl_ms));
+        let outcome = self.wait_for_grant(wait);
+        janitor.unregister(lock.raw(), &self.owner);
+        Ok(match outcome {
+            Ok(Waited::Handoff { token, grant_ms }) => {
+                // The grant's lease started at the server's grant_ms: map it onto our clock
+                // through the (sent, server_ms) pair of the acquire call. The server time
+                // between queueing and the grant is capped by our own elapsed time, so a
+                // forward step of the server clock cannot make the estimate late.
+                let queued_for = ms(grant_ms - server_ms).min(sent.elapsed());
+                Queue::Granted {
+                    token,
+                    expires: sent + queued_for + lock.lease(),
+                }
+            }
+            Ok(Waited::Deadline) => match self.leave_at_deadline()? {
+                Some((token, expires)) => Queue::Granted { token, expires },
+                None => Queue::GaveUp,
+            },
+            Ok(Waited::Again) => Queue::Again,
+            Ok(Waited::Dropped) => {
+                if self.drops.get() >= MAX_DROPS {
+                    return Err(Error::Connection {
+                        during: "waiting for the lock",
+                        detail: format!("the server closed {MAX_DROPS} connections in a row"),
+                        source: None,
+                    });
+                }
+                self.drops.set(self.drops.get() + 1);
+                Queue::Again
+            }
+            Err(e) => {
+                self.failures.set(self.failures.get() + 1);
+                if self.failures.get() >= MAX_WAIT_FAILURES {
+                    return Err(e);
+                }
+                log::debug!(
+                    "fairlock: waiting on {:?} failed ({e}); re-checking",
+                    lock.name()
+                );
+                Queue::Again
+            }
+        })
+    }
+
+    /// Turn a grant into a guard, unless its lease already ran out by our (early) estimate: then
+    /// the reply was held up (a stalled network, a stopped process) and another owner may hold
+    /// the lock by now, so it must not become a guard. `None` means: run acquire again (with this
+    /// attempt it returns the grant with a fresh lease if the lock is still ours, and queues us
+    /// otherwise). After `MAX_WAIT_FAILURES` late grants in a row, fail.
+    fn fresh_hold(&self, token: u64, expires: BootInstant) -> Result<Option<LockGuard>> {
+        if BootInstant::now() < expires {
+            return Ok(Some(LockGuard::new_hold(self.lock, token, expires)));
+        }
+        log::warn!(
+            "fairlock: a grant of {:?} arrived after its lease had run out; re-checking",
+            self.lock.name()
+        );
+        self.failures.set(self.failures.get() + 1);
+        if self.failures.get() >= MAX_WAIT_FAILURES {
+            return Err(Error::Connection {
+                during: "acquiring",
+                detail: format!(
+                    "{MAX_WAIT_FAILURES} grants arrived after their lease of {:?} had run out",
+                    self.lock.lease()
+                ),
+                source: None,
+            });
+        }
+        Ok(None)
+    }
+
+    /// Block on the wake list until a hand-off or retry for this attempt, or the deadline.
+    /// Messages for other attempts of this thread (a "retry" a heartbeat sent for an earlier
+    /// one) are skipped. A connection the server dropped (a restart) is replaced without
+    /// counting as a failure; the wake-up it may have popped is recovered by running acquire
+    /// again.
+    fn wait_for_grant(&self, wait: Wait) -> Result<Waited> {
+        let client = self.client();
+        let read_margin = client.config.read_timeout;
+        let mut conn = client.blocking.get().map_err(|e| Error::Connection {
+            during: "waiting for the lock",
+            detail: e.to_string(),
+            source: Some(Box::new(e)),
+        })?;
+        loop {
+            let block = match wait {
+                Wait::No => return Ok(Waited::Deadline),
+                Wait::Forever => MAX_BLOCK,
+                Wait::Until(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left < MIN_BLOCK {
+                        return Ok(Waited::Deadline);
+                    }
+                    left.min(MAX_BLOCK)
+                }
+            };
+            conn.set_read_timeout(block + read_margin);
+            let reply: Option<(String, String)> =
+                match conn.query(&self.lock.raw().wait_cmd(&self.owner, block)) {
+                    Ok(reply) => reply,
+                    Err(_) if conn.was_dropped() => return Ok(Waited::Dropped),
+                    Err(e) => return Err(Error::from_redis("waiting for the lock", e)),
+                };
+            let Some((_, msg)) = reply else { continue };
+            let wake = raw::parse_wake(&msg)?;
+            if wake.attempt() != self.number {
+                continue;
+            }
+            return Ok(match wake {
+                Wake::Grant {
+                    token, server_ms, ..
+                } => Waited::Handoff {
+                    token,
+                    grant_ms: server_ms,
+                },
+                Wake::Retry { .. } => Waited::Again,
+            });
+        }
+    }
+
+    /// The deadline passed: leave the queue, but keep a grant that reached us meanwhile
+    /// (returned as its token and lease end).
+    fn leave_at_deadline(&self) -> Result<Option<(u64, BootInstant)>> {
+        let call = self
+            .lock
+            .raw()
+            .leave(&self.owner, self.number, LeaveMode::Claim);
+        let at = BootInstant::now();
+        Ok(
+            match self.client().with_conn(call.during(), |c| call.run(c))? {
+                Leave::Granted(g) => Some((g.token, at + ms(g.pttl_ms).min(self.lock.lease()))),
+                Leave::Left | Leave::Passed { .. } => None,
+            },
+        )
+    }
+
+    /// After an error: give up the queue place and hand on anything granted to this attempt.
+    pub fn leave_quietly(&self) {
+        let call = self
+            .lock
+            .raw()
+            .leave(&self.owner, self.number, LeaveMode::Pass);
+        if let Err(e) = self.client().with_conn(call.during(), |c| call.run(c)) {
+            log::debug!(
+                "fairlock: could not leave the queue of {:?}: {e}",
+                self.lock.name()
+            );
+        }
+    }
+}
