@@ -245,7 +245,7 @@ pub(crate) fn validate_lease(setting: &'static str, lease: Duration) -> Result<(
     Ok(())
 }
 
-/// A connection to one Redis server that hands out [`FairLock`] handles. Cheap to clone; all
+/// A connection to one Redis server that hands out [`FairLock`](crate::FairLock) handles. Cheap to clone; all
 /// clones share the pools and the two background threads (the watchdog, which renews leases, and
 /// the janitor, which keeps this client's waiters alive and repairs locks that crashes left
 /// behind). The threads stop when the last clone and the last lock handle are dropped.
@@ -283,8 +283,12 @@ pub(crate) struct ClientInner {
 }
 
 impl LockClient {
-    /// Connect with default settings. Fails with a clear error when the URL is bad, the server is
-    /// unreachable, not Redis, or older than 6.2.
+    /// Connect with default settings.
+    ///
+    /// # Errors
+    /// As [`LockClientBuilder::build`]: [`Error::InvalidUrl`], [`Error::Connection`] when the
+    /// server cannot be reached, [`Error::NotRedis`] / [`Error::UnsupportedServer`] for a server
+    /// that is not Redis 6.2+, [`Error::UnsafeServer`] for one that may evict keys.
     pub fn connect(url: &str) -> Result<LockClient> {
         Self::builder(url).build()
     }
@@ -364,6 +368,9 @@ impl ClientInner {
     /// Refuse to act in a child process forked after this client was built: it would share the
     /// parent's sockets and owner ids (so its guards' drops would release the parent's holds),
     /// and it has no watchdog or janitor.
+    ///
+    /// # Errors
+    /// [`Error::Forked`] in such a child.
     pub fn check_fork(&self) -> Result<()> {
         if std::process::id() == self.pid {
             Ok(())

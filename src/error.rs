@@ -1,7 +1,6 @@
 //! The one error type of fairlock.
 
 use std::fmt;
-use std::time::Duration;
 
 /// Everything that can go wrong in fairlock. Each message says what happened and what to do.
 ///
@@ -63,14 +62,6 @@ pub enum Error {
         name: String,
         /// Who holds it now (owner id), if anyone.
         holder: Option<String>,
-    },
-    /// The wait for the lock ended with an error that left the outcome unknown and the lock
-    /// was handed on. Only returned by acquire calls.
-    Timeout {
-        /// What fairlock was doing.
-        during: &'static str,
-        /// How long it waited.
-        waited: Duration,
     },
     /// Redis returned an error fairlock did not expect.
     Redis(redis::RedisError),
@@ -137,10 +128,6 @@ impl fmt::Display for Error {
                     "lock {name:?} is not held by this guard (it is free); its lease may have run out: nothing was changed"
                 ),
             },
-            Error::Timeout { during, waited } => write!(
-                f,
-                "timed out after {waited:?} while {during}; Redis may be overloaded or unreachable"
-            ),
             Error::Redis(e) => write!(f, "unexpected Redis error: {e}"),
             Error::Protocol { detail } => write!(
                 f,
@@ -173,7 +160,7 @@ impl std::error::Error for Error {
 impl Error {
     /// True when the error came from the network or server availability, so retrying later may work.
     pub fn is_connection(&self) -> bool {
-        matches!(self, Error::Connection { .. } | Error::Timeout { .. })
+        matches!(self, Error::Connection { .. })
     }
 
     /// Classify an error from the redis crate. `during` names the operation for the message.

@@ -87,7 +87,8 @@ impl LockGuard {
     /// True when the lock is no longer this hold's for sure: the watchdog found it gone or taken
     /// by another owner, a release or re-entry found it lost, or the lease ran out by the local
     /// estimate (a fixed lease's end, or Redis unreachable for longer than the lease). Work done
-    /// under a lost lock is not protected any more: stop, and rely on the fencing token.
+    /// under a lost lock is not protected any more: stop, and rely on the fencing token. Local:
+    /// no call to Redis (see [`LockGuard::is_held`] for one).
     pub fn is_lost(&self) -> bool {
         self.hold.is_lost()
     }
@@ -103,7 +104,12 @@ impl LockGuard {
             .saturating_duration_since(BootInstant::now())
     }
 
-    /// Ask Redis whether this hold still owns the lock.
+    /// Ask Redis whether this hold still owns the lock (one read from Redis; see
+    /// [`LockGuard::is_lost`] for the local view).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when Redis cannot be reached, [`Error::ForeignData`] when another
+    /// program's data sits at the lock's key.
     pub fn is_held(&self) -> Result<bool> {
         self.lock.owns(self.hold.token)
     }
@@ -112,8 +118,11 @@ impl LockGuard {
     /// grants it to the next waiter. Safe to retry internally: a release whose reply was lost is
     /// never applied twice and never reported as "not held".
     ///
-    /// Returns [`Error::NotHeld`] when the lock was no longer this hold's (its lease ran out);
-    /// nothing is changed then.
+    /// # Errors
+    /// [`Error::NotHeld`] when the lock was no longer this hold's (its lease ran out, or it was
+    /// force-unlocked); nothing is changed then. [`Error::Connection`] when Redis cannot be
+    /// reached: the release may or may not have been applied, and if not, the lock frees itself
+    /// when the lease runs out (the watchdog no longer renews it).
     pub fn unlock(mut self) -> Result<()> {
         self.release()
     }

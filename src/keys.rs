@@ -39,6 +39,9 @@ impl LockKeys {
 
 /// Check a lock name: 1 to [`MAX_NAME_LEN`] bytes, no `{` or `}` (they would break the hash tag),
 /// no control characters (they garble logs and the command-line tool's output).
+///
+/// # Errors
+/// [`Error::InvalidName`] saying which rule the name breaks.
 pub fn validate_name(name: &str) -> Result<()> {
     let reason = if name.is_empty() {
         Some("it is empty")

@@ -44,10 +44,7 @@ impl From<fairlock::Error> for Failure {
         use fairlock::Error as E;
         let code = match &e {
             E::InvalidName { .. } | E::InvalidConfig { .. } | E::InvalidUrl { .. } => USAGE,
-            E::Connection { .. }
-            | E::Timeout { .. }
-            | E::NotRedis { .. }
-            | E::UnsupportedServer { .. } => UNAVAILABLE,
+            E::Connection { .. } | E::NotRedis { .. } | E::UnsupportedServer { .. } => UNAVAILABLE,
             E::ForeignData { .. } => DATAERR,
             _ => SOFTWARE,
         };
