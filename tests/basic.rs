@@ -269,7 +269,7 @@ fn release_of_an_expired_free_lock_is_refused_and_changes_nothing() {
 #[test]
 fn force_unlock_makes_the_old_guards_release_fail_and_its_watchdog_never_renews_the_new_owner() {
     let server = RedisServer::start();
-    let a = support::client_with(&server, |b| b.lease(Duration::from_millis(900)));
+    let a = support::client_with_url(&server.url(), |b| b.lease(Duration::from_millis(900)));
     let b = support::client(&server);
     let admin = support::client(&server);
     let lock_a = a.lock("forced").unwrap();
@@ -463,7 +463,7 @@ fn status_names_the_holder_and_the_waiters_in_queue_order() {
 #[test]
 fn a_client_built_from_a_config_uses_all_of_its_settings() {
     let server = RedisServer::start();
-    let first = support::client_with(&server, |b| {
+    let first = support::client_with_url(&server.url(), |b| {
         b.key_prefix("from-config").lease(Duration::from_secs(10))
     });
     let second = fairlock::LockClient::builder(&server.url())

@@ -17,7 +17,7 @@ const ROUNDS: usize = 25;
 fn counter_child() {
     support::child_time_limit(Duration::from_secs(90));
     let url: String = support::env_arg("URL");
-    let client = support::client_for_url_with(&url, |b| b.lease(Duration::from_secs(2)));
+    let client = support::client_with_url(&url, |b| b.lease(Duration::from_secs(2)));
     let lock = client.lock("counter").unwrap();
     let handles: Vec<_> = (0..THREADS)
         .map(|_| {

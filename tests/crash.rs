@@ -31,7 +31,7 @@ fn crash_child(role: &str) {
     let url: String = support::env_arg("URL");
     let name: String = support::env_arg("NAME");
     let lease_ms: u64 = support::env_arg("LEASE_MS");
-    let client = support::client_for_url_with(&url, |b| b.lease(Duration::from_millis(lease_ms)));
+    let client = support::client_with_url(&url, |b| b.lease(Duration::from_millis(lease_ms)));
     let lock = client.lock(&name).unwrap();
     match role {
         "holder" => {
@@ -256,7 +256,7 @@ fn a_sigkilled_waiter_leaves_the_queue_while_the_lock_is_held() {
 fn a_redis_restart_under_holders_and_waiters_gives_errors_or_recovery_and_threads_carry_on() {
     let _serial = serial();
     let mut server = RedisServer::start();
-    let client = support::client_with(&server, |b| b.lease(Duration::from_secs(1)));
+    let client = support::client_with_url(&server.url(), |b| b.lease(Duration::from_secs(1)));
     let lock = client.lock("restart").unwrap();
     let holder = lock.lock().unwrap();
 
@@ -359,7 +359,7 @@ fn a_redis_restart_under_holders_and_waiters_gives_errors_or_recovery_and_thread
 fn calls_against_a_stopped_redis_fail_within_the_timeouts_and_work_once_it_is_back() {
     let _serial = serial();
     let mut server = RedisServer::start();
-    let client = support::client_with(&server, |b| {
+    let client = support::client_with_url(&server.url(), |b| {
         b.connect_timeout(Duration::from_millis(500))
             .read_timeout(Duration::from_secs(1))
     });
@@ -405,7 +405,8 @@ fn calls_against_a_stopped_redis_fail_within_the_timeouts_and_work_once_it_is_ba
 fn a_redis_restart_with_aof_keeps_the_holder_and_the_queue_order() {
     let _serial = serial();
     let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
-    let holder_client = support::client_with(&server, |b| b.lease(Duration::from_secs(3)));
+    let holder_client =
+        support::client_with_url(&server.url(), |b| b.lease(Duration::from_secs(3)));
     let waiter_client = support::client(&server);
     let lock = holder_client.lock("durable").unwrap();
     let holder = lock.lock().unwrap();

@@ -21,7 +21,7 @@ fn waiters_child() {
     let url: String = support::env_arg("URL");
     let name: String = support::env_arg("NAME");
     let threads: usize = support::env_arg("THREADS");
-    let client = support::client_for_url(&url);
+    let client = support::client_with_url(&url, |b| b);
     let lock = client.lock(&name).unwrap();
     let handles: Vec<_> = (0..threads)
         .map(|i| {
@@ -221,7 +221,7 @@ fn a_live_waiter_keeps_its_place_however_long_the_lock_is_held() {
     let server = RedisServer::start();
     // a 1 s lease renewed by the watchdog; waiters are presumed dead after 3 x 200 ms without a
     // heartbeat, so this hold lasts many waiter timeouts and several leases
-    let client = support::client_with(&server, |b| b.lease(Duration::from_secs(1)));
+    let client = support::client_with_url(&server.url(), |b| b.lease(Duration::from_secs(1)));
     let lock = client.lock("patient").unwrap();
     let g = lock.lock().unwrap();
     let (tx, rx) = mpsc::channel();

@@ -64,7 +64,7 @@ fn fixed_lease_runs_out_unrenewed_and_the_next_owner_gets_a_higher_token() {
 #[test]
 fn watchdog_keeps_a_lock_for_three_and_a_half_leases() {
     let server = RedisServer::start();
-    let holder = support::client_with(&server, |b| b.lease(Duration::from_secs(1)));
+    let holder = support::client_with_url(&server.url(), |b| b.lease(Duration::from_secs(1)));
     let other = support::client(&server);
     let lock = holder.lock("long-job").unwrap();
     let rival = other.lock("long-job").unwrap();

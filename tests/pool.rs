@@ -15,7 +15,9 @@ const WAITERS: usize = 64;
 #[test]
 fn sixty_four_waiters_do_not_starve_a_pool_of_eight() {
     let server = RedisServer::start();
-    let client = support::client_with(&server, |b| b.pool_size(8).lease(Duration::from_secs(1)));
+    let client = support::client_with_url(&server.url(), |b| {
+        b.pool_size(8).lease(Duration::from_secs(1))
+    });
     let rival_client = support::client(&server);
     let rival = rival_client.lock("crowded").unwrap();
     let lock = client.lock("crowded").unwrap();

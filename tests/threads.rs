@@ -50,7 +50,7 @@ fn fairlock_threads() -> Vec<String> {
 fn a_client_runs_two_background_threads_whatever_it_holds_and_stops_them_when_dropped() {
     let server = RedisServer::start();
     assert!(fairlock_threads().is_empty(), "{:?}", fairlock_threads());
-    let client = support::client_with(&server, |b| b.lease(Duration::from_secs(1)));
+    let client = support::client_with_url(&server.url(), |b| b.lease(Duration::from_secs(1)));
     // a new thread names itself once it runs
     assert!(
         eventually(Duration::from_secs(5), || fairlock_threads().len() == 2),

@@ -6,7 +6,7 @@
 //! [`Worker`], which collects every line a child prints, can write to its stdin and kills it on
 //! drop. In the child: [`say`] prints a `PREFIX rest` line, [`hear`] reads a line from the parent,
 //! [`child_time_limit`] bounds its life, [`env_arg`] reads its parameters and
-//! [`client_for_url`] / [`client_for_url_with`] build its client.
+//! [`client_with_url`] builds its client.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
@@ -169,12 +169,20 @@ fn uuid_like() -> String {
 
 /// A client for tests: short janitor interval so crash repair is quick, short timeouts.
 pub fn client(server: &RedisServer) -> fairlock::LockClient {
-    fairlock::LockClient::builder(&server.url())
+    client_with_url(&server.url(), |b| b)
+}
+
+/// A client for the server at `url` (a child gets it from its parent) with [`client`]'s settings
+/// (janitor 200 ms, connect timeout 2 s, read timeout 5 s) changed by `configure`.
+pub fn client_with_url(
+    url: &str,
+    configure: impl FnOnce(fairlock::LockClientBuilder) -> fairlock::LockClientBuilder,
+) -> fairlock::LockClient {
+    let builder = fairlock::LockClient::builder(url)
         .janitor_interval(Duration::from_millis(200))
         .connect_timeout(Duration::from_secs(2))
-        .read_timeout(Duration::from_secs(5))
-        .build()
-        .expect("connect to test redis")
+        .read_timeout(Duration::from_secs(5));
+    configure(builder).build().expect("connect to test redis")
 }
 
 /// The role this process was started for, if it is a child (see [`spawn_child`]).
@@ -277,18 +285,6 @@ pub fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// A client for tests with settings changed from [`client`]'s (janitor 200 ms, short timeouts).
-pub fn client_with(
-    server: &RedisServer,
-    configure: impl FnOnce(fairlock::LockClientBuilder) -> fairlock::LockClientBuilder,
-) -> fairlock::LockClient {
-    let builder = fairlock::LockClient::builder(&server.url())
-        .janitor_interval(Duration::from_millis(200))
-        .connect_timeout(Duration::from_secs(2))
-        .read_timeout(Duration::from_secs(5));
-    configure(builder).build().expect("connect to test redis")
 }
 
 impl RedisServer {
@@ -462,28 +458,6 @@ pub fn env_arg<T: std::str::FromStr>(name: &str) -> T {
         .unwrap_or_else(|_| panic!("child needs {name}"))
         .parse()
         .unwrap_or_else(|_| panic!("bad {name}"))
-}
-
-/// In a child: a client for the server at `url` with the same settings as [`client`].
-pub fn client_for_url(url: &str) -> fairlock::LockClient {
-    fairlock::LockClient::builder(url)
-        .janitor_interval(Duration::from_millis(200))
-        .connect_timeout(Duration::from_secs(2))
-        .read_timeout(Duration::from_secs(5))
-        .build()
-        .expect("connect to test redis")
-}
-
-/// In a child: like [`client_for_url`] with other settings.
-pub fn client_for_url_with(
-    url: &str,
-    configure: impl FnOnce(fairlock::LockClientBuilder) -> fairlock::LockClientBuilder,
-) -> fairlock::LockClient {
-    let builder = fairlock::LockClient::builder(url)
-        .janitor_interval(Duration::from_millis(200))
-        .connect_timeout(Duration::from_secs(2))
-        .read_timeout(Duration::from_secs(5));
-    configure(builder).build().expect("connect to test redis")
 }
 
 impl RedisServer {
