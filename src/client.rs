@@ -272,7 +272,7 @@ pub(crate) struct ClientInner {
     pub protocol: raw::Settings,
     /// Numbers the acquire attempts of this client (see `raw`): only ever grows.
     next_attempt: AtomicU64,
-    /// (lock key, owner) -> the attempt that thread is making now, for `abandon_wait`.
+    /// (lock key, owner) -> the attempt that thread is making now, for `WaitCanceller`.
     pub waiting: Mutex<HashMap<(String, String), u64>>,
     pub pool: r2d2::Pool<Manager>,
     pub blocking: r2d2::Pool<Manager>,

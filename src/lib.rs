@@ -62,5 +62,5 @@ pub use keys::validate_name;
 pub use limits::{
     DEFAULT_LEASE, MAX_LEASE, MAX_NAME_LEN, MAX_PREFIX_LEN, MAX_WAITING_CONNECTIONS, MIN_LEASE,
 };
-pub use lock::FairLock;
+pub use lock::{FairLock, WaitCanceller};
 pub use status::{Holder, LockStatus, Origin, Waiter};

@@ -260,24 +260,13 @@ impl FairLock {
         Ok(matches!(outcome, raw::ForceUnlock::Released { .. }))
     }
 
-    /// Give up the queue place of `owner`, a thread of this client blocked in an acquire call of
-    /// this lock (its owner id from [`LockClient::current_owner`](crate::LockClient::current_owner)),
-    /// and hand on a grant that already reached it. For a process that must exit while one of
-    /// its threads is blocked in [`FairLock::lock`] (the command-line tool on Ctrl-C): that call
-    /// is not woken, so exit right after. Without this the place lapses only when the janitor
-    /// stops refreshing it, and a grant made to it meanwhile waits to be revoked. Does nothing
-    /// when `owner` is not waiting on this lock through this client.
-    ///
-    /// # Errors
-    /// [`Error::Connection`] when Redis cannot be reached.
-    pub fn abandon_wait(&self, owner: &str) -> Result<()> {
-        let key = (self.raw.keys().lock.clone(), owner.to_string());
-        let Some(attempt) = self.client.waiting.lock().get(&key).copied() else {
-            return Ok(());
-        };
-        let call = self.raw.leave(owner, attempt, LeaveMode::Pass);
-        self.client.with_conn(call.during(), |c| call.run(c))?;
-        Ok(())
+    /// A handle with which another thread can give up the calling thread's wait on this lock
+    /// (see [`WaitCanceller`]). Make it on the thread that will wait, before it waits.
+    pub fn wait_canceller(&self) -> WaitCanceller {
+        WaitCanceller {
+            lock: self.clone(),
+            owner: self.client.owner(),
+        }
     }
 
     /// Holder, hold count, lease left, fencing counter and the waiters in queue order, read in
@@ -403,6 +392,66 @@ impl FairLock {
 
 pub(crate) fn ms(v: i64) -> Duration {
     Duration::from_millis(v.max(0) as u64)
+}
+
+/// Gives up one thread's wait on one lock from another thread: for a process that must exit
+/// while that thread is blocked in [`FairLock::lock`] (the command-line tool on Ctrl-C). The
+/// waiting thread makes it with [`FairLock::wait_canceller`], so it can only ever end that
+/// thread's wait, never another's.
+///
+/// ```no_run
+/// # let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
+/// let lock = client.lock("nightly-report")?;
+/// let (tx, rx) = std::sync::mpsc::channel();
+/// let waiter = std::thread::spawn(move || {
+///     tx.send(lock.wait_canceller()).unwrap();
+///     lock.lock().map(|guard| guard.fencing_token())
+/// });
+/// let canceller = rx.recv().unwrap();
+/// // ... time to go: give up the place (and any grant that reached it), then exit
+/// canceller.abandon()?;
+/// # drop(waiter);
+/// # Ok::<(), fairlock::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct WaitCanceller {
+    lock: FairLock,
+    owner: String,
+}
+
+impl WaitCanceller {
+    /// The owner id of the thread whose wait this ends, as [`LockStatus`] shows it.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Give up that thread's queue place, and hand on a grant that already reached it. Its
+    /// acquire call is not woken, so exit right after. Without this the place lapses only when
+    /// the janitor stops refreshing it, and a grant made to it meanwhile waits to be revoked.
+    /// Does nothing when the thread is not waiting on this lock.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when Redis cannot be reached (the place then lapses by itself
+    /// within a few janitor intervals).
+    pub fn abandon(&self) -> Result<()> {
+        let lock = &self.lock;
+        let key = (lock.raw.keys().lock.clone(), self.owner.clone());
+        let Some(attempt) = lock.client.waiting.lock().get(&key).copied() else {
+            return Ok(());
+        };
+        let call = lock.raw.leave(&self.owner, attempt, LeaveMode::Pass);
+        lock.client.with_conn(call.during(), |c| call.run(c))?;
+        Ok(())
+    }
+}
+
+impl fmt::Debug for WaitCanceller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WaitCanceller")
+            .field("lock", &self.lock.name)
+            .field("owner", &self.owner)
+            .finish()
+    }
 }
 
 impl fmt::Debug for FairLock {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use fairlock::{FairLock, LockClient};
+use fairlock::{FairLock, WaitCanceller};
 
 /// How often the lock thread looks at `LockGuard::is_lost` (a local check, no Redis call).
 const LOSS_POLL: Duration = Duration::from_millis(100);
@@ -38,37 +38,31 @@ pub enum Event {
 
 /// The main thread's end of the lock thread.
 pub struct Holder {
-    /// The owner flag the lock thread uses (`FAIRLOCK_OWNER`, and how to find ourselves in the
-    /// queue).
-    pub owner: String,
+    /// Gives up the lock thread's wait; its owner id is `FAIRLOCK_OWNER` and how to find
+    /// ourselves in the queue.
+    pub canceller: WaitCanceller,
     pub events: Receiver<Event>,
     release: Sender<()>,
 }
 
 impl Holder {
     /// Start the lock thread. `thread_name` is recorded with the hold and shown by `status`.
-    pub fn start(
-        client: &LockClient,
-        lock: &FairLock,
-        wait: Wait,
-        thread_name: String,
-    ) -> std::io::Result<Holder> {
-        let (owner_tx, owner_rx) = crossbeam_channel::bounded(1);
+    pub fn start(lock: &FairLock, wait: Wait, thread_name: String) -> std::io::Result<Holder> {
+        let (canceller_tx, canceller_rx) = crossbeam_channel::bounded(1);
         let (events_tx, events) = crossbeam_channel::unbounded();
         let (release, release_rx) = crossbeam_channel::bounded(1);
-        let client = client.clone();
         let lock = lock.clone();
         std::thread::Builder::new()
             .name(thread_name)
             .spawn(move || {
-                let _ = owner_tx.send(client.current_owner());
+                let _ = canceller_tx.send(lock.wait_canceller());
                 hold(&lock, wait, &events_tx, &release_rx);
             })?;
-        let owner = owner_rx
+        let canceller = canceller_rx
             .recv()
             .map_err(|_| std::io::Error::other("the lock thread ended at once"))?;
         Ok(Holder {
-            owner,
+            canceller,
             events,
             release,
         })

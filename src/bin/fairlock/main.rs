@@ -235,20 +235,14 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Cmd::Run(args) => {
             let opts = wait_options(&args.acquire);
-            let (client, lock, signals) = connect_to_hold(&url, &args.name, args.acquire.lease)?;
-            run::run(
-                &client,
-                &lock,
-                &signals,
-                &opts,
-                args.kill_grace,
-                &args.command,
-            )
+            // the client lives (and its watchdog and janitor with it) until the command is done
+            let (_client, lock, signals) = connect_to_hold(&url, &args.name, args.acquire.lease)?;
+            run::run(&lock, &signals, &opts, args.kill_grace, &args.command)
         }
         Cmd::Hold(args) => {
             let opts = wait_options(&args.acquire);
-            let (client, lock, signals) = connect_to_hold(&url, &args.name, args.acquire.lease)?;
-            run::hold(&client, &lock, &signals, &opts)
+            let (_client, lock, signals) = connect_to_hold(&url, &args.name, args.acquire.lease)?;
+            run::hold(&lock, &signals, &opts)
         }
         Cmd::Status(args) => {
             fairlock::validate_name(&args.name)?;

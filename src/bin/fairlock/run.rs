@@ -7,7 +7,7 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver};
-use fairlock::{FairLock, LockClient};
+use fairlock::FairLock;
 
 use crate::duration::human;
 use crate::exit::{self, say, Failure};
@@ -19,16 +19,15 @@ use crate::waiting::{self, WaitOptions};
 /// Take the lock, run `command` with `FAIRLOCK_NAME`, `FAIRLOCK_TOKEN` and `FAIRLOCK_OWNER` in its
 /// environment, release when it exits, and return its exit code (or [`exit::LOST`]).
 pub fn run(
-    client: &LockClient,
     lock: &FairLock,
     signals: &Receiver<Received>,
     opts: &WaitOptions,
     kill_grace: Duration,
     command: &[OsString],
 ) -> Result<u8, Failure> {
-    let holder = start_holder(client, lock, opts, thread_name(command))?;
+    let holder = start_holder(lock, opts, thread_name(command))?;
     let token = waiting::acquire(&holder, lock, signals, opts)?;
-    let mut child = match spawn(command, lock.name(), token, &holder.owner) {
+    let mut child = match spawn(command, lock.name(), token, holder.canceller.owner()) {
         Ok(child) => child,
         Err(e) => {
             waiting::release(&holder, lock.name(), false);
@@ -61,12 +60,11 @@ pub fn run(
 
 /// Take the lock and keep it until SIGINT, SIGTERM, SIGHUP or SIGQUIT.
 pub fn hold(
-    client: &LockClient,
     lock: &FairLock,
     signals: &Receiver<Received>,
     opts: &WaitOptions,
 ) -> Result<u8, Failure> {
-    let holder = start_holder(client, lock, opts, "hold".into())?;
+    let holder = start_holder(lock, opts, "hold".into())?;
     let token = waiting::acquire(&holder, lock, signals, opts)?;
     say(&format!(
         "holding lock {:?} (fencing token {token}); Ctrl-C or SIGTERM releases it",
@@ -107,12 +105,11 @@ pub fn hold(
 }
 
 fn start_holder(
-    client: &LockClient,
     lock: &FairLock,
     opts: &WaitOptions,
     thread_name: String,
 ) -> Result<Holder, Failure> {
-    Holder::start(client, lock, opts.wait, thread_name)
+    Holder::start(lock, opts.wait, thread_name)
         .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot start the lock thread: {e}")))
 }
 
@@ -241,7 +238,7 @@ fn send(child: &Child, signal: libc::c_int) {
 fn loss_cause(lock: &FairLock, holder: &Holder) -> String {
     match lock.status() {
         Ok(st) => match st.holder {
-            Some(h) if h.origin.owner != holder.owner => format!(
+            Some(h) if h.origin.owner != holder.canceller.owner() => format!(
                 "it was force-released or its lease ran out; it is now held by {}",
                 describe_origin(&h.origin)
             ),

@@ -71,7 +71,7 @@ pub fn acquire(
                 }
                 _ => {}
             },
-            recv(line.ticks) -> _ => line.refresh(lock, &holder.owner),
+            recv(line.ticks) -> _ => line.refresh(lock, holder.canceller.owner()),
         }
     }
 }
@@ -87,7 +87,7 @@ fn interrupted(holder: &Holder, lock: &FairLock, sig: Received) -> Failure {
     );
     if let Ok(Event::Acquired { .. }) = holder.events.try_recv() {
         release(holder, lock.name(), false);
-    } else if let Err(e) = lock.abandon_wait(&holder.owner) {
+    } else if let Err(e) = holder.canceller.abandon() {
         // the place lapses by itself within a few seconds once nobody refreshes it
         say(&format!(
             "could not leave the queue of {:?}: {e}",
