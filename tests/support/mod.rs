@@ -2,11 +2,13 @@
 //!
 //! Every test starts its own server on a free port in a temp dir (no persistence unless asked)
 //! and the server is killed when the handle drops. Child processes are this same test binary
-//! re-invoked with `FAIRLOCK_CHILD=<role>`: see [`spawn_child`] and [`child_role`], or
-//! [`Worker`], which collects every line a child prints, can write to its stdin and kills it on
-//! drop. In the child: [`say`] prints a `PREFIX rest` line, [`hear`] reads a line from the parent,
+//! re-invoked with `FAIRLOCK_CHILD=<role>`: [`Worker`] starts one, collects every line it prints,
+//! can write to its stdin and kills it on drop; the child's test checks [`child_role`]. In the
+//! child: [`say`] prints a `PREFIX rest` line, [`hear`] reads a line from the parent,
 //! [`child_time_limit`] bounds its life, [`env_arg`] reads its parameters and
 //! [`client_with_url`] builds its client.
+//!
+//! Every test binary compiles this module and uses only part of it, hence `allow(dead_code)`.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
@@ -120,8 +122,8 @@ impl RedisServer {
         keys
     }
 
-    /// SIGKILL the server (no shutdown save).
-    pub fn kill(&mut self) {
+    /// SIGKILL the server (no shutdown save) and keep it stopped (for "server is down" tests).
+    pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -130,164 +132,15 @@ impl RedisServer {
 
     /// Kill and start again on the same port (and dir: an AOF, if enabled, is replayed).
     pub fn restart(&mut self) {
-        self.kill();
+        self.stop();
         // the port can linger briefly; launch retries through wait_ready's deadline
         self.launch();
-    }
-
-    /// Stop the server and keep it stopped (for "server is down" tests).
-    pub fn stop(&mut self) {
-        self.kill();
     }
 
     pub fn start_again(&mut self) {
         self.launch();
     }
 
-    /// Server process id, for SIGSTOP/SIGCONT.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn uuid_like() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{nanos:x}-{}", N.fetch_add(1, Ordering::Relaxed))
-}
-
-/// A client for tests: short janitor interval so crash repair is quick, short timeouts.
-pub fn client(server: &RedisServer) -> fairlock::LockClient {
-    client_with_url(&server.url(), |b| b)
-}
-
-/// A client for the server at `url` (a child gets it from its parent) with [`client`]'s settings
-/// (janitor 200 ms, connect timeout 2 s, read timeout 5 s) changed by `configure`.
-pub fn client_with_url(
-    url: &str,
-    configure: impl FnOnce(fairlock::LockClientBuilder) -> fairlock::LockClientBuilder,
-) -> fairlock::LockClient {
-    let builder = fairlock::LockClient::builder(url)
-        .janitor_interval(Duration::from_millis(200))
-        .connect_timeout(Duration::from_secs(2))
-        .read_timeout(Duration::from_secs(5));
-    configure(builder).build().expect("connect to test redis")
-}
-
-/// The role this process was started for, if it is a child (see [`spawn_child`]).
-pub fn child_role() -> Option<String> {
-    std::env::var("FAIRLOCK_CHILD").ok()
-}
-
-/// This test binary, set up to run only `test_name` as a child with `FAIRLOCK_CHILD=role`.
-fn child_command(test_name: &str, role: &str, env: &[(&str, String)]) -> Command {
-    let exe = std::env::current_exe().expect("current test binary");
-    let mut cmd = Command::new(exe);
-    cmd.arg("--exact")
-        .arg(test_name)
-        .arg("--nocapture")
-        .arg("--test-threads=1")
-        .env("FAIRLOCK_CHILD", role)
-        .stderr(Stdio::inherit());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd
-}
-
-/// Re-run this test binary as a child process that executes only `test_name`, with
-/// `FAIRLOCK_CHILD=role` and extra environment. The child's `test_name` test must check
-/// [`child_role`] and do the child's work; in a normal run (no FAIRLOCK_CHILD) it returns at once.
-/// Its stdout is piped so the parent can read lines it prints.
-pub fn spawn_child(test_name: &str, role: &str, env: &[(&str, String)]) -> Child {
-    let mut cmd = child_command(test_name, role, env);
-    cmd.stdout(Stdio::piped());
-    cmd.spawn().expect("spawn child test process")
-}
-
-/// Read lines from a child's stdout until one starts with `prefix` (bounded by `timeout`).
-/// Lines are expected in the form `PREFIX rest`; returns `rest`.
-pub fn read_line_with(child: &mut Child, prefix: &str, timeout: Duration) -> Option<String> {
-    let stdout = child.stdout.take()?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let prefix = prefix.to_string();
-    std::thread::spawn(move || {
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {
-                    if let Some(rest) = after_prefix(&line, &prefix) {
-                        let _ = tx.send(rest);
-                        // keep draining so the child never blocks on a full pipe
-                        let mut sink = String::new();
-                        while reader.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
-                            sink.clear();
-                        }
-                        return;
-                    }
-                }
-            }
-        }
-    });
-    rx.recv_timeout(timeout).ok()
-}
-
-/// The rest of `line` after `prefix`, trimmed. The prefix may follow other text: the test harness
-/// prints `test <name> ... ` without a newline before the child's first line.
-fn after_prefix(line: &str, prefix: &str) -> Option<String> {
-    let line = line.trim_end();
-    if let Some(rest) = line.strip_prefix(prefix) {
-        return Some(rest.trim().to_string());
-    }
-    let at = line.find(&format!(" ... {prefix}"))?;
-    Some(line[at + 5 + prefix.len()..].trim().to_string())
-}
-
-/// Wait for a child to exit, killing it after `timeout`. Returns whether it exited successfully.
-pub fn wait_child(child: &mut Child, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return status.success();
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Poll `cond` every 10 ms until it holds or `timeout` passes (for checks, not for timing).
-pub fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-impl RedisServer {
     /// The keys of lock `name` under the default prefix (`fairlock:{name}...`), sorted.
     pub fn lock_keys(&self, name: &str) -> Vec<String> {
         let mut keys: Vec<String> = redis::cmd("KEYS")
@@ -328,6 +181,116 @@ impl RedisServer {
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or(0)
     }
+    /// Wait (up to 3 s) until the keys of lock `name` are exactly `expected`, else panic showing
+    /// the keys last seen. A waiter's wake list may outlive its wait by up to 3 janitor
+    /// intervals: a heartbeat already on its way when the waiter left tells it to "retry" with
+    /// that TTL.
+    pub fn assert_lock_keys(&self, name: &str, expected: &[&str]) {
+        let mut last = vec![];
+        let settled = eventually(Duration::from_secs(3), || {
+            last = self.lock_keys(name);
+            last == expected
+        });
+        assert!(
+            settled,
+            "keys of lock {name:?}: {last:?}, expected {expected:?}"
+        );
+    }
+
+    /// Wait (up to 3 s) until lock `name` is free with nothing left but its fence and the
+    /// tombstone of its last hold (a lock hash whose owner is empty, living out that hold's
+    /// lease), else panic. See [`RedisServer::assert_lock_keys`].
+    pub fn assert_released_keys(&self, name: &str) {
+        let lock = format!("fairlock:{{{name}}}");
+        self.assert_lock_keys(name, &[&lock, &format!("{lock}:fence")]);
+        let owner: Option<String> = redis::cmd("HGET")
+            .arg(&lock)
+            .arg("owner")
+            .query(&mut self.conn())
+            .unwrap();
+        assert_eq!(owner.as_deref(), Some(""), "{lock} is not a tombstone");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{nanos:x}-{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A client for tests: short janitor interval so crash repair is quick, short timeouts.
+pub fn client(server: &RedisServer) -> fairlock::LockClient {
+    client_with_url(&server.url(), |b| b)
+}
+
+/// A client for the server at `url` (a child gets it from its parent) with [`client`]'s settings
+/// (janitor 200 ms, connect timeout 2 s, read timeout 5 s) changed by `configure`.
+pub fn client_with_url(
+    url: &str,
+    configure: impl FnOnce(fairlock::LockClientBuilder) -> fairlock::LockClientBuilder,
+) -> fairlock::LockClient {
+    let builder = fairlock::LockClient::builder(url)
+        .janitor_interval(Duration::from_millis(200))
+        .connect_timeout(Duration::from_secs(2))
+        .read_timeout(Duration::from_secs(5));
+    configure(builder).build().expect("connect to test redis")
+}
+
+/// The role this process was started for, if it is a child (see [`Worker::spawn`]).
+pub fn child_role() -> Option<String> {
+    std::env::var("FAIRLOCK_CHILD").ok()
+}
+
+/// This test binary, set up to run only `test_name` as a child with `FAIRLOCK_CHILD=role`.
+fn child_command(test_name: &str, role: &str, env: &[(&str, String)]) -> Command {
+    let exe = std::env::current_exe().expect("current test binary");
+    let mut cmd = Command::new(exe);
+    cmd.arg("--exact")
+        .arg(test_name)
+        .arg("--nocapture")
+        .arg("--test-threads=1")
+        .env("FAIRLOCK_CHILD", role)
+        .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// The rest of `line` after `prefix`, trimmed. The prefix may follow other text: the test harness
+/// prints `test <name> ... ` without a newline before the child's first line.
+fn after_prefix(line: &str, prefix: &str) -> Option<String> {
+    let line = line.trim_end();
+    if let Some(rest) = line.strip_prefix(prefix) {
+        return Some(rest.trim().to_string());
+    }
+    let at = line.find(&format!(" ... {prefix}"))?;
+    Some(line[at + 5 + prefix.len()..].trim().to_string())
+}
+
+/// Poll `cond` every 10 ms until it holds or `timeout` passes (for checks, not for timing).
+pub fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Microseconds since the Unix epoch on this machine's clock (for comparing moments between a
@@ -339,7 +302,7 @@ pub fn unix_micros() -> u64 {
         .as_micros() as u64
 }
 
-/// A child process running a role of a test (see [`spawn_child`]), with every stdout line
+/// A child process running a role of a test (see [`child_role`]), with every stdout line
 /// collected by a reader thread and stdin open for commands. Killed when dropped.
 pub struct Worker {
     pub role: String,
@@ -418,7 +381,17 @@ impl Worker {
     /// Wait for the child to exit (killing it after `timeout`); true when it exited successfully.
     pub fn wait(&mut self, timeout: Duration) -> bool {
         self.stdin = None;
-        wait_child(&mut self.child, timeout)
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -458,38 +431,6 @@ pub fn env_arg<T: std::str::FromStr>(name: &str) -> T {
         .unwrap_or_else(|_| panic!("child needs {name}"))
         .parse()
         .unwrap_or_else(|_| panic!("bad {name}"))
-}
-
-impl RedisServer {
-    /// Wait (up to 3 s) until the keys of lock `name` are exactly `expected`, else panic showing
-    /// the keys last seen. A waiter's wake list may outlive its wait by up to 3 janitor
-    /// intervals: a heartbeat already on its way when the waiter left tells it to "retry" with
-    /// that TTL.
-    pub fn assert_lock_keys(&self, name: &str, expected: &[&str]) {
-        let mut last = vec![];
-        let settled = eventually(Duration::from_secs(3), || {
-            last = self.lock_keys(name);
-            last == expected
-        });
-        assert!(
-            settled,
-            "keys of lock {name:?}: {last:?}, expected {expected:?}"
-        );
-    }
-
-    /// Wait (up to 3 s) until lock `name` is free with nothing left but its fence and the
-    /// tombstone of its last hold (a lock hash whose owner is empty, living out that hold's
-    /// lease), else panic. See [`RedisServer::assert_lock_keys`].
-    pub fn assert_released_keys(&self, name: &str) {
-        let lock = format!("fairlock:{{{name}}}");
-        self.assert_lock_keys(name, &[&lock, &format!("{lock}:fence")]);
-        let owner: Option<String> = redis::cmd("HGET")
-            .arg(&lock)
-            .arg("owner")
-            .query(&mut self.conn())
-            .unwrap();
-        assert_eq!(owner.as_deref(), Some(""), "{lock} is not a tombstone");
-    }
 }
 
 /// The waiters of `lock` in queue order, by process id.
