@@ -6,7 +6,6 @@
 mod support;
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -177,17 +176,6 @@ fn assert_one_line(out: &Out) {
     );
 }
 
-/// A fresh path in a temp dir (the file does not exist yet).
-fn temp_path(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("fairlock-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    dir.join(format!("{tag}-{nanos}"))
-}
-
 /// A process exists and is not a zombie.
 fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -268,7 +256,8 @@ fn busy_lock_exits_75_or_the_busy_exit_code() {
     let server = RedisServer::start();
     let lock = support::client(&server).lock("job").unwrap();
     let guard = lock.lock().unwrap();
-    let marker = temp_path("busy-marker");
+    let tmp = tempfile::tempdir().unwrap();
+    let marker = tmp.path().join("busy-marker");
     let touch = |cmd: &mut Command| {
         cmd.arg("--").arg("touch").arg(&marker);
     };
@@ -352,7 +341,8 @@ fn sigterm_while_waiting_gives_up_the_queue_place() {
     let server = RedisServer::start();
     let lock = support::client(&server).lock("job").unwrap();
     let guard = lock.lock().unwrap();
-    let marker = temp_path("waiting-marker");
+    let tmp = tempfile::tempdir().unwrap();
+    let marker = tmp.path().join("waiting-marker");
     let p = Proc::spawn(
         fairlock(&server)
             .args(["run", "job", "--", "touch"])
@@ -475,7 +465,8 @@ fn waiting_runs_are_served_in_arrival_order() {
     let lock = support::client(&server).lock("job").unwrap();
     let guard = lock.lock().unwrap();
     let held_token = guard.fencing_token();
-    let log = temp_path("fifo-log");
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("fifo-log");
     // $0 is the run's number; start and end lines must pair up if runs never overlap
     let script =
         "echo \"start $0 $FAIRLOCK_TOKEN\" >> \"$1\"; sleep 0.1; echo \"end $0\" >> \"$1\"";

@@ -13,14 +13,16 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
 
 /// A redis-server process owned by a test.
 pub struct RedisServer {
     pub port: u16,
-    pub dir: PathBuf,
+    /// The server's working dir (its log, and its AOF when enabled), removed on drop.
+    dir: TempDir,
     extra: Vec<String>,
     child: Option<Child>,
 }
@@ -39,12 +41,10 @@ impl RedisServer {
 
     /// Start with extra config, e.g. `&["--appendonly", "yes", "--appendfsync", "always"]`.
     pub fn start_with(extra: &[&str]) -> RedisServer {
-        let dir = std::env::temp_dir().join(format!(
-            "fairlock-test-{}-{}",
-            std::process::id(),
-            uuid_like()
-        ));
-        std::fs::create_dir_all(&dir).expect("create temp dir");
+        let dir = tempfile::Builder::new()
+            .prefix("fairlock-test-")
+            .tempdir()
+            .expect("create temp dir");
         let mut server = RedisServer {
             port: free_port(),
             dir,
@@ -62,7 +62,7 @@ impl RedisServer {
             .arg("--bind")
             .arg("127.0.0.1")
             .arg("--dir")
-            .arg(&self.dir)
+            .arg(self.dir.path())
             .arg("--save")
             .arg("")
             .arg("--appendonly")
@@ -70,7 +70,7 @@ impl RedisServer {
             .arg("--daemonize")
             .arg("no")
             .arg("--logfile")
-            .arg(self.dir.join("redis.log"));
+            .arg(self.dir.path().join("redis.log"));
         for a in &self.extra {
             cmd.arg(a);
         }
@@ -214,19 +214,9 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        // the TempDir field drops after this and removes the dir of the dead server
         self.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn uuid_like() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{nanos:x}-{}", N.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A client for tests: short janitor interval so crash repair is quick, short timeouts.
