@@ -11,9 +11,12 @@
 //! Every test binary compiles this module and uses only part of it, hence `allow(dead_code)`.
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
+use std::ops::RangeInclusive;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -27,10 +30,53 @@ pub struct RedisServer {
     child: Option<Child>,
 }
 
-/// A free loopback port (bind to port 0, read it, let it go).
+/// The first port [`free_port`] may hand out below the kernel's ephemeral range (as
+/// `free_port` in scripts/lib.sh).
+const TEST_PORTS_FROM: u16 = 20000;
+
+/// The kernel's ephemeral port range (`ip_local_port_range`): where it picks the local port of
+/// an outgoing connection, or of a bind to port 0.
+fn ephemeral_ports() -> RangeInclusive<u16> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range");
+    let bounds: Vec<u16> = text
+        .iter()
+        .flat_map(|t| t.split_whitespace())
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    match bounds[..] {
+        [low, high] => low..=high,
+        _ => 32768..=60999, // Linux's default
+    }
+}
+
+/// A free loopback port for a server, outside the kernel's ephemeral range, so that the local
+/// port of an outgoing connection cannot take it before the server binds it (or between a kill
+/// and a restart on the same port). Random among the ports below that range (above it when there
+/// is more room there), free when a bind to it works, and never handed out twice in one process.
+/// Panics after 100 candidates that were taken.
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().unwrap().port()
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let ephemeral = ephemeral_ports();
+    let below = TEST_PORTS_FROM..*ephemeral.start();
+    let above = ephemeral.end().saturating_add(1)..u16::MAX;
+    let ports = if below.len() >= above.len() {
+        below
+    } else {
+        above
+    };
+    assert!(
+        !ports.is_empty(),
+        "no ports for tests outside the ephemeral range {ephemeral:?}"
+    );
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..100 {
+        let port = fastrand::u16(ports.clone());
+        if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.insert(port);
+            return port;
+        }
+    }
+    panic!("no free port in {ports:?} after 100 tries");
 }
 
 impl RedisServer {
@@ -46,16 +92,28 @@ impl RedisServer {
             .tempdir()
             .expect("create temp dir");
         let mut server = RedisServer {
-            port: free_port(),
+            port: 0,
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
         };
-        server.launch();
-        server
+        // another process may bind the port between free_port and the server: try another one
+        for _ in 0..5 {
+            server.port = free_port();
+            if server.launch() {
+                return server;
+            }
+            server.stop();
+        }
+        panic!(
+            "redis-server did not start on 5 ports (log: {})",
+            server.dir.path().join("redis.log").display()
+        );
     }
 
-    fn launch(&mut self) {
+    /// Start redis-server on `self.port`; false when it exited before answering (port taken)
+    /// or did not answer within 10 s.
+    fn launch(&mut self) -> bool {
         let mut cmd = Command::new("redis-server");
         cmd.arg("--port")
             .arg(self.port.to_string())
@@ -79,25 +137,25 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (scripts/test.sh installs it)");
+        let pid = child.id();
         self.child = Some(child);
-        self.wait_ready();
-    }
-
-    fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
+                return false;
+            }
+            // ready when it answers PING, and it is this server, not another on the same port
             if let Ok(mut c) = self.try_conn() {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return;
+                let info: redis::RedisResult<String> = redis::cmd("PING")
+                    .query::<String>(&mut c)
+                    .and_then(|_| redis::cmd("INFO").arg("server").query(&mut c));
+                if let Ok(info) = info {
+                    return info.contains(&format!("process_id:{pid}\r\n"));
                 }
             }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server on port {} did not start",
-                self.port
-            );
             std::thread::sleep(Duration::from_millis(20));
         }
+        false
     }
 
     fn try_conn(&self) -> redis::RedisResult<redis::Connection> {
@@ -133,12 +191,17 @@ impl RedisServer {
     /// Kill and start again on the same port (and dir: an AOF, if enabled, is replayed).
     pub fn restart(&mut self) {
         self.stop();
-        // the port can linger briefly; launch retries through wait_ready's deadline
-        self.launch();
+        self.start_again();
     }
 
+    /// Start the server again on its port and dir after [`RedisServer::stop`].
     pub fn start_again(&mut self) {
-        self.launch();
+        assert!(
+            self.launch(),
+            "redis-server did not start again on port {} (log: {})",
+            self.port,
+            self.dir.path().join("redis.log").display()
+        );
     }
 
     /// The keys of lock `name` under the default prefix (`fairlock:{name}...`), sorted.
