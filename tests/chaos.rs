@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use harness::Scenario;
+use support::ChildTest;
 
 /// The scenarios run one at a time: they share 2 cores with nothing else to spare.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -49,14 +50,6 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 const WORKERS: usize = 3;
 const THREADS: usize = 3;
 const QUIET: Duration = Duration::from_secs(8);
-
-/// The worker process role (re-invoked test binary); returns at once in a normal run.
-#[test]
-fn chaos_worker() {
-    if support::child_role().as_deref() == Some("chaos-worker") {
-        workload::run();
-    }
-}
 
 fn scenario(name: &str, aof: bool, fault_time: Duration) -> Scenario {
     // the server clock steps without persistence (FakeClockRedis has no AOF), when libfaketime
@@ -77,12 +70,9 @@ fn scenario(name: &str, aof: bool, fault_time: Duration) -> Scenario {
     }
 }
 
-fn run_and_assert(s: &Scenario) {
+fn run_and_assert(s: &Scenario, workers: &ChildTest) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    if support::child_role().is_some() {
-        return;
-    }
-    let report = harness::run(s);
+    let report = harness::run(s, workers);
     harness::print_report(&report);
     assert!(
         report.violations.is_empty(),
@@ -96,12 +86,20 @@ fn run_and_assert(s: &Scenario) {
 
 #[test]
 fn chaos_short_without_persistence() {
-    run_and_assert(&scenario("short-volatile", false, Duration::from_secs(32)));
+    let workers = support::child_test!("chaos-worker" => workload::run);
+    run_and_assert(
+        &scenario("short-volatile", false, Duration::from_secs(32)),
+        &workers,
+    );
 }
 
 #[test]
 fn chaos_short_with_aof_always() {
-    run_and_assert(&scenario("short-aof", true, Duration::from_secs(32)));
+    let workers = support::child_test!("chaos-worker" => workload::run);
+    run_and_assert(
+        &scenario("short-aof", true, Duration::from_secs(32)),
+        &workers,
+    );
 }
 
 /// The long mode: `FAIRLOCK_CHAOS_SECS` (default 600) of rounds alternating the two
@@ -109,6 +107,7 @@ fn chaos_short_with_aof_always() {
 #[test]
 #[ignore = "long mode: scripts/chaos.sh [SECONDS]"]
 fn chaos_long() {
+    let workers = support::child_test!("chaos-worker" => workload::run);
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let total = Duration::from_secs(
         std::env::var("FAIRLOCK_CHAOS_SECS")
@@ -132,7 +131,7 @@ fn chaos_long() {
             .clamp(Duration::from_secs(20), ROUND - QUIET);
         let name = format!("long-{n:02}-{}", if aof { "aof" } else { "volatile" });
         let s = scenario(&name, aof, fault_time);
-        let report = harness::run(&s);
+        let report = harness::run(&s, &workers);
         harness::print_report(&report);
         if !report.violations.is_empty() {
             failures.push(format!(

@@ -5,19 +5,17 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{eventually, RedisServer};
+use support::{eventually, Out, Proc, RedisServer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fairlock");
 /// Upper bound for any one fairlock process in these tests.
 const LIMIT: Duration = Duration::from_secs(20);
 
 /// `fairlock` pointed at `server` through FAIRLOCK_REDIS_URL, with backtraces on (so a panic
-/// would show), stdin closed.
+/// would show), stdin closed, stderr collected.
 fn fairlock(server: &RedisServer) -> Command {
     fairlock_at(&server.url())
 }
@@ -26,7 +24,8 @@ fn fairlock_at(url: &str) -> Command {
     let mut c = Command::new(BIN);
     c.env("FAIRLOCK_REDIS_URL", url)
         .env("RUST_BACKTRACE", "1")
-        .stdin(Stdio::null());
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
     c
 }
 
@@ -35,123 +34,8 @@ fn dead_url() -> String {
     format!("redis://127.0.0.1:{}/", support::free_port())
 }
 
-/// A running fairlock process whose stdout lines can be awaited and whose stderr is collected.
-struct Proc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    stderr: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Proc {
-    fn spawn(cmd: &mut Command) -> Proc {
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start fairlock");
-        let (tx, lines) = mpsc::channel();
-        let stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let (etx, stderr) = mpsc::channel();
-        let mut err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            let _ = etx.send(s);
-        });
-        Proc {
-            child,
-            lines,
-            stderr,
-            seen: Vec::new(),
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Wait for a stdout line starting with `prefix`; returns the line.
-    fn expect_line(&mut self, prefix: &str) -> String {
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if line.starts_with(prefix) {
-                        return line;
-                    }
-                }
-                Err(_) => panic!("no line {prefix:?} from fairlock; saw {:?}", self.seen),
-            }
-        }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        // SAFETY: kill(2) on our own, not yet reaped, child
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, sig);
-        }
-    }
-
-    /// Wait (bounded) for the process to end and collect its output.
-    fn finish(mut self) -> Out {
-        let deadline = Instant::now() + LIMIT;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("fairlock did not end within {LIMIT:?}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        // the pipes close when the last writer (fairlock or its command) is gone
-        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
-            self.seen.push(line);
-        }
-        let stdout = self.seen.join("\n");
-        let stderr = self
-            .stderr
-            .recv_timeout(Duration::from_secs(5))
-            .unwrap_or_default();
-        Out {
-            code: status.code(),
-            stdout,
-            stderr,
-        }
-    }
-}
-
-impl Drop for Proc {
-    /// A failed assertion must not leave a fairlock process (`hold` would run forever).
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
 fn run_out(cmd: &mut Command) -> Out {
-    Proc::spawn(cmd).finish()
+    Proc::spawn(cmd).finish(LIMIT)
 }
 
 /// Exactly one line on stderr, from fairlock, and no trace of a panic.
@@ -317,15 +201,15 @@ fn signals_are_forwarded_and_the_lock_released_after_the_command() {
     let script = "trap 'echo got-int' INT; trap 'echo got-term; exit 3' TERM; echo ready; \
                   while :; do sleep 0.05; done";
     let mut p = Proc::spawn(fairlock(&server).args(["run", "job", "--", "sh", "-c", script]));
-    p.expect_line("ready");
+    p.expect("ready", LIMIT);
     p.signal(libc::SIGINT);
-    p.expect_line("got-int");
+    p.expect("got-int", LIMIT);
     assert!(
         lock.is_locked().unwrap(),
         "still held: the command still runs"
     );
     p.signal(libc::SIGTERM);
-    let out = p.finish();
+    let out = p.finish(LIMIT);
     assert_eq!(
         out.code,
         Some(3),
@@ -350,7 +234,7 @@ fn sigterm_while_waiting_gives_up_the_queue_place() {
     );
     assert!(eventually(LIMIT, || lock.status().unwrap().waiters.len() == 1));
     p.signal(libc::SIGTERM);
-    let out = p.finish();
+    let out = p.finish(LIMIT);
     assert_eq!(out.code, Some(128 + 15));
     assert_one_line(&out);
     assert!(out.stderr.contains("gave up waiting"), "{}", out.stderr);
@@ -373,9 +257,9 @@ fn killed_fairlock_stops_its_command_and_the_lease_frees_the_lock() {
     let mut p = Proc::spawn(
         fairlock(&server).args(["run", "--lease", "1s", "job", "--", "sh", "-c", script]),
     );
-    let child: u32 = p.expect_line("pid ")[4..].parse().unwrap();
+    let child: u32 = p.expect("pid", LIMIT).parse().unwrap();
     p.signal(libc::SIGKILL);
-    assert_eq!(p.finish().code, None, "killed by the signal");
+    assert_eq!(p.finish(LIMIT).code, None, "killed by the signal");
     assert!(
         eventually(5 * SECOND, || !alive(child)),
         "the command ends with fairlock"
@@ -399,7 +283,7 @@ fn lost_lock_stops_the_command_and_exits_79() {
     let mut p = Proc::spawn(
         fairlock(&server).args(["run", "--lease", "1s", "job", "--", "sh", "-c", script]),
     );
-    p.expect_line("ready");
+    p.expect("ready", LIMIT);
     let released = run_out(fairlock(&server).args(["release", "job", "--force"]));
     assert_eq!(released.code, Some(0), "{}", released.stderr);
     assert!(
@@ -412,7 +296,7 @@ fn lost_lock_stops_the_command_and_exits_79() {
         "says who held it: {}",
         released.stdout
     );
-    let out = p.finish();
+    let out = p.finish(LIMIT);
     assert_eq!(out.code, Some(79), "{}", out.stderr);
     assert!(out.stdout.contains("got-term"));
     assert!(out.stderr.contains("lost lock \"job\""), "{}", out.stderr);
@@ -431,10 +315,10 @@ fn lost_lock_stops_the_command_and_exits_79() {
         "-c",
         script,
     ]));
-    p.expect_line("ready");
+    p.expect("ready", LIMIT);
     let released = run_out(fairlock(&server).args(["release", "job", "--force"]));
     assert_eq!(released.code, Some(0));
-    let out = p.finish();
+    let out = p.finish(LIMIT);
     assert_eq!(out.code, Some(79), "{}", out.stderr);
     assert!(out.stderr.contains("SIGKILL"), "{}", out.stderr);
 
@@ -451,9 +335,9 @@ fn redis_unreachable_past_the_lease_is_a_lost_lock() {
     let mut p = Proc::spawn(
         fairlock(&server).args(["run", "--lease", "1s", "job", "--", "sh", "-c", script]),
     );
-    p.expect_line("ready");
+    p.expect("ready", LIMIT);
     server.stop();
-    let out = p.finish();
+    let out = p.finish(LIMIT);
     assert_eq!(out.code, Some(79), "{}", out.stderr);
     assert!(out.stdout.contains("got-term"));
     assert!(out.stderr.contains("lost lock"), "{}", out.stderr);
@@ -488,7 +372,7 @@ fn waiting_runs_are_served_in_arrival_order() {
     assert_eq!(queued, pids, "queue order is arrival order");
     guard.unlock().unwrap();
     for p in procs {
-        let out = p.finish();
+        let out = p.finish(LIMIT);
         assert_eq!(out.code, Some(0), "{}", out.stderr);
     }
     let text = std::fs::read_to_string(&log).unwrap();
@@ -553,7 +437,7 @@ fn status_shows_holder_and_waiters_as_text_and_json() {
     assert!(out.stdout.contains("1. ") && out.stdout.contains(&format!("pid {}", waiter.pid())));
 
     hold.signal(libc::SIGINT);
-    let out = hold.finish();
+    let out = hold.finish(LIMIT);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(
         out.stderr.contains(&format!(
@@ -562,7 +446,7 @@ fn status_shows_holder_and_waiters_as_text_and_json() {
         "{}",
         out.stderr
     );
-    let out = waiter.finish();
+    let out = waiter.finish(LIMIT);
     assert_eq!((out.code, out.stdout.trim()), (Some(0), "done"));
 
     let out = run_out(fairlock(&server).args(["status", "--json", "job"]));

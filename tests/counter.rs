@@ -7,7 +7,7 @@ mod support;
 use std::thread;
 use std::time::Duration;
 
-use support::{child_role, say, RedisServer, Worker};
+use support::{say, Proc, RedisServer};
 
 const PROCESSES: usize = 4;
 const THREADS: usize = 4;
@@ -82,14 +82,11 @@ fn counter_child() {
 
 #[test]
 fn four_processes_of_four_threads_never_lose_a_counter_update() {
-    if child_role().as_deref() == Some("counter") {
-        return counter_child();
-    }
+    let children = support::child_test!("counter" => counter_child);
     let server = RedisServer::start();
-    let test = "four_processes_of_four_threads_never_lose_a_counter_update";
     let env = [("URL", server.url())];
-    let mut workers: Vec<Worker> = (0..PROCESSES)
-        .map(|_| Worker::spawn(test, "counter", &env))
+    let mut workers: Vec<Proc> = (0..PROCESSES)
+        .map(|_| children.spawn("counter", &env))
         .collect();
     let mut acquisitions = 0;
     for w in &mut workers {
@@ -97,7 +94,10 @@ fn four_processes_of_four_threads_never_lose_a_counter_update() {
             .expect("COUNT", Duration::from_secs(90))
             .parse::<usize>()
             .unwrap();
-        assert!(w.wait(Duration::from_secs(30)), "a counter child failed");
+        assert!(
+            w.exits_ok(Duration::from_secs(30)),
+            "a counter child failed"
+        );
     }
     assert_eq!(acquisitions, PROCESSES * THREADS * ROUNDS);
     let mut c = server.conn();

@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use fairlock::Error;
-use support::{child_role, eventually, say, unix_micros, RedisServer, Worker};
+use support::{eventually, say, unix_micros, ChildTest, Proc, RedisServer};
 
 const SECS_5: Duration = Duration::from_secs(5);
 const SECS_30: Duration = Duration::from_secs(30);
@@ -98,11 +98,7 @@ fn parse_acq(line: &str) -> Acq {
 
 #[test]
 fn a_sigkilled_holder_passes_the_lock_to_three_waiters_in_fifo_within_lease_plus_1s() {
-    const TEST: &str =
-        "a_sigkilled_holder_passes_the_lock_to_three_waiters_in_fifo_within_lease_plus_1s";
-    if let Some(role) = child_role() {
-        return crash_child(&role);
-    }
+    let children = support::child_test!(crash_child);
     let _serial = serial();
     let server = RedisServer::start();
     let observer = support::client(&server);
@@ -110,11 +106,11 @@ fn a_sigkilled_holder_passes_the_lock_to_three_waiters_in_fifo_within_lease_plus
     let lease_ms = 1000;
     let env = child_env(&server, "victim", lease_ms);
 
-    let mut holder = Worker::spawn(TEST, "holder", &env);
+    let mut holder = children.spawn("holder", &env);
     let held_token: u64 = holder.expect("HELD", SECS_30).parse().unwrap();
     let mut waiters = vec![];
     for i in 0..3 {
-        let mut w = Worker::spawn(TEST, "waiter", &env);
+        let mut w = children.spawn("waiter", &env);
         w.expect("READY", SECS_30);
         assert!(
             eventually(SECS_30, || lock.status().unwrap().waiters.len() == i + 1),
@@ -140,7 +136,7 @@ fn a_sigkilled_holder_passes_the_lock_to_three_waiters_in_fifo_within_lease_plus
         .collect();
     for w in &mut waiters {
         w.expect("DONE", SECS_30);
-        assert!(w.wait(SECS_30), "waiter failed");
+        assert!(w.exits_ok(SECS_30), "waiter failed");
     }
     let first_after = Duration::from_micros(acqs[0].at_us.saturating_sub(killed_at));
     println!("first waiter got the dead holder's lock {first_after:?} after the kill");
@@ -160,16 +156,16 @@ fn a_sigkilled_holder_passes_the_lock_to_three_waiters_in_fifo_within_lease_plus
 
 /// Queue W1 then W2 (children) behind a holder in this process; SIGKILL W1.
 fn holder_and_two_waiters(
-    test: &str,
+    children: &ChildTest,
     server: &RedisServer,
     lock: &fairlock::FairLock,
-) -> (fairlock::LockGuard, Worker, Worker) {
+) -> (fairlock::LockGuard, Proc, Proc) {
     let env = child_env(server, lock.name(), 30_000);
     let holder = lock.lock().unwrap();
-    let mut w1 = Worker::spawn(test, "waiter", &env);
+    let mut w1 = children.spawn("waiter", &env);
     w1.expect("READY", SECS_30);
     assert!(eventually(SECS_30, || lock.status().unwrap().waiters.len() == 1));
-    let mut w2 = Worker::spawn(test, "waiter", &env);
+    let mut w2 = children.spawn("waiter", &env);
     w2.expect("READY", SECS_30);
     assert!(eventually(SECS_30, || lock.status().unwrap().waiters.len() == 2));
     let pids: Vec<u32> = support::queue_pids(lock);
@@ -180,15 +176,12 @@ fn holder_and_two_waiters(
 
 #[test]
 fn a_sigkilled_waiter_at_the_head_does_not_stall_the_queue() {
-    const TEST: &str = "a_sigkilled_waiter_at_the_head_does_not_stall_the_queue";
-    if let Some(role) = child_role() {
-        return crash_child(&role);
-    }
+    let children = support::child_test!(crash_child);
     let _serial = serial();
     let server = RedisServer::start();
     let client = support::client(&server);
     let lock = client.lock("dead-head").unwrap();
-    let (holder, _w1, mut w2) = holder_and_two_waiters(TEST, &server, &lock);
+    let (holder, _w1, mut w2) = holder_and_two_waiters(&children, &server, &lock);
 
     // release at once: the dead waiter is still within its heartbeat time, so the release grants
     // it the lock; the janitor of a live client must revoke that grant and pass it on
@@ -210,22 +203,19 @@ fn a_sigkilled_waiter_at_the_head_does_not_stall_the_queue() {
         "{commands} commands while waiting for a dead waiter"
     );
     w2.expect("DONE", SECS_30);
-    assert!(w2.wait(SECS_30));
+    assert!(w2.exits_ok(SECS_30));
     // the dead waiter's entry and wake list are gone
     server.assert_released_keys("dead-head");
 }
 
 #[test]
 fn a_sigkilled_waiter_leaves_the_queue_while_the_lock_is_held() {
-    const TEST: &str = "a_sigkilled_waiter_leaves_the_queue_while_the_lock_is_held";
-    if let Some(role) = child_role() {
-        return crash_child(&role);
-    }
+    let children = support::child_test!(crash_child);
     let _serial = serial();
     let server = RedisServer::start();
     let client = support::client(&server);
     let lock = client.lock("dead-waiter").unwrap();
-    let (holder, w1, mut w2) = holder_and_two_waiters(TEST, &server, &lock);
+    let (holder, w1, mut w2) = holder_and_two_waiters(&children, &server, &lock);
     let (dead, live) = (w1.pid(), w2.pid());
 
     let killed = Instant::now();
@@ -248,7 +238,7 @@ fn a_sigkilled_waiter_leaves_the_queue_while_the_lock_is_held() {
     w2.expect("ACQ", SECS_30);
     assert!(released.elapsed() < Duration::from_secs(3));
     w2.expect("DONE", SECS_30);
-    assert!(w2.wait(SECS_30));
+    assert!(w2.exits_ok(SECS_30));
     server.assert_released_keys("dead-waiter");
 }
 
@@ -457,32 +447,17 @@ fn a_redis_restart_with_aof_keeps_the_holder_and_the_queue_order() {
     assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "{got:?}");
 }
 
-/// Send a signal with the `kill` command (no libc needed).
-fn signal(pid: u32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill -{sig} {pid}");
-}
-
 #[test]
 fn a_holder_paused_past_its_lease_loses_the_lock_and_its_late_release_changes_nothing() {
-    const TEST: &str =
-        "a_holder_paused_past_its_lease_loses_the_lock_and_its_late_release_changes_nothing";
-    if let Some(role) = child_role() {
-        return crash_child(&role);
-    }
+    let children = support::child_test!(crash_child);
     let _serial = serial();
     let server = RedisServer::start();
     let client = support::client(&server);
     let lock = client.lock("paused").unwrap();
-    let mut holder = Worker::spawn(TEST, "paused-holder", &child_env(&server, "paused", 1000));
+    let mut holder = children.spawn("paused-holder", &child_env(&server, "paused", 1000));
     let old_token: u64 = holder.expect("HELD", SECS_30).parse().unwrap();
 
-    signal(holder.pid(), "STOP");
+    holder.signal(libc::SIGSTOP);
     let stopped = Instant::now();
     // the paused holder cannot renew: this waiter gets the lock once the 1 s lease runs out
     let g = lock.lock().unwrap();
@@ -494,7 +469,7 @@ fn a_holder_paused_past_its_lease_loses_the_lock_and_its_late_release_changes_no
     );
     assert!(g.fencing_token() > old_token);
 
-    signal(holder.pid(), "CONT");
+    holder.signal(libc::SIGCONT);
     holder.send("go");
     assert_eq!(
         holder.expect("LOST", SECS_30),
@@ -502,7 +477,7 @@ fn a_holder_paused_past_its_lease_loses_the_lock_and_its_late_release_changes_no
         "the old holder did not notice"
     );
     assert_eq!(holder.expect("UNLOCK", SECS_30), "not-held");
-    assert!(holder.wait(SECS_30));
+    assert!(holder.exits_ok(SECS_30));
     // the new owner still holds it, and nobody extended or shortened its lease
     assert!(g.is_held().unwrap());
     let h = lock.status().unwrap().holder.unwrap();

@@ -9,7 +9,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{child_role, eventually, say, RedisServer, Worker};
+use support::{eventually, say, RedisServer};
 
 const SECS_5: Duration = Duration::from_secs(5);
 const SECS_30: Duration = Duration::from_secs(30);
@@ -49,9 +49,7 @@ fn waiters_child() {
 
 #[test]
 fn fifo_order_of_16_waiters_in_two_processes_equals_their_queue_order() {
-    if child_role().as_deref() == Some("waiters") {
-        return waiters_child();
-    }
+    let children = support::child_test!("waiters" => waiters_child);
     let server = RedisServer::start();
     let client = support::client(&server);
     let lock = client.lock("fifo").unwrap();
@@ -65,10 +63,9 @@ fn fifo_order_of_16_waiters_in_two_processes_equals_their_queue_order() {
             ("THREADS", n.to_string()),
         ]
     };
-    let test = "fifo_order_of_16_waiters_in_two_processes_equals_their_queue_order";
     let mut workers = vec![
-        Worker::spawn(test, "waiters", &env(8)),
-        Worker::spawn(test, "waiters", &env(8)),
+        children.spawn("waiters", &env(8)),
+        children.spawn("waiters", &env(8)),
     ];
     // all 16 enqueue (in whatever interleaving) while the lock is held
     assert!(
@@ -102,7 +99,7 @@ fn fifo_order_of_16_waiters_in_two_processes_equals_their_queue_order() {
             grants.push((token.parse().unwrap(), flag.to_string()));
         }
         w.expect("DONE", SECS_30);
-        assert!(w.wait(SECS_30), "child {} failed", w.role);
+        assert!(w.exits_ok(SECS_30), "child {} failed", w.name());
     }
     grants.sort();
     let order: Vec<String> = grants.iter().map(|(_, f)| f.clone()).collect();

@@ -17,7 +17,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -28,6 +27,7 @@ use super::history::{now_ns, FaultKind, History};
 use super::proxy::{Proxy, Trap};
 use super::server::Server;
 use super::workload::{self, Rng};
+use crate::support::{ChildTest, Proc};
 
 pub const LOCKS: [&str; 2] = ["chaos-a", "chaos-b"];
 
@@ -91,8 +91,7 @@ pub fn seed() -> u64 {
 
 struct WorkerProc {
     idx: usize,
-    child: Child,
-    stdin: Option<ChildStdin>,
+    proc: Proc,
     err_path: PathBuf,
     killed: bool,
     stopped: bool,
@@ -100,27 +99,27 @@ struct WorkerProc {
 
 impl WorkerProc {
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.proc.pid()
     }
 
     fn signal(&self, sig: libc::c_int) {
-        // SAFETY: plain kill(2) on our own child's pid, which we have not reaped yet.
-        unsafe { libc::kill(self.pid() as libc::pid_t, sig) };
+        self.proc.signal(sig);
     }
 }
 
 impl Drop for WorkerProc {
+    /// Continue a stopped worker; then `proc` drops, which kills it.
     fn drop(&mut self) {
         if self.stopped {
             self.signal(libc::SIGCONT);
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
 struct Run<'a> {
     s: &'a Scenario,
+    /// Starts the workers: the calling test again, in the "chaos-worker" role.
+    children: &'a ChildTest,
     dir: PathBuf,
     server: Server,
     /// The workers' way to Redis.
@@ -139,7 +138,8 @@ struct Run<'a> {
     worker_limit: Duration,
 }
 
-pub fn run(s: &Scenario) -> Report {
+/// Run scenario `s`; `children` starts the worker processes (see `support::child_test!`).
+pub fn run(s: &Scenario, children: &ChildTest) -> Report {
     let dir = chaos_dir().join(&s.name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the chaos dir");
@@ -164,6 +164,7 @@ pub fn run(s: &Scenario) -> Report {
     let history = History::create(&dir.join("parent.log"));
     let mut run = Run {
         s,
+        children,
         dir: dir.clone(),
         server,
         proxy,
@@ -266,17 +267,8 @@ impl Run<'_> {
         self.next_idx += 1;
         let err_path = self.dir.join(format!("worker-{idx}.err"));
         let stderr = std::fs::File::create(&err_path).expect("worker stderr file");
-        // /proc/self/exe still runs this binary when a rebuild replaced the file meanwhile
-        let exe = Path::new("/proc/self/exe");
-        let exe = if exe.exists() {
-            exe.to_path_buf()
-        } else {
-            std::env::current_exe().expect("current test binary")
-        };
-        let mut child = Command::new(exe)
-            .args(["--exact", "chaos_worker", "--nocapture", "--test-threads=1"])
-            .env("FAIRLOCK_CHILD", "chaos-worker")
-            .env(workload::ENV_URL, self.proxy.url())
+        let mut cmd = self.children.command("chaos-worker", &[]);
+        cmd.env(workload::ENV_URL, self.proxy.url())
             .env(
                 workload::ENV_HISTORY,
                 self.dir.join(format!("worker-{idx}.log")),
@@ -284,16 +276,10 @@ impl Run<'_> {
             .env(workload::ENV_THREADS, self.s.threads.to_string())
             .env(workload::ENV_LOCKS, LOCKS.join(","))
             .env(workload::ENV_LIMIT, self.worker_limit.as_secs().to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn a chaos worker");
-        let stdin = child.stdin.take();
+            .stderr(stderr);
         let w = WorkerProc {
             idx,
-            child,
-            stdin,
+            proc: Proc::spawn(&mut cmd),
             err_path,
             killed: false,
             stopped: false,
@@ -484,8 +470,7 @@ impl Run<'_> {
                 let id = self.fault_start(kind, Some(pid), detail);
                 let i = self.workers.iter().position(|w| w.pid() == pid).unwrap();
                 let mut w = self.workers.remove(i);
-                let _ = w.child.kill();
-                let _ = w.child.wait();
+                w.proc.kill();
                 w.killed = true;
                 self.fault_end(id, kind, "");
                 self.killed.push((w.idx, pid));
@@ -785,23 +770,13 @@ impl Run<'_> {
     fn stop_workers(&mut self) -> EndState {
         let mut end = EndState::default();
         for w in &mut self.workers {
-            w.stdin = None;
+            w.proc.close_stdin();
         }
         let deadline = Instant::now() + Duration::from_secs(40);
         for w in &mut self.workers {
-            let code = loop {
-                match w.child.try_wait() {
-                    Ok(Some(status)) => break status.code(),
-                    Ok(None) if Instant::now() < deadline => {
-                        thread::sleep(Duration::from_millis(20))
-                    }
-                    _ => {
-                        let _ = w.child.kill();
-                        let _ = w.child.wait();
-                        break Some(-1); // did not stop in time
-                    }
-                }
-            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            // -1: did not stop in time (and was killed)
+            let code = w.proc.wait(left).map_or(Some(-1), |status| status.code());
             end.exits.push((w.idx, w.pid(), code, false));
         }
         for &(idx, pid) in &self.killed {

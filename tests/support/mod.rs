@@ -1,10 +1,11 @@
-//! Shared test plumbing: real `redis-server` processes on loopback, and worker child processes.
+//! Shared test plumbing: real `redis-server` processes on loopback, and child processes.
 //!
 //! Every test starts its own server on a free port in a temp dir (no persistence unless asked)
-//! and the server is killed when the handle drops. Child processes are this same test binary
-//! re-invoked with `FAIRLOCK_CHILD=<role>`: [`Worker`] starts one, collects every line it prints,
-//! can write to its stdin and kills it on drop; the child's test checks [`child_role`]. In the
-//! child: [`say`] prints a `PREFIX rest` line, [`hear`] reads a line from the parent,
+//! and the server is killed when the handle drops. [`Proc`] runs any child process (the CLI, or
+//! this test binary again): it collects every line the child prints, can write to its stdin and
+//! kills it on drop. A test re-runs itself as children with [`child_test!`], which ties the
+//! children to the test's own name and hands them their role in `FAIRLOCK_CHILD`. In a child:
+//! [`say`] prints a `PREFIX rest` line, [`hear`] reads a line from the parent,
 //! [`child_time_limit`] bounds its life, [`env_arg`] reads its parameters and
 //! [`client_with_url`] builds its client.
 //!
@@ -12,10 +13,12 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::ops::RangeInclusive;
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -300,38 +303,6 @@ pub fn client_with_url(
     configure(builder).build().expect("connect to test redis")
 }
 
-/// The role this process was started for, if it is a child (see [`Worker::spawn`]).
-pub fn child_role() -> Option<String> {
-    std::env::var("FAIRLOCK_CHILD").ok()
-}
-
-/// This test binary, set up to run only `test_name` as a child with `FAIRLOCK_CHILD=role`.
-fn child_command(test_name: &str, role: &str, env: &[(&str, String)]) -> Command {
-    let exe = std::env::current_exe().expect("current test binary");
-    let mut cmd = Command::new(exe);
-    cmd.arg("--exact")
-        .arg(test_name)
-        .arg("--nocapture")
-        .arg("--test-threads=1")
-        .env("FAIRLOCK_CHILD", role)
-        .stderr(Stdio::inherit());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd
-}
-
-/// The rest of `line` after `prefix`, trimmed. The prefix may follow other text: the test harness
-/// prints `test <name> ... ` without a newline before the child's first line.
-fn after_prefix(line: &str, prefix: &str) -> Option<String> {
-    let line = line.trim_end();
-    if let Some(rest) = line.strip_prefix(prefix) {
-        return Some(rest.trim().to_string());
-    }
-    let at = line.find(&format!(" ... {prefix}"))?;
-    Some(line[at + 5 + prefix.len()..].trim().to_string())
-}
-
 /// Poll `cond` every 10 ms until it holds or `timeout` passes (for checks, not for timing).
 pub fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
@@ -355,24 +326,52 @@ pub fn unix_micros() -> u64 {
         .as_micros() as u64
 }
 
-/// A child process running a role of a test (see [`child_role`]), with every stdout line
-/// collected by a reader thread and stdin open for commands. Killed when dropped.
-pub struct Worker {
-    pub role: String,
-    child: Child,
-    lines: std::sync::mpsc::Receiver<String>,
-    stdin: Option<std::process::ChildStdin>,
+/// The waiters of `lock` in queue order, by process id.
+pub fn queue_pids(lock: &fairlock::FairLock) -> Vec<u32> {
+    let status = lock.status().expect("status");
+    status.waiters.iter().map(|w| w.origin.pid).collect()
 }
 
-impl Worker {
-    /// Start `test_name` of this test binary as a child with `FAIRLOCK_CHILD=role`.
-    pub fn spawn(test_name: &str, role: &str, env: &[(&str, String)]) -> Worker {
-        let mut cmd = child_command(test_name, role, env);
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn child test process");
-        let stdout = child.stdout.take().unwrap();
-        let stdin = child.stdin.take();
-        let (tx, lines) = std::sync::mpsc::channel();
+/// The waiters of `lock` in queue order, by owner id.
+pub fn queue_owners(lock: &fairlock::FairLock) -> Vec<String> {
+    let status = lock.status().expect("status");
+    status.waiters.into_iter().map(|w| w.origin.owner).collect()
+}
+
+/// A child process with a reader thread on its stdout (and one on its stderr when the command
+/// pipes it) and its stdin kept open when the command pipes it. Killed and reaped when dropped.
+pub struct Proc {
+    /// Names the process in panic messages: a child test's role, or the program's file name.
+    name: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    /// Every stdout line taken from `lines` so far.
+    seen: Vec<String>,
+    stderr: Option<Receiver<String>>,
+}
+
+/// How a [`Proc`] ended: its exit code (`None` when a signal ended it) and its output.
+pub struct Out {
+    pub code: Option<i32>,
+    /// Every line it printed on stdout, joined with `\n`.
+    pub stdout: String,
+    /// Its whole stderr, when the command piped it.
+    pub stderr: String,
+}
+
+impl Proc {
+    /// Start `cmd` with its stdout piped; stdin and stderr as `cmd` sets them.
+    pub fn spawn(cmd: &mut Command) -> Proc {
+        let name = Path::new(cmd.get_program())
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name}: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { return };
@@ -381,82 +380,236 @@ impl Worker {
                 }
             }
         });
-        Worker {
-            role: role.to_string(),
+        let stderr = child.stderr.take().map(|mut err| {
+            let (tx, text) = mpsc::channel();
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = err.read_to_string(&mut s);
+                let _ = tx.send(s);
+            });
+            text
+        });
+        Proc {
+            name,
+            stdin: child.stdin.take(),
             child,
             lines,
-            stdin,
+            seen: Vec::new(),
+            stderr,
         }
     }
 
-    /// The next line starting with `prefix` (others are skipped), without the prefix; `None` when
-    /// none came within `timeout` or the child's stdout closed.
-    pub fn try_expect(&mut self, prefix: &str, timeout: Duration) -> Option<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self.lines.recv_timeout(left).ok()?;
-            if let Some(rest) = after_prefix(&line, prefix) {
-                return Some(rest);
-            }
-        }
-    }
-
-    /// Like [`Worker::try_expect`] but panics, naming the role, when the line does not come.
-    pub fn expect(&mut self, prefix: &str, timeout: Duration) -> String {
-        match self.try_expect(prefix, timeout) {
-            Some(rest) => rest,
-            None => panic!(
-                "child {:?} printed no line starting with {prefix:?} within {timeout:?}",
-                self.role
-            ),
-        }
-    }
-
-    /// Send one line to the child's stdin.
-    pub fn send(&mut self, line: &str) {
-        use std::io::Write;
-        let stdin = self.stdin.as_mut().expect("child stdin");
-        writeln!(stdin, "{line}").expect("write to child");
-        stdin.flush().unwrap();
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    /// SIGKILL the child and reap it.
+    /// The rest of the next stdout line that starts with `prefix` (see [`after_prefix`]; other
+    /// lines are skipped); `None` when none came within `timeout` or stdout closed.
+    pub fn try_expect(&mut self, prefix: &str, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self.lines.recv_timeout(left).ok()?;
+            let rest = after_prefix(&line, prefix);
+            self.seen.push(line);
+            if rest.is_some() {
+                return rest;
+            }
+        }
+    }
+
+    /// Like [`Proc::try_expect`] but panics, showing the lines seen, when the line does not come.
+    pub fn expect(&mut self, prefix: &str, timeout: Duration) -> String {
+        match self.try_expect(prefix, timeout) {
+            Some(rest) => rest,
+            None => panic!(
+                "{:?} printed no line starting with {prefix:?} within {timeout:?}; it printed {:?}",
+                self.name, self.seen
+            ),
+        }
+    }
+
+    /// Send one line to its stdin.
+    pub fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("a piped stdin");
+        writeln!(stdin, "{line}").expect("write to the child");
+        stdin.flush().unwrap();
+    }
+
+    /// Close its stdin (a child that reads it sees the end).
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    /// Send signal `sig` with kill(2), which must succeed. Only before the process was waited
+    /// for: its pid may be another process's after that.
+    pub fn signal(&self, sig: libc::c_int) {
+        let pid = self.child.id();
+        // SAFETY: kill(2) on our own child, not reaped yet
+        let sent = unsafe { libc::kill(pid as libc::pid_t, sig) } == 0;
+        assert!(
+            sent,
+            "kill -{sig} {pid}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// SIGKILL it and reap it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
-    /// Wait for the child to exit (killing it after `timeout`); true when it exited successfully.
-    pub fn wait(&mut self, timeout: Duration) -> bool {
-        self.stdin = None;
+    /// Close its stdin and wait for it to exit; `None` when it did not within `timeout` (it is
+    /// killed then).
+    pub fn wait(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        self.close_stdin();
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
-                return status.success();
+                return Some(status);
             }
             if Instant::now() >= deadline {
                 self.kill();
-                return false;
+                return None;
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// [`Proc::wait`], true when it exited successfully in time.
+    pub fn exits_ok(&mut self, timeout: Duration) -> bool {
+        self.wait(timeout).is_some_and(|s| s.success())
+    }
+
+    /// [`Proc::wait`] (a panic when it does not exit within `timeout`), then all its output.
+    pub fn finish(mut self, timeout: Duration) -> Out {
+        let Some(status) = self.wait(timeout) else {
+            panic!("{:?} did not end within {timeout:?}", self.name);
+        };
+        // the pipes close when the last writer (the process or a child of its own) is gone
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(line);
+        }
+        let stderr = self.stderr.as_ref().map_or_else(String::new, |text| {
+            text.recv_timeout(Duration::from_secs(5))
+                .unwrap_or_default()
+        });
+        Out {
+            code: status.code(),
+            stdout: self.seen.join("\n"),
+            stderr,
         }
     }
 }
 
-impl Drop for Worker {
+impl Drop for Proc {
+    /// A failed assertion must not leave a process behind.
     fn drop(&mut self) {
         self.kill();
     }
 }
 
+/// The rest of `line` after `prefix`, trimmed. The prefix may follow other text: the test harness
+/// prints `test <name> ... ` without a newline before a child test's first line.
+fn after_prefix(line: &str, prefix: &str) -> Option<String> {
+    let line = line.trim_end();
+    if let Some(rest) = line.strip_prefix(prefix) {
+        return Some(rest.trim().to_string());
+    }
+    let at = line.find(&format!(" ... {prefix}"))?;
+    Some(line[at + 5 + prefix.len()..].trim().to_string())
+}
+
+/// Re-run the calling test in child processes. It goes first in a `#[test]` fn: in a child
+/// started for role `R` (`FAIRLOCK_CHILD=R`) it does the child's work and returns from the test;
+/// otherwise it gives the [`ChildTest`] that starts such children. The children run the test by
+/// the name of the fn the macro is in, so a test that is renamed still re-runs itself.
+///
+/// - `child_test!(work)`: `work(role)` for every role;
+/// - `child_test!("role" => work)`: `work()` for that one role (another role panics).
+#[allow(unused_macros)] // in the test binaries without children
+macro_rules! child_test {
+    ($role:literal => $work:expr) => {
+        $crate::support::child_test!(|role: &str| {
+            assert_eq!(role, $role, "no such child role");
+            $work()
+        })
+    };
+    ($work:expr) => {{
+        fn here() {}
+        if let Some(role) = $crate::support::child_role() {
+            return ($work)(role.as_str());
+        }
+        $crate::support::ChildTest::of_fn(::std::any::type_name_of_val(&here))
+    }};
+}
+#[allow(unused_imports)] // in the test binaries without children
+pub(crate) use child_test;
+
+/// This test binary, to start again as children that run one test of it (see [`child_test!`]).
+pub struct ChildTest {
+    /// The test's path in the binary, as `--exact` takes it.
+    name: String,
+}
+
+impl ChildTest {
+    /// The test that declares the fn item whose type name is `fn_path`
+    /// (`<crate>::<test path>::<fn>`).
+    pub fn of_fn(fn_path: &str) -> ChildTest {
+        let test_path = fn_path.rsplit_once("::").map(|(test, _fn)| test);
+        let name = test_path
+            .and_then(|p| p.split_once("::"))
+            .map(|(_crate, name)| name);
+        match name {
+            Some(name) if !name.contains(['{', '<']) => ChildTest {
+                name: name.to_string(),
+            },
+            _ => panic!("child_test! must be called in a #[test] fn itself, not in {fn_path}"),
+        }
+    }
+
+    /// The command for a child that runs only this test, with `FAIRLOCK_CHILD=role` and `env`;
+    /// stdin piped, stderr inherited.
+    pub fn command(&self, role: &str, env: &[(&str, String)]) -> Command {
+        // /proc/self/exe still runs this binary when a rebuild replaced the file meanwhile
+        let exe = Path::new("/proc/self/exe");
+        let exe = if exe.exists() {
+            exe.to_path_buf()
+        } else {
+            std::env::current_exe().expect("current test binary")
+        };
+        let mut cmd = Command::new(exe);
+        // --include-ignored: the test may be an ignored one that was asked for by name
+        cmd.args(["--exact", &self.name, "--include-ignored"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env("FAIRLOCK_CHILD", role)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stderr(Stdio::inherit());
+        cmd
+    }
+
+    /// Start a child that runs only this test with `FAIRLOCK_CHILD=role` and `env`; named by its
+    /// role in messages.
+    pub fn spawn(&self, role: &str, env: &[(&str, String)]) -> Proc {
+        let mut child = Proc::spawn(&mut self.command(role, env));
+        child.name = role.to_string();
+        child
+    }
+}
+
+/// The role this process was started for, if it is a child (see [`child_test!`]).
+pub fn child_role() -> Option<String> {
+    std::env::var("FAIRLOCK_CHILD").ok()
+}
+
 /// In a child: print one `PREFIX rest` line for the parent (stdout is line-buffered).
 pub fn say(prefix: &str, rest: impl std::fmt::Display) {
-    use std::io::Write;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{prefix} {rest}");
     let _ = out.flush();
@@ -484,16 +637,4 @@ pub fn env_arg<T: std::str::FromStr>(name: &str) -> T {
         .unwrap_or_else(|_| panic!("child needs {name}"))
         .parse()
         .unwrap_or_else(|_| panic!("bad {name}"))
-}
-
-/// The waiters of `lock` in queue order, by process id.
-pub fn queue_pids(lock: &fairlock::FairLock) -> Vec<u32> {
-    let status = lock.status().expect("status");
-    status.waiters.iter().map(|w| w.origin.pid).collect()
-}
-
-/// The waiters of `lock` in queue order, by owner flag.
-pub fn queue_owners(lock: &fairlock::FairLock) -> Vec<String> {
-    let status = lock.status().expect("status");
-    status.waiters.into_iter().map(|w| w.origin.owner).collect()
 }
