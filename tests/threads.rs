@@ -6,30 +6,14 @@ mod support;
 
 use std::time::Duration;
 
+use static_assertions::{assert_impl_all, assert_not_impl_any};
 use support::{eventually, RedisServer};
 
-#[test]
-fn handles_are_send_sync_clone_and_guards_are_not_send() {
-    fn send_sync_clone<T: Send + Sync + Clone>() {}
-    send_sync_clone::<fairlock::LockClient>();
-    send_sync_clone::<fairlock::FairLock>();
-
-    // compiles only if LockGuard is not Send (with Send, `_` would be ambiguous)
-    trait AmbiguousIfSend<A> {
-        fn check() {}
-    }
-    impl<T: ?Sized> AmbiguousIfSend<()> for T {}
-    impl<T: ?Sized + Send> AmbiguousIfSend<u8> for T {}
-    <fairlock::LockGuard as AmbiguousIfSend<_>>::check();
-
-    // and not Sync either
-    trait AmbiguousIfSync<A> {
-        fn check() {}
-    }
-    impl<T: ?Sized> AmbiguousIfSync<()> for T {}
-    impl<T: ?Sized + Sync> AmbiguousIfSync<u8> for T {}
-    <fairlock::LockGuard as AmbiguousIfSync<_>>::check();
-}
+// Checked when this file compiles: handles and clients go to other threads and are shared, a
+// guard (a hold of a lock) stays on the thread that took it.
+assert_impl_all!(fairlock::LockClient: Send, Sync, Clone);
+assert_impl_all!(fairlock::FairLock: Send, Sync, Clone);
+assert_not_impl_any!(fairlock::LockGuard: Send, Sync);
 
 /// Names of this process's threads that belong to fairlock (`/proc/self/task/*/comm`).
 fn fairlock_threads() -> Vec<String> {
