@@ -173,6 +173,11 @@ local function enqueue(owner, attempt, lease, meta, mine)
     local score = math.max(now_us(), W.tail + 1)
     read(k.queue, 'ZADD', fmt(score), owner)
     redis.call('PEXPIRE', k.queue, QUEUE_TTL)
+    -- a new place: drop wake-ups of earlier ones. A grant to this same attempt that lapsed
+    -- (its lease ran out, or was revoked) must not be popped after this queueing: its message
+    -- expires with the lease, but a backward step of the server clock revives an expired key
+    -- that Redis has not deleted yet, and the waiter would take the old grant for a new one.
+    redis.call('DEL', wake_key(owner))
     write_waiter(owner, attempt, now + WAITER_TTL, lease, meta, '~tail', fmt(score))
     Q = nil
   else
@@ -215,7 +220,8 @@ local function grant_next(h, ...)
   dequeue(head)
   local wk = wake_key(head)
   -- the message expires with the grant, so a late pop can never hold a lock that expired
-  -- meanwhile; a stale message of an older wait before it is skipped by the waiter
+  -- meanwhile; a stale message of an older attempt before it is skipped by the waiter (those
+  -- of this attempt went when it queued)
   redis.call('RPUSH', wk, grant_message(w.attempt, token) .. fmt(now))
   redis.call('PEXPIRE', wk, w.lease)
   return head

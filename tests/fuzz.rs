@@ -342,3 +342,63 @@ fn backward_step_then_lost_renewal() {
         out.log.join("\n")
     );
 }
+
+/// Found by the long run (seed 20261141), shrunk: a hand-off's grant lapses unseen under a
+/// forward step of the server clock, another client takes the lock, the grantee's pop is lost
+/// and it queues again with the same attempt; a backward step then revives the expired wake
+/// message (Redis had not deleted it yet) and the grantee popped the old grant as a new one:
+/// two owners. Queueing now drops the wake list, as it did before the cost cuts.
+#[test]
+fn lapsed_handoff_revived_by_a_backward_step() {
+    use steps::{Fault, Step};
+    let cfg = Config {
+        locks: 1,
+        clients: 2,
+        threads: 2,
+        // the original run was lucky: Redis had not yet deleted the expired message
+        lazy_expiry_only: true,
+        ..Config::for_seed(20261141)
+    };
+    let acquire = |c, t, wait, lease_ms| Step::Acquire {
+        c,
+        t,
+        lock: 0,
+        wait,
+        lease_ms,
+        deadline_ms: None,
+        fault: Fault::None,
+        then: Fault::None,
+    };
+    let steps = [
+        acquire(1, 0, false, 617),
+        acquire(1, 1, true, 307),
+        Step::Release {
+            c: 1,
+            t: 0,
+            fault: Fault::None,
+        },
+        Step::Clock { ms: 346 },
+        acquire(0, 0, true, 319),
+        // the pop never reaches Redis, which would have deleted the expired message
+        Step::Pop {
+            c: 1,
+            t: 1,
+            fault: Fault::Dropped,
+            then: Fault::None,
+        },
+        Step::Clock { ms: -580 },
+        Step::Pop {
+            c: 1,
+            t: 1,
+            fault: Fault::None,
+            then: Fault::None,
+        },
+    ];
+    let out = run(&cfg, Source::Replay(&steps), None);
+    assert!(
+        out.violation.is_none(),
+        "{:?}\n{}",
+        out.violation,
+        out.log.join("\n")
+    );
+}

@@ -81,6 +81,8 @@ impl FakeClockRedis {
                 .arg("--dir")
                 .arg(&server.dir)
                 .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                // DEBUG SET-ACTIVE-EXPIRE, for runs where expired keys must wait to be touched
+                .args(["--enable-debug-command", "local"])
                 .arg("--logfile")
                 .arg(server.dir.join("redis.log"))
                 .env("LD_PRELOAD", &preload)

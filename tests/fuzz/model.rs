@@ -21,6 +21,9 @@ pub struct Config {
     /// (`lock.rs`). Off in `backward_step_then_lost_renewal`, which checks that the scripts
     /// alone are safe: they report at most the lease and a renewal never shortens a TTL.
     pub cap_pttl_at_lease: bool,
+    /// Turn Redis's active expiry off, so an expired key stays until it is touched (and a
+    /// backward clock step revives it): what a busy or unlucky server shows now and then.
+    pub lazy_expiry_only: bool,
 }
 
 impl Config {
@@ -34,6 +37,7 @@ impl Config {
             lease_ms: (300, 800),
             waiter_timeout_ms: 600,
             cap_pttl_at_lease: true,
+            lazy_expiry_only: false,
         }
     }
 

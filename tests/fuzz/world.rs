@@ -117,7 +117,14 @@ pub struct World {
 impl World {
     pub fn new(cfg: &Config) -> World {
         let server = FakeClockRedis::start();
-        let conns = (0..=CLIENT_CONNS).map(|_| server.conn()).collect();
+        let mut conns: Vec<redis::Connection> = (0..=CLIENT_CONNS).map(|_| server.conn()).collect();
+        if cfg.lazy_expiry_only {
+            redis::cmd("DEBUG")
+                .arg("SET-ACTIVE-EXPIRE")
+                .arg(0)
+                .query::<()>(&mut conns[0])
+                .expect("DEBUG SET-ACTIVE-EXPIRE 0");
+        }
         let settings = Settings {
             fence_ttl: Duration::from_secs(3600),
             waiter_timeout: Duration::from_millis(cfg.waiter_timeout_ms),
