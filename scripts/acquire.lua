@@ -9,7 +9,7 @@
 -- owner reached Redis, finds that attempt and does nothing. One that arrives after its owner
 -- left for good queues (or holds) a place nobody refreshes: it is purged as dead (or the hold
 -- runs out after its lease), so it delays others but never gives two owners.
--- Cost: a free lock nobody waits for is HMGET, ZRANGE, TIME, SET (the fence), HSET, PEXPIRE;
+-- Cost: a free lock nobody waits for is HMGET, EXISTS, TIME, SET (the fence), HSET, PEXPIRE;
 -- queueing behind a holder is HMGET, HMGET, TIME, ZADD, PEXPIRE, DEL (the wake list), HSET.
 local owner, attempt, lease, mode, meta = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]
 return run(function()
@@ -26,16 +26,17 @@ return run(function()
     return { 'granted', fmt(take(h, owner, attempt, lease, meta)), now_ms(), lease }
   end
 
-  -- our own entry can only exist with a queue (see the invariant in common.lua)
-  local mine = nil
-  if h.owner or front()[1] then
-    mine = waiter_entry(owner)
-    if mine and mine.attempt > attempt then return { 'stale' } end
-    if mine and mine.attempt < attempt then
-      -- an earlier attempt that was given up: a new attempt queues at the back
-      forget_waiter(owner)
-      mine = nil
-    end
+  -- free, and neither a queue nor a waiters hash: nobody waits, take it
+  if not h.owner and not queue_keys_exist() then
+    return { 'granted', fmt(take(h, owner, attempt, lease, meta)), now_ms(), lease }
+  end
+
+  local mine = waiter_entry(owner)
+  if mine and mine.attempt > attempt then return { 'stale' } end
+  if mine and mine.attempt < attempt then
+    -- an earlier attempt that was given up: a new attempt queues at the back
+    forget_waiter(owner)
+    mine = nil
   end
 
   if not h.owner then

@@ -8,7 +8,7 @@
 -- reports success instead of a false "not held" while the lock's hash remembers it (the hash
 -- lives on through the next holds; a tombstone for the rest of the released lease). Tokens
 -- are unique per hold, so a late release never touches a later hold.
--- Cost: with nobody waiting HMGET, ZRANGE, HSET.
+-- Cost: with nobody waiting HMGET, EXISTS, HSET.
 local owner, token, depth = ARGV[3], ARGV[4], tonumber(ARGV[5])
 return run(function()
   local h = read_lock()
@@ -18,7 +18,7 @@ return run(function()
       return { 'held', depth - 1 }
     end
     local receipts = with_receipt(h.released, token)
-    local next = grant_next(h, 'released', receipts)
+    local next = queue_keys_exist() and grant_next(h, 'released', receipts)
     if not next then
       redis.call('HSET', k.lock, 'owner', '', 'released', receipts)
     end

@@ -189,11 +189,30 @@ local function enqueue(owner, attempt, lease, meta, mine)
   end
 end
 
+-- Whether the queue or the waiters hash exists: one call for both, and the common case (no
+-- waiter, no garbage) stops here. It checks no key's type, so it only guards paths that write
+-- neither key when it says no.
+local function queue_keys_exist()
+  return redis.call('EXISTS', k.queue, k.waiters) > 0
+end
+
+-- The queue is empty: a waiters hash left without it (its queue key was evicted or lost) goes,
+-- so no entry outlives its place by more than one script that looks.
+local function drop_orphaned_waiters()
+  if W.existed or (not W.now and read(k.waiters, 'HLEN') > 0) then
+    redis.call('DEL', k.waiters)
+    W = { now = W.now, tail = 0, existed = false, entries = {} }
+  end
+end
+
 -- Remove dead waiters from the front of the queue; return the first live one and its entry.
 local function live_head()
   while true do
     local head = front()[1]
-    if not head then return nil end
+    if not head then
+      drop_orphaned_waiters()
+      return nil
+    end
     local w = waiter_entry(head)
     if w and w.deadline >= waiters_now() then return head, w end
     forget_waiter(head)
