@@ -334,7 +334,12 @@ fn backward_step_then_lost_renewal() {
         Step::Sleep { ms: 700 },
         acquire(2),
     ];
-    let out = run(&cfg, Source::Replay(&steps), None);
+    replay_expecting_no_violation(&cfg, &steps);
+}
+
+/// Replay `steps` and fail with the step log on a violation.
+fn replay_expecting_no_violation(cfg: &Config, steps: &[steps::Step]) {
+    let out = run(cfg, Source::Replay(steps), None);
     assert!(
         out.violation.is_none(),
         "{:?}\n{}",
@@ -394,11 +399,5 @@ fn lapsed_handoff_revived_by_a_backward_step() {
             then: Fault::None,
         },
     ];
-    let out = run(&cfg, Source::Replay(&steps), None);
-    assert!(
-        out.violation.is_none(),
-        "{:?}\n{}",
-        out.violation,
-        out.log.join("\n")
-    );
+    replay_expecting_no_violation(&cfg, &steps);
 }
