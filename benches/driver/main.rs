@@ -29,6 +29,7 @@
 //! - the per-script breakdown follows `MONITOR`, which shows the commands a script runs right
 //!   after the EVALSHA that ran it, and counts the lines on the lock's keys.
 
+#[path = "../locks/mod.rs"]
 mod locks;
 
 use std::collections::{BTreeMap, HashMap};
