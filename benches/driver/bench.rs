@@ -1,0 +1,108 @@
+//! The state the scenarios share: the Redis URL, the last measured RTT, the sizes, and the
+//! tables and results gathered so far; the PING and connection helpers.
+
+use serde_json::Value as Json;
+
+use crate::locks::{mono_ns, Lib};
+use crate::sizes::Sizes;
+use crate::stats::dist;
+use crate::workers::{run, Outcome, Spec};
+
+pub fn connect(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+}
+
+pub struct Bench {
+    pub url: String,
+    /// a connection for the PING bursts around each run
+    pub ping: redis::Connection,
+    pub sizes: Sizes,
+    pub run_id: String,
+    pub rtt_us: f64,
+    pub json: serde_json::Map<String, Json>,
+    pub md: Vec<String>,
+    pub criterion: Option<std::path::PathBuf>,
+}
+
+impl Bench {
+    pub fn name(&self, what: &str) -> String {
+        format!("bench-{}-{what}", self.run_id)
+    }
+
+    /// A free loop on the lock `what` from `start` for `dur` ns; with `counter`, each hold does
+    /// GET/SET on `<what>:counter` (else the fencing token numbers the grants).
+    pub fn timed_spec(
+        &self,
+        lib: Lib,
+        what: &str,
+        counter: bool,
+        hold_us: u64,
+        start: u64,
+        dur: u64,
+    ) -> Spec {
+        Spec {
+            lib,
+            url: self.url.clone(),
+            name: self.name(what),
+            counter: if counter {
+                self.name(&format!("{what}:counter"))
+            } else {
+                String::new()
+            },
+            signal: String::new(),
+            hold_us,
+            start_ns: start,
+            stop_ns: start + dur,
+            give_up_ns: start + dur + self.sizes.grace,
+            max_seq: 0,
+        }
+    }
+
+    pub fn ratio(&self, us: f64) -> String {
+        format!("{:.2}", us / self.rtt_us)
+    }
+
+    /// `run`, between two bursts of PINGs that set the RTT this run's figures are divided by:
+    /// the loopback round trip of this VM moves (20-100 µs) with what else the host runs.
+    pub fn run_timed(
+        &mut self,
+        spec: &Spec,
+        procs: u32,
+        threads: u32,
+        window: Option<(u64, u64)>,
+    ) -> Outcome {
+        let mut pings = ping_samples(&mut self.ping, 200);
+        let o = run(spec, procs, threads, window, false);
+        pings.extend(ping_samples(&mut self.ping, 200));
+        self.rtt_us = dist(pings).p50;
+        o
+    }
+
+    pub fn criterion_median_us(&self, id: &str) -> Option<f64> {
+        let path = self
+            .criterion
+            .as_ref()?
+            .join(format!("micro/{id}/new/estimates.json"));
+        let text = std::fs::read_to_string(path).ok()?;
+        let v: Json = serde_json::from_str(&text).ok()?;
+        Some(v["median"]["point_estimate"].as_f64()? / 1000.0)
+    }
+}
+
+pub fn time_ns(mut f: impl FnMut()) -> u64 {
+    let t = mono_ns();
+    f();
+    mono_ns() - t
+}
+
+pub fn ping_samples(conn: &mut redis::Connection, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|_| {
+            time_ns(|| {
+                redis::cmd("PING").query::<String>(conn).expect("PING");
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,217 @@
+//! Uncontended and re-entrant cost, one thread, each iteration next to a PING.
+
+use serde_json::{json, Value as Json};
+
+use crate::bench::{connect, time_ns, Bench};
+use crate::locks::{mono_ns, Lib, Locker};
+use crate::redis_cost::{background_switches, cost, cost_cells, snapshot, Cost, COST_HEADER};
+use crate::stats::{dist, r1, r2, Dist};
+
+/// Figures 1 and 2: uncontended and re-entrant cost, for fairlock and the peers. Each iteration
+/// sends one PING first, so every row has the round trip of the very same moments.
+pub fn micro(b: &mut Bench) {
+    let mut conn = connect(&b.url);
+    let mut ping_conn = connect(&b.url);
+    let n = b.sizes.micro;
+    struct Row {
+        figure: &'static str,
+        lock: &'static str,
+        d: Dist,
+        rtt: f64,
+        criterion: &'static str,
+        cost: Option<Cost>,
+    }
+    let mut rows: Vec<Row> = vec![];
+
+    // Run `op` n times, each after a timed PING; `op` returns the moment between its two halves
+    // (acquire | release). Returns the whole, the halves, Redis's cost per op and the RTT. The
+    // PINGs are taken out of the cost: one call each from the counts, and `ping_cpu` µs each
+    // from Redis's CPU time.
+    let mut measure = |n: usize, scripted_set: bool, ping_cpu: f64, op: &mut dyn FnMut() -> u64| {
+        let before = snapshot(&mut conn);
+        let bg = background_switches();
+        let (mut both, mut first, mut second, mut pings) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..n {
+            pings.push(time_ns(|| {
+                redis::cmd("PING")
+                    .query::<String>(&mut ping_conn)
+                    .expect("PING");
+            }));
+            let t0 = mono_ns();
+            let mid = op();
+            let t2 = mono_ns();
+            both.push(t2 - t0);
+            first.push(mid.saturating_sub(t0));
+            second.push(t2.saturating_sub(mid));
+        }
+        let bg1 = background_switches();
+        let wakes = [0, 1].map(|i| r2((bg1[i] - bg[i]) as f64 / n as f64));
+        let after = snapshot(&mut conn);
+        let c = cost(&before, &after, n as u64, false, scripted_set).map(|mut c| {
+            c.bg_wakes = Some(wakes);
+            c.round_trips = r2(c.round_trips - 1.0); // the PING of each iteration
+            c.all = r2(c.all - 1.0);
+            c.redis_cpu_us = r1(c.redis_cpu_us - ping_cpu);
+            c.by_command.remove("ping");
+            c
+        });
+        (dist(both), dist(first), dist(second), c, dist(pings).p50)
+    };
+
+    // Redis's CPU time per PING: the same loop with nothing between the PINGs. It also carries
+    // the server's idle work (its cron) over the loop's time, which the rows below have too,
+    // over iterations a few times longer: their figure keeps a small share of that idle work.
+    let (_, _, _, ping_cost, _) = measure(n, false, 0.0, &mut mono_ns);
+    let ping_cpu = ping_cost.map_or(0.0, |c| c.redis_cpu_us);
+
+    let trivial = redis::Script::new("return 1");
+    let mut c2 = connect(&b.url);
+    trivial
+        .prepare_invoke()
+        .invoke::<i64>(&mut c2)
+        .expect("EVALSHA");
+    let (d, _, _, cost, rtt) = measure(n, false, ping_cpu, &mut || {
+        trivial
+            .prepare_invoke()
+            .invoke::<i64>(&mut c2)
+            .expect("EVALSHA");
+        0
+    });
+    rows.push(Row {
+        figure: "EVALSHA `return 1` (script floor)",
+        lock: "-",
+        d,
+        rtt,
+        criterion: "evalsha_return1",
+        cost,
+    });
+
+    let client = fairlock::LockClient::connect(&b.url).expect("fairlock client");
+    for reentrant in [false, true] {
+        let lock = client
+            .lock(&b.name(if reentrant {
+                "reentrant"
+            } else {
+                "uncontended"
+            }))
+            .unwrap();
+        let outer = reentrant.then(|| lock.lock().expect("lock"));
+        let (both, acq, rel, cost, rtt) = measure(n, true, ping_cpu, &mut || {
+            let g = lock.lock().expect("lock");
+            let mid = mono_ns();
+            g.unlock().expect("unlock");
+            mid
+        });
+        if let Some(g) = outer {
+            g.unlock().expect("unlock");
+        }
+        let (pair, first, second, crit) = if reentrant {
+            (
+                "re-entrant acquire + release",
+                "re-entrant acquire",
+                "re-entrant release",
+                "fairlock_reentrant",
+            )
+        } else {
+            (
+                "uncontended acquire + release",
+                "uncontended acquire",
+                "uncontended release",
+                "fairlock_uncontended",
+            )
+        };
+        for (figure, d, criterion, cost) in [
+            (pair, both, crit, cost),
+            (first, acq, "", None),
+            (second, rel, "", None),
+        ] {
+            rows.push(Row {
+                figure,
+                lock: "fairlock",
+                d,
+                rtt,
+                criterion,
+                cost,
+            });
+        }
+    }
+
+    for (lib, id) in [
+        (Lib::Naive, "naive_uncontended"),
+        (Lib::Redlock, "redlock_uncontended"),
+    ] {
+        let n = if lib == Lib::Redlock {
+            b.sizes.micro_redlock
+        } else {
+            n
+        };
+        let mut locker = Locker::new(lib, &b.url, &b.name("uncontended"), None, "micro").unwrap();
+        let (d, _, _, cost, rtt) = measure(n, lib == Lib::Fairlock, ping_cpu, &mut || {
+            locker.acquire(u64::MAX).unwrap().expect("uncontended");
+            locker.release().unwrap();
+            0
+        });
+        rows.push(Row {
+            figure: "uncontended acquire + release",
+            lock: lib.name(),
+            d,
+            rtt,
+            criterion: id,
+            cost,
+        });
+    }
+
+    let crit_ping = b.criterion_median_us("ping");
+    b.md.push("### Uncontended and re-entrant (one thread)\n".into());
+    b.md.push(format!("| figure | lock | n | p50 µs | p99 µs | RTT µs | p50 / RTT | p99 / RTT | criterion median / RTT | {COST_HEADER} | watchdog + janitor switches |"));
+    b.md.push("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
+    let mut out = vec![];
+    for r in rows {
+        let crit = if r.criterion.is_empty() {
+            None
+        } else {
+            b.criterion_median_us(r.criterion).zip(crit_ping)
+        };
+        let c = r.cost.as_ref();
+        b.md.push(format!(
+            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {} | {} | {} |",
+            r.figure,
+            r.lock,
+            r.d.n,
+            r.d.p50,
+            r.d.p99,
+            r.rtt,
+            r.d.p50 / r.rtt,
+            r.d.p99 / r.rtt,
+            crit.map_or("-".into(), |(op, ping)| format!("{:.2}", op / ping)),
+            cost_cells(c),
+            c.and_then(|c| c.bg_wakes)
+                .filter(|_| r.lock == "fairlock")
+                .map_or("".into(), |w| format!("{:.2} + {:.2}", w[0], w[1])),
+        ));
+        let mut j = r.d.json(r.rtt);
+        j["figure"] = json!(r.figure);
+        j["lock"] = json!(r.lock);
+        j["rtt_us"] = json!(r1(r.rtt));
+        if let Some((op, ping)) = crit {
+            j["criterion_median_us"] = json!(r1(op));
+            j["criterion_ping_us"] = json!(r1(ping));
+            j["criterion_median_rtt"] = json!(r2(op / ping));
+        }
+        if let Some(c) = c {
+            j["round_trips"] = json!(c.round_trips);
+            j["redis_cmds"] = json!(c.all);
+            j["server_us"] = json!(c.server_us);
+            j["redis_cpu_us"] = json!(c.redis_cpu_us);
+            j["cmds_by_command"] = json!(c.by_command);
+            if r.lock == "fairlock" {
+                j["watchdog_janitor_switches"] = json!(c.bg_wakes);
+            }
+        }
+        out.push(j);
+    }
+    b.md.push(String::new());
+    b.md.push(format!("Redis CPU per acquisition: the redis-server process's CPU time (`INFO cpu`) over the loop, less {ping_cpu:.1} µs per iteration for its PING (the same loop with PINGs only).\n"));
+    b.json.insert("micro".into(), Json::Array(out));
+    b.json.insert("micro_ping_cpu_us".into(), json!(ping_cpu));
+}
