@@ -32,6 +32,7 @@
 #[path = "../locks/mod.rs"]
 mod locks;
 
+mod args;
 mod bench;
 mod fifo;
 mod handoff;
@@ -49,12 +50,13 @@ mod workers;
 
 use std::time::Instant;
 
+use clap::Parser;
 use serde_json::{json, Value as Json};
 
+use args::Args;
 use bench::{connect, ping_samples, Bench};
-use locks::{mono_ns, Lib};
+use locks::mono_ns;
 use report::{loadavg, machine};
-use sizes::Sizes;
 use stats::{dist, r1};
 use workers::child_main;
 
@@ -62,75 +64,19 @@ pub const MS: u64 = 1_000_000;
 pub const SEC: u64 = 1_000_000_000;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--child") {
-        child_main(&args[1..]);
+    let args = Args::parse();
+    if let Some(child) = &args.child {
+        child_main(child);
         return;
-    }
-    let mut quick = false;
-    let mut out = std::path::PathBuf::from("target/bench/results.json");
-    let mut criterion = None;
-    let mut only: Option<Vec<String>> = None;
-    let mut overrides: Vec<(String, String)> = vec![];
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--quick" => quick = true,
-            "--out" => out = it.next().expect("--out PATH").into(),
-            "--criterion" => criterion = Some(it.next().expect("--criterion DIR").into()),
-            "--only" => {
-                only = Some(
-                    it.next()
-                        .expect("--only LIST")
-                        .split(',')
-                        .map(String::from)
-                        .collect(),
-                )
-            }
-            // narrow a run down while investigating: --libs fairlock,redlock --layouts 8x4,0x32
-            // (processes x threads, 0 = threads of one process) --holds 0,1000 (µs) --secs 2
-            "--libs" | "--layouts" | "--holds" | "--secs" => {
-                let v = it.next().unwrap_or_else(|| panic!("{a} needs a value"));
-                overrides.push((a.clone(), v.clone()));
-            }
-            "--bench" => {} // added by `cargo bench`
-            other => {
-                eprintln!("driver: unknown argument {other:?}");
-                std::process::exit(2);
-            }
-        }
     }
     let Ok(url) = std::env::var("FAIRLOCK_BENCH_REDIS") else {
         eprintln!("driver: FAIRLOCK_BENCH_REDIS is not set; run scripts/bench.sh (it starts a throwaway redis-server)");
         return;
     };
-    let wanted = |s: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
-
     let began = Instant::now();
     let mut conn = connect(&url);
     let machine = machine(&mut conn);
-    let mut sizes = Sizes::new(quick);
-    for (k, v) in &overrides {
-        let list = || v.split(',').map(str::trim);
-        match k.as_str() {
-            "--libs" => {
-                sizes.libs = list()
-                    .map(|l| Lib::parse(l).unwrap_or_else(|| panic!("unknown lock {l:?}")))
-                    .collect()
-            }
-            "--layouts" => {
-                sizes.layouts = list()
-                    .map(|l| {
-                        let (p, t) = l.split_once('x').expect("--layouts PxT");
-                        (p.parse().expect("processes"), t.parse().expect("threads"))
-                    })
-                    .collect()
-            }
-            "--holds" => sizes.holds_us = list().map(|h| h.parse().expect("µs")).collect(),
-            "--secs" => sizes.throughput_secs = v.parse().expect("seconds"),
-            _ => {}
-        }
-    }
+    let sizes = args.sizes();
     let ping_start = ping_samples(&mut conn, sizes.ping);
     let mut b = Bench {
         rtt_us: dist(ping_start.clone()).p50,
@@ -140,12 +86,12 @@ fn main() {
         sizes,
         json: serde_json::Map::new(),
         md: vec![],
-        criterion,
+        criterion: args.criterion.clone(),
     };
     eprintln!(
         "driver: PING p50 {:.0} µs; running{}",
         b.rtt_us,
-        if quick { " (quick)" } else { "" }
+        if args.quick { " (quick)" } else { "" }
     );
     type Step = (&'static str, fn(&mut Bench));
     let steps: [Step; 6] = [
@@ -157,7 +103,7 @@ fn main() {
         ("scripts", scripts::scripts),
     ];
     for (name, step) in steps {
-        if wanted(name) {
+        if args.wants(name) {
             let t = Instant::now();
             step(&mut b);
             eprintln!("driver: {name} done in {:.1} s", t.elapsed().as_secs_f64());
@@ -184,20 +130,21 @@ fn main() {
     );
     let mut json = serde_json::Map::new();
     json.insert("machine".into(), machine);
-    json.insert("quick".into(), json!(quick));
+    json.insert("quick".into(), json!(args.quick));
     json.insert(
         "ping".into(),
         json!({"rtt_us": r1(b.rtt_us), "start": d0.json(b.rtt_us), "end": d1.json(b.rtt_us), "all": all.json(b.rtt_us)}),
     );
     json.insert("seconds".into(), json!(r1(began.elapsed().as_secs_f64())));
     json.extend(std::mem::take(&mut b.json));
-    if let Some(dir) = out.parent() {
+    if let Some(dir) = args.out.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
     let text = serde_json::to_string_pretty(&Json::Object(json)).expect("json");
-    std::fs::write(&out, text + "\n").unwrap_or_else(|e| panic!("writing {}: {e}", out.display()));
+    std::fs::write(&args.out, text + "\n")
+        .unwrap_or_else(|e| panic!("writing {}: {e}", args.out.display()));
     println!("{head}");
-    if quick {
+    if args.quick {
         println!("**Quick run** (what CI checks): tiny samples, the figures mean nothing.\n");
     }
     for line in &b.md {
@@ -205,7 +152,7 @@ fn main() {
     }
     eprintln!(
         "driver: wrote {} in {:.0} s",
-        out.display(),
+        args.out.display(),
         began.elapsed().as_secs_f64()
     );
 }
