@@ -1,9 +1,10 @@
 //! The state the scenarios share: the Redis URL, the last measured RTT, the sizes, and the
 //! tables and results gathered so far; the PING and connection helpers.
 
-use serde_json::Value as Json;
+use serde::Deserialize;
 
 use crate::locks::{mono_ns, Lib};
+use crate::report::Results;
 use crate::sizes::Sizes;
 use crate::stats::dist;
 use crate::workers::{run, Outcome, Spec};
@@ -21,7 +22,9 @@ pub struct Bench {
     pub sizes: Sizes,
     pub run_id: String,
     pub rtt_us: f64,
-    pub json: serde_json::Map<String, Json>,
+    /// the sections of the results file
+    pub results: Results,
+    /// the Markdown report, line by line
     pub md: Vec<String>,
     pub criterion: Option<std::path::PathBuf>,
 }
@@ -80,15 +83,28 @@ impl Bench {
         o
     }
 
+    /// The median of criterion's benchmark `micro/<id>` in µs, when `--criterion` was given and
+    /// criterion has run it.
     pub fn criterion_median_us(&self, id: &str) -> Option<f64> {
         let path = self
             .criterion
             .as_ref()?
             .join(format!("micro/{id}/new/estimates.json"));
         let text = std::fs::read_to_string(path).ok()?;
-        let v: Json = serde_json::from_str(&text).ok()?;
-        Some(v["median"]["point_estimate"].as_f64()? / 1000.0)
+        let v: Estimates = serde_json::from_str(&text).ok()?;
+        Some(v.median.point_estimate / 1000.0)
     }
+}
+
+/// The part of criterion's `estimates.json` read here.
+#[derive(Deserialize)]
+struct Estimates {
+    median: Estimate,
+}
+
+#[derive(Deserialize)]
+struct Estimate {
+    point_estimate: f64,
 }
 
 pub fn time_ns(mut f: impl FnMut()) -> u64 {

@@ -3,13 +3,27 @@
 
 use std::collections::HashMap;
 
-use serde_json::{json, Value as Json};
+use serde::Serialize;
 
 use crate::bench::Bench;
 use crate::locks::{mono_ns, Lib};
 use crate::stats::overtakes;
 use crate::workers::{cleanup, run, Outcome, Rec};
 use crate::{MS, SEC};
+
+/// A row of the results file's `fifo_audit`: one audited run.
+#[derive(Serialize)]
+pub struct FifoRow {
+    pub processes: u32,
+    pub threads_per_process: u32,
+    pub hold_ms: f64,
+    pub grants: usize,
+    pub audited: usize,
+    pub overtakes_server_order: usize,
+    pub overtakes_client_clock: usize,
+    pub workers_not_paired: usize,
+    pub errors: Vec<String>,
+}
 
 /// Overtakes by the exact orders: arrival (the server ran the acquire scripts in this order)
 /// against grant (`seq`). Returns (grants audited, overtakes, workers whose calls and grants
@@ -86,20 +100,20 @@ pub fn fifo(b: &mut Bench) {
                 "| {layout} | {} ms | {audited} | {over} | {clock} | {unmatched} |",
                 hold as f64 / 1000.0
             ));
-            out.push(json!({
-                "processes": procs,
-                "threads_per_process": threads,
-                "hold_ms": hold as f64 / 1000.0,
-                "grants": o.recs.iter().filter(|r| r.got > 0).count(),
-                "audited": audited,
-                "overtakes_server_order": over,
-                "overtakes_client_clock": clock,
-                "workers_not_paired": unmatched,
-                "errors": o.errors,
-            }));
+            out.push(FifoRow {
+                processes: procs,
+                threads_per_process: threads,
+                hold_ms: hold as f64 / 1000.0,
+                grants: o.recs.iter().filter(|r| r.got > 0).count(),
+                audited,
+                overtakes_server_order: over,
+                overtakes_client_clock: clock,
+                workers_not_paired: unmatched,
+                errors: o.errors,
+            });
             cleanup(&b.url, &spec);
         }
     }
     b.md.push(String::new());
-    b.json.insert("fifo_audit".into(), Json::Array(out));
+    b.results.fifo_audit = Some(out);
 }

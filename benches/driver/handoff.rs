@@ -1,12 +1,30 @@
 //! Hand-off latency: two workers taking turns, thread → thread and process → process.
 
-use serde_json::{json, Value as Json};
+use serde::Serialize;
 
 use crate::bench::Bench;
 use crate::locks::{mono_ns, Lib};
-use crate::stats::{dist, handoffs_with_release, r1};
+use crate::stats::{dist, handoffs_with_release, r1, DistRow};
 use crate::workers::{cleanup, Spec};
 use crate::MS;
+
+/// A row of the results file's `handoff`: the hand-offs of one run.
+#[derive(Serialize)]
+pub struct HandoffRow {
+    pub lock: &'static str,
+    /// "threads" or "processes"
+    pub between: &'static str,
+    pub hold_us: u64,
+    /// grants that came before the previous holder's release started (none, for a lock)
+    pub overlaps: usize,
+    pub rtt_us: f64,
+    /// the hand-off latencies
+    #[serde(flatten)]
+    pub dist: DistRow,
+    /// the release calls that started them
+    pub release_call: DistRow,
+    pub errors: Vec<String>,
+}
 
 /// Figure 3: hand-off latency, thread -> thread and process -> process (ping-pong of 2 workers).
 pub fn handoff(b: &mut Bench) {
@@ -67,17 +85,18 @@ pub fn handoff(b: &mut Bench) {
             b.ratio(d.max),
             rc.p50,
         ));
-        let mut j = d.json(b.rtt_us);
-        j["lock"] = json!(lib.name());
-        j["between"] = json!(if procs > 0 { "processes" } else { "threads" });
-        j["hold_us"] = json!(spec.hold_us);
-        j["overlaps"] = json!(overlaps);
-        j["rtt_us"] = json!(r1(b.rtt_us));
-        j["release_call"] = rc.json(b.rtt_us);
-        j["errors"] = json!(o.errors);
-        out.push(j);
+        out.push(HandoffRow {
+            lock: lib.name(),
+            between: if procs > 0 { "processes" } else { "threads" },
+            hold_us: spec.hold_us,
+            overlaps,
+            rtt_us: r1(b.rtt_us),
+            dist: d.row(b.rtt_us),
+            release_call: rc.row(b.rtt_us),
+            errors: o.errors,
+        });
         cleanup(&b.url, &spec);
     }
     b.md.push(String::new());
-    b.json.insert("handoff".into(), Json::Array(out));
+    b.results.handoff = Some(out);
 }

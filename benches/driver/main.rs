@@ -51,12 +51,11 @@ mod workers;
 use std::time::Instant;
 
 use clap::Parser;
-use serde_json::{json, Value as Json};
 
 use args::Args;
 use bench::{connect, ping_samples, Bench};
 use locks::mono_ns;
-use report::{loadavg, machine};
+use report::{loadavg, machine, Pings, Results, ResultsFile};
 use stats::{dist, r1};
 use workers::child_main;
 
@@ -84,7 +83,7 @@ fn main() {
         url,
         run_id: format!("{}-{}", std::process::id(), mono_ns() % 1_000_000),
         sizes,
-        json: serde_json::Map::new(),
+        results: Results::default(),
         md: vec![],
         criterion: args.criterion.clone(),
     };
@@ -110,39 +109,24 @@ fn main() {
         }
     }
     let ping_end = ping_samples(&mut conn, b.sizes.ping);
-    let (d0, d1) = (dist(ping_start.clone()), dist(ping_end.clone()));
-    let all = dist([ping_start, ping_end].concat());
+    let pings = Pings {
+        start: dist(ping_start.clone()),
+        end: dist(ping_end.clone()),
+        all: dist([ping_start, ping_end].concat()),
+    };
     targets::targets(&mut b);
 
     let mut machine = machine;
-    machine["loadavg_end"] = json!(loadavg());
-    let ping_md = format!(
-        "PING round trip (RTT), loopback, one client: p50 {:.0} µs over the run (start {:.0}, end {:.0}), p99 {:.0} µs. It moves with the host's load, so each row is divided by the RTT measured with it (column RTT: PINGs interleaved with the single-thread loops, or bursts right before and after a multi-worker run).",
-        all.p50, d0.p50, d1.p50, all.p99
-    );
-    let head = format!(
-        "Machine: {} CPUs, {}, Redis {} on loopback, load average {} → {}.\n\n{ping_md}\n",
-        machine["nproc"],
-        machine["cpu"].as_str().unwrap_or(""),
-        machine["redis_version"].as_str().unwrap_or(""),
-        machine["loadavg_start"].as_str().unwrap_or(""),
-        machine["loadavg_end"].as_str().unwrap_or(""),
-    );
-    let mut json = serde_json::Map::new();
-    json.insert("machine".into(), machine);
-    json.insert("quick".into(), json!(args.quick));
-    json.insert(
-        "ping".into(),
-        json!({"rtt_us": r1(b.rtt_us), "start": d0.json(b.rtt_us), "end": d1.json(b.rtt_us), "all": all.json(b.rtt_us)}),
-    );
-    json.insert("seconds".into(), json!(r1(began.elapsed().as_secs_f64())));
-    json.extend(std::mem::take(&mut b.json));
-    if let Some(dir) = args.out.parent() {
-        let _ = std::fs::create_dir_all(dir);
+    machine.loadavg_end = loadavg();
+    let head = report::head(&machine, &pings);
+    ResultsFile {
+        machine: &machine,
+        quick: args.quick,
+        ping: pings.row(b.rtt_us),
+        seconds: r1(began.elapsed().as_secs_f64()),
+        results: &b.results,
     }
-    let text = serde_json::to_string_pretty(&Json::Object(json)).expect("json");
-    std::fs::write(&args.out, text + "\n")
-        .unwrap_or_else(|e| panic!("writing {}: {e}", args.out.display()));
+    .write(&args.out);
     println!("{head}");
     if args.quick {
         println!("**Quick run** (what CI checks): tiny samples, the figures mean nothing.\n");

@@ -1,11 +1,50 @@
 //! Uncontended and re-entrant cost, one thread, each iteration next to a PING.
 
-use serde_json::{json, Value as Json};
+use std::collections::BTreeMap;
+
+use serde::Serialize;
 
 use crate::bench::{connect, time_ns, Bench};
 use crate::locks::{mono_ns, Lib, Locker};
 use crate::redis_cost::{background_switches, cost, cost_cells, snapshot, Cost, COST_HEADER};
-use crate::stats::{dist, r1, r2, Dist};
+use crate::stats::{dist, r1, r2, Dist, DistRow};
+
+/// A row of the results file's `micro`: one figure of one lock.
+#[derive(Serialize)]
+pub struct MicroRow {
+    pub figure: &'static str,
+    pub lock: &'static str,
+    pub rtt_us: f64,
+    #[serde(flatten)]
+    pub dist: DistRow,
+    /// the figure's criterion benchmark, when it has one and criterion's results were found
+    #[serde(flatten)]
+    pub criterion: Option<CriterionMedian>,
+    /// Redis's cost per op, on the rows of a whole acquire + release
+    #[serde(flatten)]
+    pub cost: Option<MicroCost>,
+}
+
+/// The median of a criterion benchmark, next to criterion's PING.
+#[derive(Serialize)]
+pub struct CriterionMedian {
+    pub criterion_median_us: f64,
+    pub criterion_ping_us: f64,
+    pub criterion_median_rtt: f64,
+}
+
+/// What one op cost Redis, less the PING of its iteration.
+#[derive(Serialize)]
+pub struct MicroCost {
+    pub round_trips: f64,
+    pub redis_cmds: f64,
+    pub server_us: f64,
+    pub redis_cpu_us: f64,
+    pub cmds_by_command: BTreeMap<String, f64>,
+    /// fairlock only
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watchdog_janitor_switches: Option<[f64; 2]>,
+}
 
 /// Figures 1 and 2: uncontended and re-entrant cost, for fairlock and the peers. Each iteration
 /// sends one PING first, so every row has the round trip of the very same moments.
@@ -189,29 +228,28 @@ pub fn micro(b: &mut Bench) {
                 .filter(|_| r.lock == "fairlock")
                 .map_or("".into(), |w| format!("{:.2} + {:.2}", w[0], w[1])),
         ));
-        let mut j = r.d.json(r.rtt);
-        j["figure"] = json!(r.figure);
-        j["lock"] = json!(r.lock);
-        j["rtt_us"] = json!(r1(r.rtt));
-        if let Some((op, ping)) = crit {
-            j["criterion_median_us"] = json!(r1(op));
-            j["criterion_ping_us"] = json!(r1(ping));
-            j["criterion_median_rtt"] = json!(r2(op / ping));
-        }
-        if let Some(c) = c {
-            j["round_trips"] = json!(c.round_trips);
-            j["redis_cmds"] = json!(c.all);
-            j["server_us"] = json!(c.server_us);
-            j["redis_cpu_us"] = json!(c.redis_cpu_us);
-            j["cmds_by_command"] = json!(c.by_command);
-            if r.lock == "fairlock" {
-                j["watchdog_janitor_switches"] = json!(c.bg_wakes);
-            }
-        }
-        out.push(j);
+        out.push(MicroRow {
+            figure: r.figure,
+            lock: r.lock,
+            rtt_us: r1(r.rtt),
+            dist: r.d.row(r.rtt),
+            criterion: crit.map(|(op, ping)| CriterionMedian {
+                criterion_median_us: r1(op),
+                criterion_ping_us: r1(ping),
+                criterion_median_rtt: r2(op / ping),
+            }),
+            cost: c.map(|c| MicroCost {
+                round_trips: c.round_trips,
+                redis_cmds: c.all,
+                server_us: c.server_us,
+                redis_cpu_us: c.redis_cpu_us,
+                cmds_by_command: c.by_command.clone(),
+                watchdog_janitor_switches: c.bg_wakes.filter(|_| r.lock == "fairlock"),
+            }),
+        });
     }
     b.md.push(String::new());
     b.md.push(format!("Redis CPU per acquisition: the redis-server process's CPU time (`INFO cpu`) over the loop, less {ping_cpu:.1} µs per iteration for its PING (the same loop with PINGs only).\n"));
-    b.json.insert("micro".into(), Json::Array(out));
-    b.json.insert("micro_ping_cpu_us".into(), json!(ping_cpu));
+    b.results.micro = Some(out);
+    b.results.micro_ping_cpu_us = Some(ping_cpu);
 }

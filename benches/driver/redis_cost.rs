@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde_json::{json, Value as Json};
+use serde::Serialize;
 
 use crate::stats::{r1, r2};
 
@@ -152,7 +152,6 @@ pub fn cost(
 /// The cost columns of the micro table, and of the multi-worker tables (the same, per
 /// acquisition).
 pub const COST_HEADER: &str = "round trips | Redis cmds | server µs | Redis CPU µs / acq";
-
 pub const COST_HEADER_PER_ACQ: &str =
     "round trips / acq | Redis cmds / acq | server µs / acq | Redis CPU µs / acq";
 
@@ -166,14 +165,29 @@ pub fn cost_cells(c: Option<&Cost>) -> String {
     })
 }
 
-/// A multi-worker run's cost figures, added to its JSON row (null when not measured).
-pub fn add_cost_json(row: &mut Json, c: Option<&Cost>) {
-    row["round_trips_per_acq"] = json!(c.map(|c| c.round_trips));
-    row["redis_cmds_per_acq"] = json!(c.map(|c| c.all));
-    row["server_us_per_acq"] = json!(c.map(|c| c.server_us));
-    row["redis_cpu_us_per_acq"] = json!(c.map(|c| c.redis_cpu_us));
-    row["cmds_per_acq_by_command"] = json!(c.map(|c| &c.by_command));
-    row["background_wakeups_per_acq"] = json!(c.and_then(|c| c.bg_wakes));
+/// A multi-worker run's cost figures as its row in the results file gives them (null when
+/// not measured).
+#[derive(Serialize)]
+pub struct CostPerAcq {
+    pub round_trips_per_acq: Option<f64>,
+    pub redis_cmds_per_acq: Option<f64>,
+    pub server_us_per_acq: Option<f64>,
+    pub redis_cpu_us_per_acq: Option<f64>,
+    pub cmds_per_acq_by_command: Option<BTreeMap<String, f64>>,
+    pub background_wakeups_per_acq: Option<[f64; 2]>,
+}
+
+impl CostPerAcq {
+    pub fn of(c: Option<&Cost>) -> CostPerAcq {
+        CostPerAcq {
+            round_trips_per_acq: c.map(|c| c.round_trips),
+            redis_cmds_per_acq: c.map(|c| c.all),
+            server_us_per_acq: c.map(|c| c.server_us),
+            redis_cpu_us_per_acq: c.map(|c| c.redis_cpu_us),
+            cmds_per_acq_by_command: c.map(|c| c.by_command.clone()),
+            background_wakeups_per_acq: c.and_then(|c| c.bg_wakes),
+        }
+    }
 }
 
 /// Context switches of this process's fairlock background threads (watchdog, janitor): each

@@ -1,12 +1,27 @@
 //! Scaling: hand-off and cost per acquisition with more and more threads waiting on one lock.
 
-use serde_json::{json, Value as Json};
+use serde::Serialize;
 
 use crate::bench::Bench;
 use crate::locks::{mono_ns, Lib};
-use crate::redis_cost::{add_cost_json, cost_cells, COST_HEADER_PER_ACQ};
-use crate::stats::{dist, handoffs, r1};
+use crate::redis_cost::{cost_cells, CostPerAcq, COST_HEADER_PER_ACQ};
+use crate::stats::{dist, handoffs, r1, DistRow};
 use crate::{MS, SEC};
+
+/// A row of the results file's `scaling`: one number of waiters.
+#[derive(Serialize)]
+pub struct ScalingRow {
+    pub waiters: u32,
+    pub threads: u32,
+    pub hold_ms: f64,
+    pub acquisitions: usize,
+    pub overlaps: usize,
+    pub rtt_us: f64,
+    pub handoff: DistRow,
+    pub errors: Vec<String>,
+    #[serde(flatten)]
+    pub cost: CostPerAcq,
+}
 
 /// Figure 5: hand-off and commands per acquisition with 1..256 threads waiting on one lock.
 pub fn scaling(b: &mut Bench) {
@@ -46,19 +61,18 @@ pub fn scaling(b: &mut Bench) {
                 .and_then(|c| c.bg_wakes)
                 .map_or("-".into(), |w| format!("{:.2} + {:.2}", w[0], w[1])),
         ));
-        let mut row = json!({
-            "waiters": n,
-            "threads": n + 1,
-            "hold_ms": spec.hold_us as f64 / 1000.0,
-            "acquisitions": acqs,
-            "overlaps": overlaps,
-            "rtt_us": r1(b.rtt_us),
-            "handoff": h.json(b.rtt_us),
-            "errors": o.errors,
+        out.push(ScalingRow {
+            waiters: n,
+            threads: n + 1,
+            hold_ms: spec.hold_us as f64 / 1000.0,
+            acquisitions: acqs,
+            overlaps,
+            rtt_us: r1(b.rtt_us),
+            handoff: h.row(b.rtt_us),
+            cost: CostPerAcq::of(o.cost.as_ref()),
+            errors: o.errors,
         });
-        add_cost_json(&mut row, o.cost.as_ref());
-        out.push(row);
     }
     b.md.push(String::new());
-    b.json.insert("scaling".into(), Json::Array(out));
+    b.results.scaling = Some(out);
 }

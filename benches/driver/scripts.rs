@@ -1,6 +1,8 @@
 //! Redis calls per acquisition by script, fairlock under `MONITOR`.
 
-use serde_json::{json, Value as Json};
+use std::collections::BTreeMap;
+
+use serde::Serialize;
 
 use crate::bench::{connect, Bench};
 use crate::locks::{mono_ns, Lib};
@@ -8,6 +10,28 @@ use crate::monitor::{lock_traffic, Monitor, Seen};
 use crate::stats::{r2, r4};
 use crate::workers::run;
 use crate::{MS, SEC};
+
+/// An entry of the results file's `scripts`: the calls of one scenario.
+#[derive(Serialize)]
+pub struct ScriptsTable {
+    pub scenario: &'static str,
+    pub acquisitions: u64,
+    pub calls_per_acq: f64,
+    pub calls: Vec<CallRow>,
+    pub errors: Vec<String>,
+}
+
+/// One client command of a scenario, per acquisition.
+#[derive(Serialize)]
+pub struct CallRow {
+    pub call: String,
+    pub runs_per_acq: f64,
+    /// scripts only
+    pub calls_inside_per_run: Option<f64>,
+    pub calls_per_acq: f64,
+    /// the commands its script ran
+    pub inside_per_acq: BTreeMap<String, f64>,
+}
 
 /// One client command's share of a lock's traffic: how often it ran and what it ran inside.
 struct CallTally {
@@ -60,8 +84,14 @@ fn rare_aware(v: f64) -> String {
     }
 }
 
-/// The per-script table of one scenario, and its JSON.
-fn calls_table(b: &mut Bench, scenario: &str, acquisitions: u64, seen: &[Seen]) -> Json {
+/// The per-script table of one scenario, and its entry in the results file.
+fn calls_table(
+    b: &mut Bench,
+    scenario: &'static str,
+    acquisitions: u64,
+    seen: &[Seen],
+    errors: Vec<String>,
+) -> ScriptsTable {
     let a = acquisitions.max(1) as f64;
     b.md.push(format!(
         "#### {scenario}: {acquisitions} acquisitions, {} commands seen\n",
@@ -91,30 +121,30 @@ fn calls_table(b: &mut Bench, scenario: &str, acquisitions: u64, seen: &[Seen]) 
                 by_name.join(", ")
             },
         ));
-        let inner: serde_json::Map<String, Json> = t
-            .inner
-            .iter()
-            .map(|(c, n)| (c.clone(), json!(r4(*n as f64 / a))))
-            .collect();
-        rows.push(json!({
-            "call": t.call,
-            "runs_per_acq": r4(t.runs as f64 / a),
-            "calls_inside_per_run": per_run.map(r2),
-            "calls_per_acq": r4((t.runs + inside) as f64 / a),
-            "inside_per_acq": inner,
-        }));
+        rows.push(CallRow {
+            runs_per_acq: r4(t.runs as f64 / a),
+            calls_inside_per_run: per_run.map(r2),
+            calls_per_acq: r4((t.runs + inside) as f64 / a),
+            inside_per_acq: t
+                .inner
+                .iter()
+                .map(|(c, n)| (c.clone(), r4(*n as f64 / a)))
+                .collect(),
+            call: t.call,
+        });
     }
     let total = seen.len() as f64 / a;
     b.md.push(format!(
         "| **calls per acquisition (EVALSHA and BLPOP included)** | | | **{total:.2}** | |"
     ));
     b.md.push(String::new());
-    json!({
-        "scenario": scenario,
-        "acquisitions": acquisitions,
-        "calls_per_acq": r2(total),
-        "calls": rows,
-    })
+    ScriptsTable {
+        scenario,
+        acquisitions,
+        calls_per_acq: r2(total),
+        calls: rows,
+        errors,
+    }
 }
 
 /// Run `body` on a fresh lock under MONITOR; `body` gets the lock's name and returns the
@@ -122,16 +152,14 @@ fn calls_table(b: &mut Bench, scenario: &str, acquisitions: u64, seen: &[Seen]) 
 fn scripts_scenario(
     b: &mut Bench,
     what: &str,
-    scenario: &str,
+    scenario: &'static str,
     body: impl FnOnce(&str) -> (u64, Vec<String>),
-) -> Json {
+) -> ScriptsTable {
     let name = b.name(what);
     let monitor = Monitor::start(&b.url, lock_traffic(&name));
     let (acquisitions, errors) = body(&name);
     let seen = monitor.finish();
-    let mut j = calls_table(b, scenario, acquisitions, &seen);
-    j["errors"] = json!(errors);
-    j
+    calls_table(b, scenario, acquisitions, &seen, errors)
 }
 
 /// Redis calls per acquisition, per script: fairlock under `MONITOR`, which shows every command
@@ -193,5 +221,5 @@ pub fn scripts(b: &mut Bench) {
             (grants, o.errors)
         },
     ));
-    b.json.insert("scripts".into(), Json::Array(out));
+    b.results.scripts = Some(out);
 }

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde_json::{json, Value as Json};
+use serde::Serialize;
 
 use crate::workers::Rec;
 
@@ -16,6 +16,7 @@ fn pct(sorted: &[u64], p: f64) -> u64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// A distribution of samples, in µs.
 #[derive(Clone, Copy, Default)]
 pub struct Dist {
     pub n: usize,
@@ -42,13 +43,31 @@ pub fn dist(mut ns: Vec<u64>) -> Dist {
     }
 }
 
+/// A distribution as the results file gives it: µs to 0.1, and divided by the RTT to 0.01.
+#[derive(Clone, Copy, Serialize)]
+pub struct DistRow {
+    pub n: usize,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    pub mean_us: f64,
+    pub p50_rtt: f64,
+    pub p99_rtt: f64,
+    pub max_rtt: f64,
+}
+
 impl Dist {
-    pub fn json(&self, rtt: f64) -> Json {
-        json!({
-            "n": self.n, "p50_us": r1(self.p50), "p99_us": r1(self.p99), "max_us": r1(self.max),
-            "mean_us": r1(self.mean), "p50_rtt": r2(self.p50 / rtt), "p99_rtt": r2(self.p99 / rtt),
-            "max_rtt": r2(self.max / rtt),
-        })
+    pub fn row(&self, rtt: f64) -> DistRow {
+        DistRow {
+            n: self.n,
+            p50_us: r1(self.p50),
+            p99_us: r1(self.p99),
+            max_us: r1(self.max),
+            mean_us: r1(self.mean),
+            p50_rtt: r2(self.p50 / rtt),
+            p99_rtt: r2(self.p99 / rtt),
+            max_rtt: r2(self.max / rtt),
+        }
     }
 }
 

@@ -1,13 +1,43 @@
 //! Contended throughput with fairness, per lock, layout and hold.
 
-use serde_json::{json, Value as Json};
+use serde::Serialize;
 
 use crate::bench::Bench;
 use crate::locks::mono_ns;
-use crate::redis_cost::{add_cost_json, cost_cells, COST_HEADER_PER_ACQ};
-use crate::stats::{dist, handoffs, jain, overtakes, r1, r2, r4};
+use crate::redis_cost::{cost_cells, CostPerAcq, COST_HEADER_PER_ACQ};
+use crate::stats::{dist, handoffs, jain, overtakes, r1, r2, r4, DistRow};
 use crate::workers::{cleanup, Outcome, Rec, Spec};
 use crate::{MS, SEC};
+
+/// A row of the results file's `throughput`: one lock, layout and hold.
+#[derive(Serialize)]
+pub struct ThroughputRow {
+    pub lock: &'static str,
+    pub processes: u32,
+    pub threads_per_process: u32,
+    pub workers: u32,
+    pub hold_ms: f64,
+    pub seconds: f64,
+    pub acquisitions: usize,
+    pub acq_per_s: f64,
+    /// the counter the workers incremented under the lock, read at the end
+    pub counter: Option<i64>,
+    /// it equals the grants
+    pub counter_ok: bool,
+    pub overlaps: usize,
+    pub per_worker: Vec<u64>,
+    pub jain: f64,
+    pub overtakes: usize,
+    pub overtake_pct: f64,
+    pub abandoned_waits: usize,
+    pub rtt_us: f64,
+    pub wait: DistRow,
+    pub max_over_median_wait: f64,
+    pub handoff: DistRow,
+    pub errors: Vec<String>,
+    #[serde(flatten)]
+    pub cost: CostPerAcq,
+}
 
 /// Figure 4: contended throughput with fairness, per lock, layout and hold.
 pub fn throughput(b: &mut Bench) {
@@ -29,14 +59,14 @@ pub fn throughput(b: &mut Bench) {
                 let spec = b.timed_spec(lib, &format!("tp{i}"), true, hold, start, dur);
                 let window = (start + dur / 4, start + dur * 9 / 10);
                 let o = b.run_timed(&spec, procs, threads, Some(window));
-                out.push(throughput_row(b, &spec, procs, threads, &o, dur));
+                out.push(throughput_row(b, &spec, procs, threads, o, dur));
                 cleanup(&b.url, &spec);
             }
         }
     }
     b.md.push(String::new());
     b.md.push("Redis cmds / acq leave out the benchmark's own GET and SET of the counter; Redis CPU µs / acq cannot and includes them (two round trips per acquisition, for every lock).\n".into());
-    b.json.insert("throughput".into(), Json::Array(out));
+    b.results.throughput = Some(out);
 }
 
 fn throughput_row(
@@ -44,9 +74,9 @@ fn throughput_row(
     spec: &Spec,
     procs: u32,
     threads: u32,
-    o: &Outcome,
+    o: Outcome,
     dur: u64,
-) -> Json {
+) -> ThroughputRow {
     let granted: Vec<&Rec> = o.recs.iter().filter(|r| r.got > 0).collect();
     let in_time = granted
         .iter()
@@ -100,29 +130,28 @@ fn throughput_row(
         if h.n > 0 { b.ratio(h.p50) } else { "-".into() },
         cost_cells(o.cost.as_ref()),
     ));
-    let mut row = json!({
-        "lock": spec.lib.name(),
-        "processes": procs,
-        "threads_per_process": threads,
-        "workers": o.workers,
-        "hold_ms": spec.hold_us as f64 / 1000.0,
-        "seconds": dur as f64 / SEC as f64,
-        "acquisitions": granted.len(),
-        "acq_per_s": r1(rate),
-        "counter": o.counter,
-        "counter_ok": counter_ok,
-        "overlaps": overlaps,
-        "per_worker": counts,
-        "jain": r4(fair),
-        "overtakes": over,
-        "overtake_pct": r2(100.0 * over as f64 / granted.len().max(1) as f64),
-        "abandoned_waits": abandoned,
-        "rtt_us": r1(b.rtt_us),
-        "wait": w.json(b.rtt_us),
-        "max_over_median_wait": r2(if w.p50 > 0.0 { w.max / w.p50 } else { 0.0 }),
-        "handoff": h.json(b.rtt_us),
-        "errors": o.errors,
-    });
-    add_cost_json(&mut row, o.cost.as_ref());
-    row
+    ThroughputRow {
+        lock: spec.lib.name(),
+        processes: procs,
+        threads_per_process: threads,
+        workers: o.workers,
+        hold_ms: spec.hold_us as f64 / 1000.0,
+        seconds: dur as f64 / SEC as f64,
+        acquisitions: granted.len(),
+        acq_per_s: r1(rate),
+        counter: o.counter,
+        counter_ok,
+        overlaps,
+        per_worker: counts,
+        jain: r4(fair),
+        overtakes: over,
+        overtake_pct: r2(100.0 * over as f64 / granted.len().max(1) as f64),
+        abandoned_waits: abandoned,
+        rtt_us: r1(b.rtt_us),
+        wait: w.row(b.rtt_us),
+        max_over_median_wait: r2(if w.p50 > 0.0 { w.max / w.p50 } else { 0.0 }),
+        handoff: h.row(b.rtt_us),
+        cost: CostPerAcq::of(o.cost.as_ref()),
+        errors: o.errors,
+    }
 }
