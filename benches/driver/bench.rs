@@ -9,27 +9,33 @@ use crate::sizes::Sizes;
 use crate::stats::dist;
 use crate::workers::{run, Outcome, Spec};
 
+/// A connection to the benchmark's Redis; panics when there is none.
 pub fn connect(url: &str) -> redis::Connection {
     redis::Client::open(url)
         .and_then(|c| c.get_connection())
         .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
 }
 
+/// The run in progress, handed to each scenario in turn.
 pub struct Bench {
     pub url: String,
     /// a connection for the PING bursts around each run
     pub ping: redis::Connection,
     pub sizes: Sizes,
+    /// makes this run's key names unique: process id and clock
     pub run_id: String,
+    /// the PING p50 last measured, in µs, which the multi-worker figures are divided by
     pub rtt_us: f64,
     /// the sections of the results file
     pub results: Results,
     /// the Markdown report, line by line
     pub md: Vec<String>,
+    /// criterion's output directory (`--criterion`)
     pub criterion: Option<std::path::PathBuf>,
 }
 
 impl Bench {
+    /// The name of this run's lock or key `what`.
     pub fn name(&self, what: &str) -> String {
         format!("bench-{}-{what}", self.run_id)
     }
@@ -63,6 +69,7 @@ impl Bench {
         }
     }
 
+    /// `us` divided by the RTT, as the tables show it.
     pub fn ratio(&self, us: f64) -> String {
         format!("{:.2}", us / self.rtt_us)
     }
@@ -107,12 +114,14 @@ struct Estimate {
     point_estimate: f64,
 }
 
+/// How long `f` took, ns.
 pub fn time_ns(mut f: impl FnMut()) -> u64 {
     let t = mono_ns();
     f();
     mono_ns() - t
 }
 
+/// `n` PING round trips, ns each.
 pub fn ping_samples(conn: &mut redis::Connection, n: usize) -> Vec<u64> {
     (0..n)
         .map(|_| {

@@ -1,7 +1,7 @@
-//! The benchmark driver: uncontended and re-entrant cost, hand-off latency,
-//! contended throughput with fairness, and scaling with waiters, for fairlock and its two peers
-//! (see `benches/locks/mod.rs`), every figure next to the PING round trip (RTT) measured in the same run;
-//! what each acquisition costs Redis in calls and CPU time, and for fairlock the calls per
+//! The benchmark driver: uncontended and re-entrant cost, hand-off latency, contended
+//! throughput with fairness, and scaling with waiters, for fairlock and its two peers (see
+//! `benches/locks/mod.rs`), every figure next to the PING round trip (RTT) measured in the same
+//! run; what each acquisition costs Redis in calls and CPU time, and for fairlock the calls per
 //! script (section "scripts").
 //!
 //! `scripts/bench.sh` builds and runs it against a throwaway redis-server whose URL it passes in
@@ -11,6 +11,13 @@
 //! --secs 2`.
 //! It writes a JSON file and prints Markdown tables. Multi-process scenarios re-invoke this
 //! binary as `--child k=v ...`.
+//!
+//! The modules: `args` (the command line) and `sizes` (how much to run); `workers` (the worker
+//! loop, child processes, `run`), `stats` (distributions, fairness, hand-offs, overtakes),
+//! `redis_cost` (Redis's calls and CPU per acquisition) and `monitor` (following `MONITOR`);
+//! `bench` (the state the scenarios share); one module per scenario (`micro`, `handoff`,
+//! `throughput`, `fifo`, `scaling`, `scripts`), each with its table and its rows of the results
+//! file; `targets`; `report` (the results file and the head of the Markdown).
 //!
 //! How the figures are taken (all times from CLOCK_MONOTONIC, shared by the processes):
 //! - every acquisition is a record: worker, `req` (acquire called), `got` (acquire returned),
@@ -59,6 +66,7 @@ use report::{loadavg, machine, Pings, Results, ResultsFile};
 use stats::{dist, r1};
 use workers::child_main;
 
+/// Nanoseconds in a millisecond and in a second (`locks::mono_ns` counts nanoseconds).
 pub const MS: u64 = 1_000_000;
 pub const SEC: u64 = 1_000_000_000;
 
@@ -74,7 +82,7 @@ fn main() {
     };
     let began = Instant::now();
     let mut conn = connect(&url);
-    let machine = machine(&mut conn);
+    let mut machine = machine(&mut conn);
     let sizes = args.sizes();
     let ping_start = ping_samples(&mut conn, sizes.ping);
     let mut b = Bench {
@@ -116,7 +124,6 @@ fn main() {
     };
     targets::targets(&mut b);
 
-    let mut machine = machine;
     machine.loadavg_end = loadavg();
     let head = report::head(&machine, &pings);
     ResultsFile {

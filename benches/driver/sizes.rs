@@ -1,9 +1,9 @@
-//! How much of everything to run: the full tables, or the quick run CI makes.
+//! The sizes of a run: samples, seconds, layouts and holds of each scenario.
 
 use crate::locks::Lib;
 use crate::SEC;
 
-/// How much of everything to run: the full table, or the CI smoke run.
+/// How much of everything to run: the full tables, or the quick run CI makes.
 pub struct Sizes {
     pub libs: Vec<Lib>,
     pub ping: usize,
