@@ -1,6 +1,5 @@
 //! [`FairLock`]: the handle users take, try and inspect a lock through.
 //!
-//!
 //! An acquisition that has to wait is an `Attempt` (see `attempt.rs`, which tells the whole
 //! wake-up path).
 
