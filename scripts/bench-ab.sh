@@ -8,6 +8,8 @@
 # ROUNDS defaults to 2; SECTIONS to handoff,scaling (the driver's --only list). Prints each
 # round's Markdown tables; the figures move with the machine's load, so compare rows of the
 # same round. Example: scripts/bench-ab.sh dc1aca5 HEAD
+# The worktrees stay, so a second run builds nothing new; remove them with
+# `rm -rf target/bench-ab && git worktree prune`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
