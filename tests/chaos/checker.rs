@@ -195,10 +195,116 @@ pub struct Params {
 }
 
 pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) -> Report {
-    let mut violations: Vec<(String, String)> = Vec::new();
-    let mut explained = Counts::default();
+    let mut found = Findings::default();
 
-    // ---- faults and phases (from the parent's history) ----
+    let run = read_parent(&files);
+    let faults = &run.faults;
+    let stats = fault_stats(faults);
+    check_clock_steps(stats.largest_forward_step_ms, p, &mut found);
+    let kill_time = kill_times(faults);
+
+    let WorkerLog {
+        mut attempts,
+        errors,
+        fences,
+        counts,
+    } = read_attempts(&files);
+    end_killed_holds(&mut attempts, &kill_time);
+    date_fifo_reqs(&mut attempts);
+    let forced_by = mark_force_unlocks(faults, &mut attempts, &mut found);
+
+    check_expired_grants(&attempts, &files, &mut found);
+    let by_lock = group_by_lock(&attempts);
+    let mut marks = OverlapMarks::default();
+    for (lock, list) in &by_lock {
+        let holds = holds_in_order(list);
+        check_overlaps(lock, &holds, faults, &files, &mut marks, &mut found);
+        check_token_order(lock, &holds, faults, &files, &mut found);
+        check_counter_chain(lock, &holds, faults, &files, &marks.in_overlap, &mut found);
+        check_fifo(lock, list, faults, &errors, &files, &mut found);
+    }
+    let forced_holds = check_force_unlocks(&forced_by, &attempts, faults, &files, &mut found);
+    check_lost_holds(&attempts, faults, &files, &mut found);
+    let epochs_per_lock = check_fenced_resource(&fences, faults, &files, &mut found);
+    let worst_quiet_wait =
+        check_liveness(&attempts, &run.phases, &kill_time, p, &files, &mut found);
+    let recoveries = check_recovery(faults, &by_lock, p, &files, &mut found);
+    check_end_state(end, &mut found);
+
+    let measures = Measures {
+        duration_ns: run.last_t.saturating_sub(run.first_t),
+        counts,
+        torn,
+        forced_holds,
+        holds_cut_by_force: marks.cut_by_force.len(),
+        recoveries,
+        worst_quiet_wait,
+        epochs_per_lock,
+    };
+    assemble_report(p, &stats, measures, found)
+}
+
+/// The violations found, and the breaks a fault or a rule explained instead (counted by kind).
+#[derive(Default)]
+struct Findings {
+    violations: Vec<(String, String)>,
+    explained: Counts,
+}
+
+impl Findings {
+    fn violation(&mut self, kind: &str, message: String) {
+        self.violations.push((kind.into(), message));
+    }
+}
+
+/// A hold, named by its owner and the time of its ACQ.
+type HoldKey = (u32, String, u64);
+
+impl Attempt {
+    /// A call of `lock()` at the REQ event `e`, nothing known yet of what followed.
+    fn new(e: &Event, lock: &str) -> Attempt {
+        Attempt {
+            pid: e.pid,
+            thread: e.thread.clone(),
+            lock: lock.to_string(),
+            req: e.t,
+            acq: None,
+            token: 0,
+            lease_left_us: None,
+            err: None,
+            end: None,
+            gone_for_sure: false,
+            rel_lost: false,
+            lost_on_server: false,
+            rel_ok: false,
+            rel_done: None,
+            forced: None,
+            fifo_req: e.t,
+            cs: None,
+        }
+    }
+    fn hold_key(&self) -> HoldKey {
+        (self.pid, self.thread.clone(), self.acq.unwrap())
+    }
+    fn same_thread(&self, other: &Attempt) -> bool {
+        self.pid == other.pid && self.thread == other.thread
+    }
+}
+
+// ---- reading the histories ----
+
+/// The parent's record of the run: the faults (start to end), when each phase began, and the
+/// time span of all events.
+struct ParentLog {
+    faults: Vec<Fault>,
+    phases: HashMap<String, u64>,
+    first_t: u64,
+    last_t: u64,
+}
+
+/// Pairs fault starts with their ends (a fault never ended stays open until the last event),
+/// sorted by start; the phases the parent announced.
+fn read_parent(files: &[Vec<Event>]) -> ParentLog {
     let mut starts: HashMap<u64, (FaultKind, u64, Option<u32>, String)> = HashMap::new();
     let mut faults: Vec<Fault> = Vec::new();
     let mut phases: HashMap<String, u64> = HashMap::new();
@@ -246,41 +352,63 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
         });
     }
     faults.sort_by_key(|f| f.start);
-    let kill_time: HashMap<u32, u64> = faults
+    ParentLog {
+        faults,
+        phases,
+        first_t,
+        last_t,
+    }
+}
+
+/// When each SIGKILLed process was killed.
+fn kill_times(faults: &[Fault]) -> HashMap<u32, u64> {
+    faults
         .iter()
         .filter(|f| f.kind.is_kill())
         .filter_map(|f| f.target.map(|pid| (pid, f.start)))
-        .collect();
-    let mut fault_counts = Counts::default();
-    let mut fault_details = Counts::default();
+        .collect()
+}
+
+/// What the faults were, for the summary.
+struct FaultStats {
+    counts: Counts,
+    details: Counts,
+    largest_forward_step_ms: i64,
+}
+
+/// Counts the faults by kind and by outcome (late deliveries, force-unlocks, clock steps), and
+/// finds the largest forward clock step.
+fn fault_stats(faults: &[Fault]) -> FaultStats {
+    let mut counts = Counts::default();
+    let mut details = Counts::default();
     let mut largest_forward_step_ms = 0i64;
-    for f in &faults {
-        fault_counts.add(f.kind.name());
+    for f in faults {
+        counts.add(f.kind.name());
         match f.kind {
             FaultKind::LateDelivery => {
                 let script = detail_value(&f.detail, "script").unwrap_or("?");
                 let reply = detail_value(&f.end_detail, "reply").unwrap_or("?");
-                fault_details.add(&format!("late-delivery:{script}"));
-                fault_details.add(&format!("late-delivery:{script}->{reply}"));
+                details.add(&format!("late-delivery:{script}"));
+                details.add(&format!("late-delivery:{script}->{reply}"));
                 if detail_value(&f.end_detail, "delivered") != Some("1") {
-                    fault_details.add("late-delivery:not-delivered");
+                    details.add("late-delivery:not-delivered");
                 }
                 if detail_value(&f.end_detail, "client_closed_after_ms") == Some("never") {
-                    fault_details.add("late-delivery:client-kept-waiting");
+                    details.add("late-delivery:client-kept-waiting");
                 }
             }
             FaultKind::ForceUnlock => {
                 let first = detail_value(&f.end_detail, "first").unwrap_or("?");
-                fault_details.add(&format!("force-unlock:first-{first}"));
+                details.add(&format!("force-unlock:first-{first}"));
                 if f.force_releases() > 0 {
-                    fault_details.add("force-unlock:released");
+                    details.add("force-unlock:released");
                 }
             }
             FaultKind::ClockStep => {
                 let delta: i64 = detail_value(&f.detail, "delta_ms")
                     .and_then(|d| d.parse().ok())
                     .unwrap_or(0);
-                fault_details.add(if delta < 0 {
+                details.add(if delta < 0 {
                     "clock-step:back"
                 } else {
                     "clock-step:forward"
@@ -290,70 +418,55 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
             _ => {}
         }
     }
+    FaultStats {
+        counts,
+        details,
+        largest_forward_step_ms,
+    }
+}
+
+/// `clock_step_too_large`: a forward step beyond what the overlap rules assume (see 1.).
+fn check_clock_steps(largest_forward_step_ms: i64, p: &Params, found: &mut Findings) {
     if largest_forward_step_ms as u64 * MS > p.max_forward_step_ns {
-        violations.push((
-            "clock_step_too_large".into(),
+        found.violation(
+            "clock_step_too_large",
             format!(
                 "the server clock stepped forward by {largest_forward_step_ms} ms, more than the {} ms the checker assumes",
                 p.max_forward_step_ns / MS
             ),
-        ));
+        );
     }
-    // Any fault in [from, to] but `skip`; a clock step counts from a lease before `from` (a
-    // step back lengthens the leases set before it).
-    let any_fault = |from: u64, to: u64, skip: Option<&Fault>| {
-        faults.iter().any(|f| {
-            let from = if f.kind == FaultKind::ClockStep {
-                from.saturating_sub(p.lease_ns)
-            } else {
-                from
-            };
-            f.overlaps(from, to) && skip.is_none_or(|s| !std::ptr::eq(s, f))
-        })
-    };
-    // Faults that disturb the order of the queue (a clock step and a force-unlock must not).
-    let order_fault = |from: u64, to: u64| {
-        faults.iter().any(|f| {
-            f.overlaps(from, to) && !matches!(f.kind, FaultKind::ClockStep | FaultKind::ForceUnlock)
-        })
-    };
-    let volatile_between = |from: u64, to: u64| {
-        faults
-            .iter()
-            .any(|f| f.is_volatile_restart() && f.overlaps(from, to))
-    };
+}
 
-    // ---- attempts, per thread in program order ----
+/// One accepted, rejected or unknown write to the fenced resource:
+/// (t, lock, token, outcome, pid, thread).
+type FenceWrite = (u64, String, u64, Fence, u32, String);
+
+/// What the workers' histories say.
+struct WorkerLog {
+    /// Every `lock()` call, per thread in program order.
+    attempts: Vec<Attempt>,
+    /// When each thread (pid, thread) got an error.
+    errors: HashMap<(u32, String), Vec<u64>>,
+    fences: Vec<FenceWrite>,
+    counts: Counts,
+}
+
+/// Follows each thread through its calls: REQ opens an attempt, ACQ / CS / UNLOCK / REL and a
+/// failed `lock()` fill it in; counts the events for the summary.
+fn read_attempts(files: &[Vec<Event>]) -> WorkerLog {
     let mut attempts: Vec<Attempt> = Vec::new();
     let mut errors: HashMap<(u32, String), Vec<u64>> = HashMap::new();
-    let mut fences: Vec<(u64, String, u64, Fence, u32, String)> = Vec::new();
+    let mut fences: Vec<FenceWrite> = Vec::new();
     let mut counts = Counts::default();
-    for file in &files {
+    for file in files {
         let mut open: HashMap<String, usize> = HashMap::new(); // thread -> attempt index
         for e in file {
             let key = e.thread.clone();
             match &e.kind {
                 Kind::Req { lock } => {
                     counts.add("requests");
-                    attempts.push(Attempt {
-                        pid: e.pid,
-                        thread: e.thread.clone(),
-                        lock: lock.clone(),
-                        req: e.t,
-                        acq: None,
-                        token: 0,
-                        lease_left_us: None,
-                        err: None,
-                        end: None,
-                        gone_for_sure: false,
-                        rel_lost: false,
-                        lost_on_server: false,
-                        rel_ok: false,
-                        rel_done: None,
-                        forced: None,
-                        fifo_req: e.t,
-                        cs: None,
-                    });
+                    attempts.push(Attempt::new(e, lock));
                     open.insert(key, attempts.len() - 1);
                 }
                 Kind::Acq {
@@ -437,13 +550,26 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
             }
         }
     }
-    // holds cut by a SIGKILL end at the kill
-    for a in &mut attempts {
+    WorkerLog {
+        attempts,
+        errors,
+        fences,
+        counts,
+    }
+}
+
+/// Holds cut by a SIGKILL end at the kill (never, if no kill of their process is known).
+fn end_killed_holds(attempts: &mut [Attempt], kill_time: &HashMap<u32, u64>) {
+    for a in attempts {
         if a.acq.is_some() && a.end.is_none() {
             a.end = Some(kill_time.get(&a.pid).copied().unwrap_or(u64::MAX));
         }
     }
-    // a call takes over what a failed call of its thread on the same lock may have been granted
+}
+
+/// A call takes over what a failed call of its thread on the same lock may have been granted:
+/// its place in line for the FIFO check dates from the oldest such call (see 4.).
+fn date_fifo_reqs(attempts: &mut [Attempt]) {
     let mut by_thread_lock: HashMap<(u32, &str, &str), Vec<usize>> = HashMap::new();
     for (i, a) in attempts.iter().enumerate() {
         by_thread_lock
@@ -475,8 +601,16 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
     for (i, t) in fifo_reqs {
         attempts[i].fifo_req = t;
     }
-    // holds named by a force-unlock (by pid, lock and token) that may have released them end
-    // there for mutual exclusion
+}
+
+/// Finds the hold each force-unlock named (by pid, lock and token). One that may have released
+/// it marks the hold `forced` (it ends there for mutual exclusion); returns the force-unlocks
+/// per named hold. `force_released_twice`: more than one call of a force-unlock released.
+fn mark_force_unlocks<'f>(
+    faults: &'f [Fault],
+    attempts: &mut [Attempt],
+    found: &mut Findings,
+) -> HashMap<usize, Vec<&'f Fault>> {
     let mut forced_by: HashMap<usize, Vec<&Fault>> = HashMap::new();
     for f in faults.iter().filter(|f| f.kind == FaultKind::ForceUnlock) {
         let lock = detail_value(&f.detail, "lock");
@@ -485,13 +619,13 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
             continue;
         };
         if f.force_releases() > 1 {
-            violations.push((
-                "force_released_twice".into(),
+            found.violation(
+                "force_released_twice",
                 format!(
                     "force-unlock of lock {lock} owner pid {pid} token {token} at {}: more than one call released ({})",
                     f.start, f.end_detail
                 ),
-            ));
+            );
         }
         if !f.may_have_released() {
             continue;
@@ -505,66 +639,109 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
             forced_by.entry(i).or_default().push(f);
         }
     }
-    let err_in = |pid: u32, thread: &str, from: u64, to: u64| {
-        errors
-            .get(&(pid, thread.to_string()))
-            .is_some_and(|v| v.iter().any(|&t| t >= from && t <= to))
-    };
+    forced_by
+}
 
+/// The attempts of each lock, in the order they were read.
+fn group_by_lock(attempts: &[Attempt]) -> BTreeMap<String, Vec<&Attempt>> {
     let mut by_lock: BTreeMap<String, Vec<&Attempt>> = BTreeMap::new();
-    for a in &attempts {
+    for a in attempts {
         by_lock.entry(a.lock.clone()).or_default().push(a);
     }
-    let stopped_between = |pid: u32, from: u64, to: u64| {
-        faults
-            .iter()
-            .any(|f| f.kind.is_stop() && f.target == Some(pid) && f.overlaps(from, to))
-    };
-    // Why two holds h1 (earlier ACQ) and h2 may both think they hold: None when nothing does.
-    let explain = |h1: &Attempt, h2: &Attempt| -> Option<&'static str> {
-        let a2 = h2.acq.unwrap();
-        if stopped_between(h1.pid, h1.req, a2) || stopped_between(h2.pid, h2.req, a2) {
-            return Some("sigstop");
-        }
-        for f in &faults {
-            if f.overlaps(h1.req.min(h2.req), a2) && f.explains_overlap() {
-                return Some(match f.kind {
-                    FaultKind::RestartVolatile => "restart-volatile",
-                    FaultKind::RestartAof => "restart-aof",
-                    _ => "proxy",
-                });
-            }
-        }
-        None
-    };
+    by_lock
+}
 
-    let excerpt = |lock: &str, from: u64, to: u64| -> String {
-        let mut lines: Vec<&Event> = files
-            .iter()
-            .flatten()
-            .filter(|e| e.t + 5 * MS >= from && e.t <= to + 5 * MS)
-            .filter(|e| e.line.contains(lock) || e.thread == "parent")
-            .collect();
-        lines.sort_by_key(|e| e.t);
-        let total = lines.len();
-        let mut s: Vec<String> = lines
-            .iter()
-            .take(40)
-            .map(|e| format!("    {}", e.line))
-            .collect();
-        if total > 40 {
-            s.push(format!("    ... {} more", total - 40));
-        }
-        s.join("\n")
-    };
+/// The granted attempts of one lock, by ACQ.
+fn holds_in_order<'a>(list: &[&'a Attempt]) -> Vec<&'a Attempt> {
+    let mut holds: Vec<&Attempt> = list.iter().copied().filter(|a| a.acq.is_some()).collect();
+    holds.sort_by_key(|a| a.acq.unwrap());
+    holds
+}
 
-    let mut in_overlap: HashSet<(u32, String, u64)> = HashSet::new();
-    let mut cut_by_force: HashSet<(u32, String, u64)> = HashSet::new();
-    let mut overrun: HashSet<(u32, String, u64)> = HashSet::new();
-    for a in &attempts {
+// ---- which faults explain what ----
+
+/// Any fault in [from, to] but `skip`; a clock step counts from a lease before `from` (a step
+/// back lengthens the leases set before it).
+fn any_fault(faults: &[Fault], lease_ns: u64, from: u64, to: u64, skip: Option<&Fault>) -> bool {
+    faults.iter().any(|f| {
+        let from = if f.kind == FaultKind::ClockStep {
+            from.saturating_sub(lease_ns)
+        } else {
+            from
+        };
+        f.overlaps(from, to) && skip.is_none_or(|s| !std::ptr::eq(s, f))
+    })
+}
+
+/// Faults in [from, to] that disturb the order of the queue (a clock step and a force-unlock
+/// must not).
+fn order_fault(faults: &[Fault], from: u64, to: u64) -> bool {
+    faults.iter().any(|f| {
+        f.overlaps(from, to) && !matches!(f.kind, FaultKind::ClockStep | FaultKind::ForceUnlock)
+    })
+}
+
+/// A restart without persistence in [from, to] (Redis's keys, tokens included, start over).
+fn volatile_between(faults: &[Fault], from: u64, to: u64) -> bool {
+    faults
+        .iter()
+        .any(|f| f.is_volatile_restart() && f.overlaps(from, to))
+}
+
+/// A SIGSTOP of process `pid` in [from, to].
+fn stopped_between(faults: &[Fault], pid: u32, from: u64, to: u64) -> bool {
+    faults
+        .iter()
+        .any(|f| f.kind.is_stop() && f.target == Some(pid) && f.overlaps(from, to))
+}
+
+/// Why two holds h1 (earlier ACQ) and h2 may both think they hold: None when nothing does.
+fn explain(faults: &[Fault], h1: &Attempt, h2: &Attempt) -> Option<&'static str> {
+    let a2 = h2.acq.unwrap();
+    if stopped_between(faults, h1.pid, h1.req, a2) || stopped_between(faults, h2.pid, h2.req, a2) {
+        return Some("sigstop");
+    }
+    for f in faults {
+        if f.overlaps(h1.req.min(h2.req), a2) && f.explains_overlap() {
+            return Some(match f.kind {
+                FaultKind::RestartVolatile => "restart-volatile",
+                FaultKind::RestartAof => "restart-aof",
+                _ => "proxy",
+            });
+        }
+    }
+    None
+}
+
+/// The lines around [from, to] that mention `lock` or come from the parent, for a report.
+fn excerpt(files: &[Vec<Event>], lock: &str, from: u64, to: u64) -> String {
+    let mut lines: Vec<&Event> = files
+        .iter()
+        .flatten()
+        .filter(|e| e.t + 5 * MS >= from && e.t <= to + 5 * MS)
+        .filter(|e| e.line.contains(lock) || e.thread == "parent")
+        .collect();
+    lines.sort_by_key(|e| e.t);
+    let total = lines.len();
+    let mut s: Vec<String> = lines
+        .iter()
+        .take(40)
+        .map(|e| format!("    {}", e.line))
+        .collect();
+    if total > 40 {
+        s.push(format!("    ... {} more", total - 40));
+    }
+    s.join("\n")
+}
+
+// ---- (1) mutual exclusion ----
+
+/// `expired_grant`: a guard whose own estimate of the lease left was 0.
+fn check_expired_grants(attempts: &[Attempt], files: &[Vec<Event>], found: &mut Findings) {
+    for a in attempts {
         if a.lease_left_us == Some(0) {
-            violations.push((
-                "expired_grant".into(),
+            found.violation(
+                "expired_grant",
                 format!(
                     "lock {}: {}/{} got token {} at {} with no lease left by its own estimate\n{}",
                     a.lock,
@@ -572,246 +749,126 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
                     a.thread,
                     a.token,
                     a.acq.unwrap(),
-                    excerpt(&a.lock, a.req, a.acq.unwrap())
+                    excerpt(files, &a.lock, a.req, a.acq.unwrap())
                 ),
-            ));
+            );
         }
     }
-    for (lock, list) in &by_lock {
-        let mut holds: Vec<&Attempt> = list.iter().copied().filter(|a| a.acq.is_some()).collect();
-        holds.sort_by_key(|a| a.acq.unwrap());
+}
 
-        // (1) overlaps; a force-unlocked hold ends at the force-unlock
-        let mut active: Vec<&Attempt> = Vec::new();
-        for &h2 in &holds {
-            let a2 = h2.acq.unwrap();
-            for h in &active {
-                let cut = h.forced.is_some_and(|f| f <= a2);
-                if cut && h.end.unwrap() > a2 && (h.pid, &h.thread) != (h2.pid, &h2.thread) {
-                    cut_by_force.insert((h.pid, h.thread.clone(), h.acq.unwrap()));
-                }
-            }
-            active.retain(|h| h.end.unwrap().min(h.forced.unwrap_or(u64::MAX)) > a2);
-            for &h1 in &active {
-                if h1.pid == h2.pid && h1.thread == h2.thread {
-                    continue;
-                }
-                in_overlap.insert((h1.pid, h1.thread.clone(), h1.acq.unwrap()));
-                in_overlap.insert((h2.pid, h2.thread.clone(), a2));
-                match explain(h1, h2) {
-                    Some(why) => {
-                        // count each hold that another outran once, not every pair
-                        if overrun.insert((h1.pid, h1.thread.clone(), h1.acq.unwrap())) {
-                            explained.add(&format!("holds_overlapped_{why}"));
-                        }
-                    }
-                    None => {
-                        let kind = if h1.rel_lost {
-                            "overlap_lease_lost"
-                        } else {
-                            "overlap"
-                        };
-                        violations.push((
-                            kind.into(),
-                            format!(
-                                "lock {lock}: {}/{} (token {}) held from {} to {}, {}/{} (token {}) acquired at {}\n{}",
-                                h1.pid, h1.thread, h1.token, h1.acq.unwrap(), h1.end.unwrap(),
-                                h2.pid, h2.thread, h2.token, a2,
-                                excerpt(lock, h1.acq.unwrap(), a2)
-                            ),
-                        ));
-                    }
-                }
-            }
-            active.push(h2);
-        }
+/// What the overlap check learned about holds, for the later checks and the summary.
+#[derive(Default)]
+struct OverlapMarks {
+    /// Holds that overlapped another thread's hold (explained or not).
+    in_overlap: HashSet<HoldKey>,
+    /// Holds a force-unlock cut while they still ran, before another thread's ACQ.
+    cut_by_force: HashSet<HoldKey>,
+    /// Holds another thread's explained hold outran (each counted once).
+    overrun: HashSet<HoldKey>,
+}
 
-        // (2) tokens granted in the order of the holds
-        for w in holds.windows(2) {
-            let (h1, h2) = (w[0], w[1]);
-            if h2.token > h1.token || (h1.pid == h2.pid && h1.thread == h2.thread) {
-                continue;
-            }
-            let (a1, a2) = (h1.acq.unwrap(), h2.acq.unwrap());
-            if volatile_between(a1, a2) {
-                explained.add("token_reset_restart_volatile");
-            } else if explain(h1, h2).is_some_and(|w| w != "restart-aof") {
-                explained.add("token_order_fault");
-            } else {
-                violations.push((
-                    "token_order".into(),
-                    format!(
-                        "lock {lock}: token {} acquired at {a1} by {}/{}, then token {} at {a2} by {}/{}\n{}",
-                        h1.token, h1.pid, h1.thread, h2.token, h2.pid, h2.thread,
-                        excerpt(lock, a1, a2)
-                    ),
-                ));
+/// `overlap` / `overlap_lease_lost`: two threads' holds of one lock at once that no fault
+/// explains; a force-unlocked hold ends at the force-unlock.
+fn check_overlaps(
+    lock: &str,
+    holds: &[&Attempt],
+    faults: &[Fault],
+    files: &[Vec<Event>],
+    marks: &mut OverlapMarks,
+    found: &mut Findings,
+) {
+    let mut active: Vec<&Attempt> = Vec::new();
+    for &h2 in holds {
+        let a2 = h2.acq.unwrap();
+        for h in &active {
+            let cut = h.forced.is_some_and(|f| f <= a2);
+            if cut && h.end.unwrap() > a2 && !h.same_thread(h2) {
+                marks.cut_by_force.insert(h.hold_key());
             }
         }
-
-        // (3) the counter chain
-        let mut prev: Option<&Attempt> = None;
-        let mut cut_since_prev = false; // a hold between prev and this one ended without CS
-        for &h in &holds {
-            let Some((t, before, _)) = h.cs else {
-                if prev.is_some() {
-                    cut_since_prev = true;
-                }
+        active.retain(|h| h.end.unwrap().min(h.forced.unwrap_or(u64::MAX)) > a2);
+        for &h1 in &active {
+            if h1.same_thread(h2) {
                 continue;
-            };
-            if let Some(p) = prev {
-                let (pt, pbefore, pafter) = p.cs.unwrap();
-                let chained = match pafter {
-                    Some(a) => before == a,
-                    None => before == pbefore || before == pbefore + 1,
-                };
-                if !chained {
-                    let from = p.acq.unwrap();
-                    let overlapped = in_overlap.contains(&(p.pid, p.thread.clone(), from))
-                        || in_overlap.contains(&(h.pid, h.thread.clone(), h.acq.unwrap()));
-                    if before == 0 && volatile_between(pt, t) {
-                        explained.add("counter_reset_restart_volatile");
-                    } else if overlapped {
-                        explained.add("counter_break_overlap");
-                    } else if p.forced.is_some() || h.forced.is_some() {
-                        explained.add("counter_break_force_unlock");
-                    } else if cut_since_prev {
-                        explained.add("counter_break_cut_hold");
-                    } else if faults
-                        .iter()
-                        .any(|f| (f.explains_overlap() || f.kind.is_stop()) && f.overlaps(from, t))
-                    {
-                        explained.add("counter_break_fault_window");
+            }
+            marks.in_overlap.insert(h1.hold_key());
+            marks.in_overlap.insert(h2.hold_key());
+            match explain(faults, h1, h2) {
+                Some(why) => {
+                    // count each hold that another outran once, not every pair
+                    if marks.overrun.insert(h1.hold_key()) {
+                        found.explained.add(&format!("holds_overlapped_{why}"));
+                    }
+                }
+                None => {
+                    let kind = if h1.rel_lost {
+                        "overlap_lease_lost"
                     } else {
-                        violations.push((
-                            "lost_update".into(),
-                            format!(
-                                "lock {lock}: counter {pbefore}->{pafter:?} by {}/{} at {pt}, then read {before} by {}/{} at {t}\n{}",
-                                p.pid, p.thread, h.pid, h.thread, excerpt(lock, from, t)
-                            ),
-                        ));
-                    }
-                }
-            }
-            prev = Some(h);
-            cut_since_prev = false;
-        }
-
-        // (4) FIFO: sort by REQ, suffix minimum of ACQ finds overtakers fast
-        let mut reqs: Vec<&Attempt> = list
-            .iter()
-            .copied()
-            .filter(|a| a.acq.is_some() && a.err.is_none())
-            .collect();
-        reqs.sort_by_key(|a| a.req);
-        let mut suffix_min = vec![u64::MAX; reqs.len() + 1];
-        for i in (0..reqs.len()).rev() {
-            suffix_min[i] = suffix_min[i + 1].min(reqs[i].acq.unwrap());
-        }
-        for (i, a) in reqs.iter().enumerate() {
-            let a_acq = a.acq.unwrap();
-            let j = reqs
-                .partition_point(|b| b.req <= a.req + FIFO_MARGIN)
-                .max(i + 1);
-            if suffix_min[j] >= a_acq {
-                continue;
-            }
-            if order_fault(a.req, a_acq) || err_in(a.pid, &a.thread, a.req, a_acq) {
-                continue;
-            }
-            for b in &reqs[j..] {
-                if b.req > a_acq {
-                    break;
-                }
-                if b.acq.unwrap() < a_acq
-                    && b.fifo_req > a.req + FIFO_MARGIN
-                    && !err_in(b.pid, &b.thread, a.req, a_acq)
-                {
-                    violations.push((
-                        "fifo".into(),
+                        "overlap"
+                    };
+                    found.violation(
+                        kind,
                         format!(
-                            "lock {lock}: {}/{} asked at {} and got it at {a_acq}; {}/{} asked {:.1} ms later and got it at {}\n{}",
-                            a.pid, a.thread, a.req, b.pid, b.thread,
-                            ms(b.req - a.req), b.acq.unwrap(), excerpt(lock, a.req, a_acq)
+                            "lock {lock}: {}/{} (token {}) held from {} to {}, {}/{} (token {}) acquired at {}\n{}",
+                            h1.pid, h1.thread, h1.token, h1.acq.unwrap(), h1.end.unwrap(),
+                            h2.pid, h2.thread, h2.token, a2,
+                            excerpt(files, lock, h1.acq.unwrap(), a2)
                         ),
-                    ));
-                    break;
+                    );
                 }
             }
         }
+        active.push(h2);
     }
+}
 
-    // (8) force-unlocks: the named hold finds out, the next hold has a greater token
-    let mut forced_holds = 0;
-    for (&i, fs) in &forced_by {
-        let a = &attempts[i];
-        let released = fs.iter().any(|f| f.force_releases() > 0);
-        if !released {
+// ---- (2) tokens ----
+
+/// `token_order`: a later hold of another thread got a token not greater than the one before,
+/// unless a restart without persistence or an overlap fault (not a restart with AOF) explains it.
+fn check_token_order(
+    lock: &str,
+    holds: &[&Attempt],
+    faults: &[Fault],
+    files: &[Vec<Event>],
+    found: &mut Findings,
+) {
+    for w in holds.windows(2) {
+        let (h1, h2) = (w[0], w[1]);
+        if h2.token > h1.token || h1.same_thread(h2) {
             continue;
         }
-        forced_holds += 1;
-        let f = fs.iter().find(|f| f.force_releases() > 0).unwrap();
-        // REL is stamped before the release is sent: one stamped after the force-unlock ended
-        // went out when the hold was gone, and must not come back as a success
-        if a.rel_ok && a.end.is_some_and(|t| t > f.end) {
-            violations.push((
-                "force_unnoticed".into(),
+        let (a1, a2) = (h1.acq.unwrap(), h2.acq.unwrap());
+        if volatile_between(faults, a1, a2) {
+            found.explained.add("token_reset_restart_volatile");
+        } else if explain(faults, h1, h2).is_some_and(|w| w != "restart-aof") {
+            found.explained.add("token_order_fault");
+        } else {
+            found.violation(
+                "token_order",
                 format!(
-                    "lock {}: {}/{} (token {}) was force-unlocked at {} ({}) but released it as its own at {}\n{}",
-                    a.lock, a.pid, a.thread, a.token, f.start, f.end_detail, a.end.unwrap(),
-                    excerpt(&a.lock, a.acq.unwrap(), a.end.unwrap())
+                    "lock {lock}: token {} acquired at {a1} by {}/{}, then token {} at {a2} by {}/{}\n{}",
+                    h1.token, h1.pid, h1.thread, h2.token, h2.pid, h2.thread,
+                    excerpt(files, lock, a1, a2)
                 ),
-            ));
-        }
-        let next = attempts
-            .iter()
-            .filter(|b| b.lock == a.lock && !std::ptr::eq(*b, a))
-            .filter(|b| b.acq.is_some_and(|t| t >= f.start))
-            .min_by_key(|b| b.acq.unwrap());
-        if let Some(b) = next {
-            let (a2, b2) = (f.start, b.acq.unwrap());
-            if b.token <= a.token && !volatile_between(a2, b2) {
-                violations.push((
-                    "force_token_order".into(),
-                    format!(
-                        "lock {}: {}/{} (token {}) force-unlocked at {a2}, next hold {}/{} got token {} at {b2}\n{}",
-                        a.lock, a.pid, a.thread, a.token, b.pid, b.thread, b.token,
-                        excerpt(&a.lock, a2, b2)
-                    ),
-                ));
-            }
+            );
         }
     }
-    // holds lost with no fault that could take them away, nor a force-unlock naming them
-    for a in &attempts {
-        if !a.lost_on_server || a.forced.is_some() {
-            continue;
-        }
-        // until the release returned: a fault that strikes while it is on its way (a restart,
-        // then the library's retry on a new connection finds the lock gone) explains the loss
-        let (from, to) = (a.req, a.rel_done.unwrap_or(a.end.unwrap()));
-        if faults
-            .iter()
-            .any(|f| f.may_lose_hold(a.pid) && f.overlaps(from, to))
-        {
-            explained.add("holds_lost_fault");
-            continue;
-        }
-        violations.push((
-            "hold_lost".into(),
-            format!(
-                "lock {}: {}/{} (token {}, acquired at {}) found its hold gone at {} with no fault that explains it (a force-unlock naming another hold?)\n{}",
-                a.lock, a.pid, a.thread, a.token, a.acq.unwrap(), to,
-                excerpt(&a.lock, a.acq.unwrap().saturating_sub(20 * MS), to)
-            ),
-        ));
-    }
+}
 
-    // (2) the fenced resource, in Redis's order
+/// `stale_token_accepted` / `token_reused` per resource epoch in Redis's order, and
+/// `state_lost` when a lock's resource started over more often than Redis lost its data.
+/// Returns the number of epochs per lock.
+fn check_fenced_resource(
+    fences: &[FenceWrite],
+    faults: &[Fault],
+    files: &[Vec<Event>],
+    found: &mut Findings,
+) -> BTreeMap<String, u64> {
     // (lock, epoch) -> accepted writes as (seq, token, pid, thread, t)
     type Writes = Vec<(u64, u64, u32, String, u64)>;
     let mut epochs: BTreeMap<(String, String), Writes> = BTreeMap::new();
-    for (t, lock, token, outcome, pid, thread) in &fences {
+    for (t, lock, token, outcome, pid, thread) in fences {
         if let Fence::Ok { seq, epoch } = outcome {
             epochs
                 .entry((lock.clone(), epoch.clone()))
@@ -826,81 +883,313 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
         for w in writes.windows(2) {
             let ((_, t1, p1, th1, at1), (_, t2, p2, th2, at2)) = (&w[0], &w[1]);
             if t2 < t1 {
-                violations.push((
-                    "stale_token_accepted".into(),
+                found.violation(
+                    "stale_token_accepted",
                     format!("lock {lock}: resource accepted token {t2} ({p2}/{th2} at {at2}) after token {t1} ({p1}/{th1} at {at1})"),
-                ));
+                );
             } else if t2 == t1 && (p1 != p2 || th1 != th2) {
-                violations.push((
-                    "token_reused".into(),
+                found.violation(
+                    "token_reused",
                     format!("lock {lock}: token {t1} written by {p1}/{th1} at {at1} and by {p2}/{th2} at {at2}\n{}",
-                        excerpt(lock, *at1.min(at2), *at1.max(at2))),
-                ));
+                        excerpt(files, lock, *at1.min(at2), *at1.max(at2))),
+                );
             }
         }
     }
     let volatile_restarts = faults.iter().filter(|f| f.is_volatile_restart()).count() as u64;
     for (lock, n) in &epochs_per_lock {
         if *n > volatile_restarts + 1 {
-            violations.push((
-                "state_lost".into(),
+            found.violation(
+                "state_lost",
                 format!("lock {lock}: the resource started over {} times but Redis restarted without persistence {volatile_restarts} times", n - 1),
-            ));
+            );
         }
     }
+    epochs_per_lock
+}
 
-    // (5) liveness in the quiet phase
+// ---- (3) the counter ----
+
+/// `lost_update`: each hold's read of the counter must be the previous hold's write, unless a
+/// restart without persistence, an overlap, a force-unlock, a hold cut before its section, or
+/// a fault window explains the break.
+fn check_counter_chain(
+    lock: &str,
+    holds: &[&Attempt],
+    faults: &[Fault],
+    files: &[Vec<Event>],
+    in_overlap: &HashSet<HoldKey>,
+    found: &mut Findings,
+) {
+    let mut prev: Option<&Attempt> = None;
+    let mut cut_since_prev = false; // a hold between prev and this one ended without CS
+    for &h in holds {
+        let Some((t, before, _)) = h.cs else {
+            if prev.is_some() {
+                cut_since_prev = true;
+            }
+            continue;
+        };
+        if let Some(p) = prev {
+            let (pt, pbefore, pafter) = p.cs.unwrap();
+            let chained = match pafter {
+                Some(a) => before == a,
+                None => before == pbefore || before == pbefore + 1,
+            };
+            if !chained {
+                let from = p.acq.unwrap();
+                let overlapped =
+                    in_overlap.contains(&p.hold_key()) || in_overlap.contains(&h.hold_key());
+                if before == 0 && volatile_between(faults, pt, t) {
+                    found.explained.add("counter_reset_restart_volatile");
+                } else if overlapped {
+                    found.explained.add("counter_break_overlap");
+                } else if p.forced.is_some() || h.forced.is_some() {
+                    found.explained.add("counter_break_force_unlock");
+                } else if cut_since_prev {
+                    found.explained.add("counter_break_cut_hold");
+                } else if faults
+                    .iter()
+                    .any(|f| (f.explains_overlap() || f.kind.is_stop()) && f.overlaps(from, t))
+                {
+                    found.explained.add("counter_break_fault_window");
+                } else {
+                    found.violation(
+                        "lost_update",
+                        format!(
+                            "lock {lock}: counter {pbefore}->{pafter:?} by {}/{} at {pt}, then read {before} by {}/{} at {t}\n{}",
+                            p.pid, p.thread, h.pid, h.thread, excerpt(files, lock, from, t)
+                        ),
+                    );
+                }
+            }
+        }
+        prev = Some(h);
+        cut_since_prev = false;
+    }
+}
+
+// ---- (4) FIFO ----
+
+/// `fifo`: a waiter overtaken by one that asked more than FIFO_MARGIN later, with no fault that
+/// disturbs the order and no error of either thread while the first waited.
+fn check_fifo(
+    lock: &str,
+    list: &[&Attempt],
+    faults: &[Fault],
+    errors: &HashMap<(u32, String), Vec<u64>>,
+    files: &[Vec<Event>],
+    found: &mut Findings,
+) {
+    let err_in = |pid: u32, thread: &str, from: u64, to: u64| {
+        errors
+            .get(&(pid, thread.to_string()))
+            .is_some_and(|v| v.iter().any(|&t| t >= from && t <= to))
+    };
+    // sort by REQ, suffix minimum of ACQ finds overtakers fast
+    let mut reqs: Vec<&Attempt> = list
+        .iter()
+        .copied()
+        .filter(|a| a.acq.is_some() && a.err.is_none())
+        .collect();
+    reqs.sort_by_key(|a| a.req);
+    let mut suffix_min = vec![u64::MAX; reqs.len() + 1];
+    for i in (0..reqs.len()).rev() {
+        suffix_min[i] = suffix_min[i + 1].min(reqs[i].acq.unwrap());
+    }
+    for (i, a) in reqs.iter().enumerate() {
+        let a_acq = a.acq.unwrap();
+        let j = reqs
+            .partition_point(|b| b.req <= a.req + FIFO_MARGIN)
+            .max(i + 1);
+        if suffix_min[j] >= a_acq {
+            continue;
+        }
+        if order_fault(faults, a.req, a_acq) || err_in(a.pid, &a.thread, a.req, a_acq) {
+            continue;
+        }
+        for b in &reqs[j..] {
+            if b.req > a_acq {
+                break;
+            }
+            if b.acq.unwrap() < a_acq
+                && b.fifo_req > a.req + FIFO_MARGIN
+                && !err_in(b.pid, &b.thread, a.req, a_acq)
+            {
+                found.violation(
+                    "fifo",
+                    format!(
+                        "lock {lock}: {}/{} asked at {} and got it at {a_acq}; {}/{} asked {:.1} ms later and got it at {}\n{}",
+                        a.pid, a.thread, a.req, b.pid, b.thread,
+                        ms(b.req - a.req), b.acq.unwrap(), excerpt(files, lock, a.req, a_acq)
+                    ),
+                );
+                break;
+            }
+        }
+    }
+}
+
+// ---- (8) force-unlocks and lost holds ----
+
+/// For each hold a force-unlock released: `force_unnoticed` when its thread still released it
+/// as its own afterwards, `force_token_order` when the next hold's token is not greater.
+/// Returns how many holds a force-unlock released.
+fn check_force_unlocks(
+    forced_by: &HashMap<usize, Vec<&Fault>>,
+    attempts: &[Attempt],
+    faults: &[Fault],
+    files: &[Vec<Event>],
+    found: &mut Findings,
+) -> usize {
+    let mut forced_holds = 0;
+    for (&i, fs) in forced_by {
+        let a = &attempts[i];
+        let Some(f) = fs.iter().find(|f| f.force_releases() > 0) else {
+            continue;
+        };
+        forced_holds += 1;
+        // REL is stamped before the release is sent: one stamped after the force-unlock ended
+        // went out when the hold was gone, and must not come back as a success
+        if a.rel_ok && a.end.is_some_and(|t| t > f.end) {
+            found.violation(
+                "force_unnoticed",
+                format!(
+                    "lock {}: {}/{} (token {}) was force-unlocked at {} ({}) but released it as its own at {}\n{}",
+                    a.lock, a.pid, a.thread, a.token, f.start, f.end_detail, a.end.unwrap(),
+                    excerpt(files, &a.lock, a.acq.unwrap(), a.end.unwrap())
+                ),
+            );
+        }
+        let next = attempts
+            .iter()
+            .filter(|b| b.lock == a.lock && !std::ptr::eq(*b, a))
+            .filter(|b| b.acq.is_some_and(|t| t >= f.start))
+            .min_by_key(|b| b.acq.unwrap());
+        if let Some(b) = next {
+            let (a2, b2) = (f.start, b.acq.unwrap());
+            if b.token <= a.token && !volatile_between(faults, a2, b2) {
+                found.violation(
+                    "force_token_order",
+                    format!(
+                        "lock {}: {}/{} (token {}) force-unlocked at {a2}, next hold {}/{} got token {} at {b2}\n{}",
+                        a.lock, a.pid, a.thread, a.token, b.pid, b.thread, b.token,
+                        excerpt(files, &a.lock, a2, b2)
+                    ),
+                );
+            }
+        }
+    }
+    forced_holds
+}
+
+/// `hold_lost`: a hold no force-unlock named was lost with no fault in [its REQ, the return of
+/// its release] that could take it away.
+fn check_lost_holds(
+    attempts: &[Attempt],
+    faults: &[Fault],
+    files: &[Vec<Event>],
+    found: &mut Findings,
+) {
+    for a in attempts {
+        if !a.lost_on_server || a.forced.is_some() {
+            continue;
+        }
+        // until the release returned: a fault that strikes while it is on its way (a restart,
+        // then the library's retry on a new connection finds the lock gone) explains the loss
+        let (from, to) = (a.req, a.rel_done.unwrap_or(a.end.unwrap()));
+        if faults
+            .iter()
+            .any(|f| f.may_lose_hold(a.pid) && f.overlaps(from, to))
+        {
+            found.explained.add("holds_lost_fault");
+            continue;
+        }
+        found.violation(
+            "hold_lost",
+            format!(
+                "lock {}: {}/{} (token {}, acquired at {}) found its hold gone at {} with no fault that explains it (a force-unlock naming another hold?)\n{}",
+                a.lock, a.pid, a.thread, a.token, a.acq.unwrap(), to,
+                excerpt(files, &a.lock, a.acq.unwrap().saturating_sub(20 * MS), to)
+            ),
+        );
+    }
+}
+
+// ---- (5) liveness and recovery ----
+
+/// `liveness`: in the quiet phase, an error or a wait longer than lease + 3 s (a waiter the
+/// harness killed excepted). Returns the longest wait seen in the quiet phase.
+fn check_liveness(
+    attempts: &[Attempt],
+    phases: &HashMap<String, u64>,
+    kill_time: &HashMap<u32, u64>,
+    p: &Params,
+    files: &[Vec<Event>],
+    found: &mut Findings,
+) -> u64 {
     let patience = p.lease_ns + 3 * S;
     let mut worst_quiet_wait = 0u64;
-    if let (Some(&quiet), Some(&stop)) = (phases.get("quiet"), phases.get("stop")) {
-        for a in &attempts {
-            let from = a.req.max(quiet);
-            if from >= stop {
-                continue;
-            }
-            let done = a.acq.or(a.err);
-            if done.is_none() && kill_time.contains_key(&a.pid) {
-                continue; // a waiter the harness killed
-            }
-            let waited = done.unwrap_or(stop).saturating_sub(from);
-            if a.req < stop && done.is_none_or(|d| d >= quiet) {
-                worst_quiet_wait = worst_quiet_wait.max(waited);
-            }
-            if let Some(e) = a.err {
-                if e >= quiet {
-                    violations.push((
-                        "liveness".into(),
-                        format!(
-                            "lock {}: {}/{} got an error at {e} in the quiet phase\n{}",
-                            a.lock,
-                            a.pid,
-                            a.thread,
-                            excerpt(&a.lock, a.req, e)
-                        ),
-                    ));
-                }
-                continue;
-            }
-            if waited > patience && from + patience <= stop {
-                violations.push((
-                    "liveness".into(),
-                    format!(
-                        "lock {}: {}/{} asked at {} and waited {:.0} ms in the quiet phase (limit {:.0} ms)\n{}",
-                        a.lock, a.pid, a.thread, a.req, ms(waited), ms(patience),
-                        excerpt(&a.lock, from, from + patience)
-                    ),
-                ));
-            }
+    let (Some(&quiet), Some(&stop)) = (phases.get("quiet"), phases.get("stop")) else {
+        found.violation("liveness", "no quiet phase was recorded".into());
+        return worst_quiet_wait;
+    };
+    for a in attempts {
+        let from = a.req.max(quiet);
+        if from >= stop {
+            continue;
         }
-    } else {
-        violations.push(("liveness".into(), "no quiet phase was recorded".into()));
+        let done = a.acq.or(a.err);
+        if done.is_none() && kill_time.contains_key(&a.pid) {
+            continue; // a waiter the harness killed
+        }
+        let waited = done.unwrap_or(stop).saturating_sub(from);
+        if a.req < stop && done.is_none_or(|d| d >= quiet) {
+            worst_quiet_wait = worst_quiet_wait.max(waited);
+        }
+        if let Some(e) = a.err {
+            if e >= quiet {
+                found.violation(
+                    "liveness",
+                    format!(
+                        "lock {}: {}/{} got an error at {e} in the quiet phase\n{}",
+                        a.lock,
+                        a.pid,
+                        a.thread,
+                        excerpt(files, &a.lock, a.req, e)
+                    ),
+                );
+            }
+            continue;
+        }
+        if waited > patience && from + patience <= stop {
+            found.violation(
+                "liveness",
+                format!(
+                    "lock {}: {}/{} asked at {} and waited {:.0} ms in the quiet phase (limit {:.0} ms)\n{}",
+                    a.lock, a.pid, a.thread, a.req, ms(waited), ms(patience),
+                    excerpt(files, &a.lock, from, from + patience)
+                ),
+            );
+        }
     }
+    worst_quiet_wait
+}
 
-    // recovery after a holder's death
+/// For each SIGKILL of a holder another process waited for: the time to the next ACQ of that
+/// lock by another process, and whether no other fault came in between. `slow_recovery` when
+/// such a clean recovery took longer than lease + 1 s. Returns (time taken, clean) per recovery.
+fn check_recovery(
+    faults: &[Fault],
+    by_lock: &BTreeMap<String, Vec<&Attempt>>,
+    p: &Params,
+    files: &[Vec<Event>],
+    found: &mut Findings,
+) -> Vec<(u64, bool)> {
     let mut recoveries: Vec<(u64, bool)> = Vec::new();
     for f in faults.iter().filter(|f| f.kind.is_kill()) {
         let Some(pid) = f.target else { continue };
-        for (lock, list) in &by_lock {
+        for (lock, list) in by_lock {
             let held = list.iter().any(|a| {
                 a.pid == pid && a.acq.is_some_and(|t| t <= f.start) && a.end.unwrap() >= f.start
             });
@@ -918,67 +1207,93 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
                 .min();
             let Some(next) = next else { continue };
             let took = next - f.start;
-            let clean = !any_fault(f.start, next, Some(f));
+            let clean = !any_fault(faults, p.lease_ns, f.start, next, Some(f));
             recoveries.push((took, clean));
             if clean && took > p.lease_ns + S {
-                violations.push((
-                    "slow_recovery".into(),
+                found.violation(
+                    "slow_recovery",
                     format!(
                         "lock {lock}: holder {pid} killed at {}, next acquisition {:.0} ms later\n{}",
                         f.start,
                         ms(took),
-                        excerpt(lock, f.start, next)
+                        excerpt(files, lock, f.start, next)
                     ),
-                ));
+                );
             }
         }
     }
+    recoveries
+}
 
-    // (6), (7)
+// ---- (6), (7) the end state ----
+
+/// `keys_left`, `panic`, `worker_exit`: from what the parent collected at the end.
+fn check_end_state(end: &EndState, found: &mut Findings) {
     for (key, pttl) in &end.leftover_keys {
-        violations.push((
-            "keys_left".into(),
+        found.violation(
+            "keys_left",
             format!("key {key:?} (PTTL {pttl} ms) left after the run"),
-        ));
+        );
     }
     for (pid, line) in &end.panics {
-        violations.push(("panic".into(), format!("worker {pid}: {line}")));
+        found.violation("panic", format!("worker {pid}: {line}"));
     }
     for (idx, pid, code, killed) in &end.exits {
         if !killed && *code != Some(0) {
-            violations.push((
-                "worker_exit".into(),
+            found.violation(
+                "worker_exit",
                 format!("worker {idx} (pid {pid}) exited with {code:?}"),
-            ));
+            );
         }
     }
+}
 
+// ---- the report ----
+
+/// What the checks measured, for the summary.
+struct Measures {
+    duration_ns: u64,
+    counts: Counts,
+    torn: usize,
+    forced_holds: usize,
+    holds_cut_by_force: usize,
+    recoveries: Vec<(u64, bool)>,
+    worst_quiet_wait: u64,
+    epochs_per_lock: BTreeMap<String, u64>,
+}
+
+/// The violations and the summary JSON.
+fn assemble_report(p: &Params, stats: &FaultStats, m: Measures, found: Findings) -> Report {
+    let Findings {
+        violations,
+        explained,
+    } = found;
     let mut by_kind = Counts::default();
     for (k, _) in &violations {
         by_kind.add(k);
     }
-    let worst = recoveries.iter().map(|r| r.0).max();
-    let worst_clean = recoveries.iter().filter(|r| r.1).map(|r| r.0).max();
+    let worst = m.recoveries.iter().map(|r| r.0).max();
+    let worst_clean = m.recoveries.iter().filter(|r| r.1).map(|r| r.0).max();
     let summary = json!({
         "scenario": p.scenario,
-        "duration_s": (last_t.saturating_sub(first_t)) as f64 / 1e9,
+        "duration_s": m.duration_ns as f64 / 1e9,
         "lease_ms": p.lease_ns / MS,
-        "counts": counts.json(),
-        "torn_lines": torn,
-        "faults": fault_counts.json(),
-        "fault_details": fault_details.json(),
-        "force_unlocked_holds": forced_holds,
-        "holds_cut_by_force_unlock": cut_by_force.len(),
-        "largest_forward_clock_step_ms": largest_forward_step_ms,
+        "counts": m.counts.json(),
+        "torn_lines": m.torn,
+        "faults": stats.counts.json(),
+        "fault_details": stats.details.json(),
+        "force_unlocked_holds": m.forced_holds,
+        "holds_cut_by_force_unlock": m.holds_cut_by_force,
+        "largest_forward_clock_step_ms": stats.largest_forward_step_ms,
         "violations": by_kind.json(),
         "violations_total": violations.len(),
         "explained": explained.json(),
-        "recoveries_measured": recoveries.len(),
+        "recoveries_measured": m.recoveries.len(),
         "worst_recovery_ms": worst.map(ms),
         "worst_recovery_without_other_fault_ms": worst_clean.map(ms),
         "recovery_limit_ms": ms(p.lease_ns + S),
-        "worst_wait_in_quiet_phase_ms": ms(worst_quiet_wait),
-        "resource_epochs": epochs_per_lock,
+        "worst_wait_in_quiet_phase_ms": ms(m.worst_quiet_wait),
+        "resource_epochs": m.epochs_per_lock,
     });
     Report {
         violations,
