@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 /// A throwaway redis-server (no persistence, loopback only) on a steppable wall clock.
 pub struct FakeClockRedis {
     pub port: u16,
-    dir: PathBuf,
+    /// The server's directory (its log, the clock offset file), removed when dropped.
+    dir: tempfile::TempDir,
     offset_file: PathBuf,
     offset_ms: i64,
     child: Option<Child>,
@@ -58,13 +59,11 @@ impl FakeClockRedis {
         if let Some(glibc_malloc) = find_lib("FAIRLOCK_LIBC_MALLOC", "libc_malloc_debug.so.0") {
             preload = format!("{}:{preload}", glibc_malloc.display());
         }
-        let dir = std::env::temp_dir().join(format!(
-            "fairlock-fuzz-{}-{}",
-            std::process::id(),
-            crate::rng::mix(unique())
-        ));
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        let offset_file = dir.join("clock-offset");
+        let dir = tempfile::Builder::new()
+            .prefix("fairlock-fuzz-")
+            .tempdir()
+            .expect("create temp dir");
+        let offset_file = dir.path().join("clock-offset");
         let mut server = FakeClockRedis {
             port: 0,
             dir,
@@ -79,12 +78,12 @@ impl FakeClockRedis {
             let child = Command::new("redis-server")
                 .args(["--port", &server.port.to_string(), "--bind", "127.0.0.1"])
                 .arg("--dir")
-                .arg(&server.dir)
+                .arg(server.dir.path())
                 .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
                 // DEBUG SET-ACTIVE-EXPIRE, for runs where expired keys must wait to be touched
                 .args(["--enable-debug-command", "local"])
                 .arg("--logfile")
-                .arg(server.dir.join("redis.log"))
+                .arg(server.dir.path().join("redis.log"))
                 .env("LD_PRELOAD", &preload)
                 .env("FAKETIME_TIMESTAMP_FILE", &server.offset_file)
                 .env("FAKETIME_NO_CACHE", "1")
@@ -103,7 +102,7 @@ impl FakeClockRedis {
         }
         panic!(
             "redis-server under libfaketime ({preload}) did not start; log in {}",
-            server.dir.display()
+            server.dir.path().display()
         );
     }
 
@@ -184,8 +183,8 @@ impl FakeClockRedis {
 
 impl Drop for FakeClockRedis {
     fn drop(&mut self) {
+        // the TempDir field is removed after this, once the server is gone
         self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -193,14 +192,4 @@ impl Drop for FakeClockRedis {
 pub fn server_time_us(conn: &mut redis::Connection) -> i64 {
     let (s, us): (i64, i64) = redis::cmd("TIME").query(conn).expect("TIME");
     s * 1_000_000 + us
-}
-
-fn unique() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
 }
