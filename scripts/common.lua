@@ -61,6 +61,10 @@
 -- script may be refused midway, after changing fairlock's own keys of that lock, which the
 -- foreign data has made unusable anyway.
 --
+-- Network: these helpers only run inside a script, atomically; why a lost reply, a late delivery
+-- and a repeat are safe is said per script, in its own header (every one acts only on the
+-- attempt or the token it was sent for).
+--
 -- KEYS of every script: [1] lock hash [2] fence [3] queue [4] waiters.
 -- ARGV of every script: [1] fence ttl ms [2] waiter timeout ms; the script's own from [3].
 -- Every number that goes into a string is formatted with %.0f (Lua's tostring gives 1.7e+15).

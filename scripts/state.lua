@@ -1,5 +1,9 @@
 -- state.lua: helpers over a lock's hash, queue and waiters, prepended after common.lua to the
 -- scripts that take the lock or change the queue (see common.lua for the keys and states).
+-- Network: a repeated or late script finds the state these helpers left: a grant removes the
+-- grantee's queue entry, so a repeat cannot grant twice; a new queue place drops older wake-ups,
+-- so a lapsed grant cannot be popped after it; the tombstone keeps the receipts a repeated
+-- release looks for.
 
 -- ---- the lock hash --------------------------------------------------------------------------
 
