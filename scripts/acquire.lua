@@ -10,7 +10,7 @@
 -- left for good queues (or holds) a place nobody refreshes: it is purged as dead (or the hold
 -- runs out after its lease), so it delays others but never gives two owners.
 -- Cost: a free lock nobody waits for is HMGET, EXISTS, TIME, SET (the fence), HSET, PEXPIRE;
--- queueing behind a holder is HMGET, HMGET, TIME, ZADD, PEXPIRE, DEL (the wake list), HSET.
+-- queueing behind a holder is HMGET, HMGET, TIME, ZADD, PEXPIRE, LRANGE (the wake list), HSET.
 local owner, attempt, lease, mode, meta = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]
 return run(function()
   local h = read_lock()

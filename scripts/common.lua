@@ -11,7 +11,7 @@
 --   P:{N}:queue       ZSET    owner -> arrival time (server us)                 TTL = QUEUE_TTL
 --   P:{N}:waiters     HASH    owner -> "attempt|deadline|lease|meta",           TTL = QUEUE_TTL
 --                             ~clock (virtual clock), ~tail (last score given)
---   P:{N}:wake:<owner> LIST   one thread's wake-ups                             TTL = lease / waiter ttl
+--   P:{N}:wake:<client> LIST  the wake-ups of one client's waiting threads     TTL >= lease / waiter ttl
 --
 -- An owner is "<client id>:<thread number>". Each call of a thread that may take the lock is an
 -- *attempt* with a number that grows with every call of that client. The attempt is stored with
@@ -23,13 +23,15 @@
 --   free        no hash, or a *tombstone*: the hash of the last hold with owner '' (see below);
 --               empty queue
 --   held        owner set, queue maybe non-empty (a release grants to the live head)
---   handed off  owner set with wdl, and its owner's wake list still holds "g|attempt|token|ms"
+--   handed off  owner set with wdl, and its client's wake list still holds its grant message
 --   stranded    free, queue non-empty (a lease ran out, a hand-off was revoked): any script
 --               that sees it (acquire, heartbeat, force_unlock) grants to the live head
 -- Invariant: a waiters entry exists only for a queued owner (grant, leave and purge remove both;
 -- only a lost queue key breaks it, and then the owner's heartbeat tells it to retry).
--- Wake-ups: "g|<attempt>|<token>|<grant ms>" (the lock is yours) or "r|<attempt>" (your queue
--- entry is gone: run acquire again). A waiter ignores messages for other attempts.
+-- Wake-ups: "<thread>|g|<attempt>|<token>|<grant ms>" (the lock is yours) or
+-- "<thread>|r|<attempt>" (your queue entry is gone: run acquire again), pushed to the wake list
+-- of the owner's client. The client's waker hands each to the thread waiting with that attempt
+-- (attempt numbers are unique per client) and drops messages for attempts nobody waits with.
 --
 -- Tombstones. A release that leaves the lock free does not delete the hash: it sets owner to ''
 -- and lives out the released hold's TTL. It keeps the token and `released`, the last RECEIPTS

@@ -8,7 +8,7 @@ local owner, token = ARGV[3], ARGV[4]
 return run(function()
   local h = read_lock()
   if h.owner and h.owner == owner and h.token_text == token then
-    redis.call('DEL', wake_key(owner))
+    drop_wakeups(owner)
     local next = grant_next(h)
     if not next then redis.call('HSET', k.lock, 'owner', '') end
     return { 'released', next or '' }

@@ -32,9 +32,7 @@ return run(function()
         write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
       elseif not (w and w.attempt > attempt) then
         if w then forget_waiter(owner) end
-        local wk = wake_key(owner)
-        redis.call('RPUSH', wk, 'r|' .. fmt(attempt))
-        redis.call('PEXPIRE', wk, WAITER_TTL)
+        push_wakeup(owner, 'r|' .. fmt(attempt), WAITER_TTL)
         told[#told + 1] = owner
       end
     end
@@ -46,7 +44,7 @@ return run(function()
   if h.owner and h.wdl and not own_handoff and h.wdl < lock_now
       and handoff_pending(h.owner, h.attempt, h.token) then
     redis.call('HSET', k.lock, 'owner', '')
-    redis.call('DEL', wake_key(h.owner))
+    drop_wakeups(h.owner)
     h.owner = false
   end
 

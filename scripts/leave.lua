@@ -8,7 +8,7 @@ local owner, attempt, mode = ARGV[3], tonumber(ARGV[4]), ARGV[5]
 return run(function()
   local h = read_lock()
   if h.owner == owner and h.attempt == attempt then
-    redis.call('DEL', wake_key(owner))
+    drop_wakeups(owner)
     if mode == 'claim' then
       return { 'granted', h.token_text, now_ms(), grant_pttl(h) }
     end

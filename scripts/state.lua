@@ -1,9 +1,9 @@
 -- state.lua: helpers over a lock's hash, queue and waiters, prepended after common.lua to the
 -- scripts that take the lock or change the queue (see common.lua for the keys and states).
 -- Network: a repeated or late script finds the state these helpers left: a grant removes the
--- grantee's queue entry, so a repeat cannot grant twice; a new queue place drops older wake-ups,
--- so a lapsed grant cannot be popped after it; the tombstone keeps the receipts a repeated
--- release looks for.
+-- grantee's queue entry, so a repeat cannot grant twice; a new queue place drops its owner's
+-- older wake-ups, so a lapsed grant cannot be popped after it; the tombstone keeps the receipts
+-- a repeated release looks for.
 
 -- ---- the lock hash --------------------------------------------------------------------------
 
@@ -16,8 +16,34 @@ local function read_lock()
            lease = tonumber(v[4]) or 0, released = v[5] or '', wdl = tonumber(v[6]), vc = v[7] }
 end
 
-local function wake_key(owner)
-  return k.lock .. ':wake:' .. owner
+-- ---- wake lists -----------------------------------------------------------------------------
+-- One list per lock per client ("<lock>:wake:<client id>"), shared by that client's waiting
+-- threads; its waker thread pops it and hands each message to the thread of its attempt. A
+-- message starts with the thread's number, so a script can remove one thread's messages without
+-- touching its neighbours'.
+
+-- owner "<client id>:<thread>" -> its client's wake list, and the prefix of its messages
+local function wake_of(owner)
+  local client, thread = string.match(owner, '^(.*):([^:]*)$')
+  if not client then client, thread = owner, '' end
+  return k.lock .. ':wake:' .. client, thread .. '|'
+end
+
+-- Remove every message to `owner` (whatever attempt it is for) from its client's wake list.
+local function drop_wakeups(owner)
+  local wk, prefix = wake_of(owner)
+  for _, msg in ipairs(read(wk, 'LRANGE', 0, -1)) do
+    if msg:sub(1, #prefix) == prefix then redis.call('LREM', wk, 1, msg) end
+  end
+end
+
+-- Push `body` to `owner`, keeping the list for at least `ttl` ms: others' messages may be
+-- waiting in it with a longer time to live, which a shorter PEXPIRE would cut.
+local function push_wakeup(owner, body, ttl)
+  local wk, prefix = wake_of(owner)
+  if read(wk, 'RPUSH', prefix .. body) == 1 or redis.call('PTTL', wk) < ttl then
+    redis.call('PEXPIRE', wk, ttl)
+  end
 end
 
 -- The next token after the hash `h` (see "Tokens" above). The fence is the script's first write
@@ -163,10 +189,10 @@ local function dequeue(owner)
   end
 end
 
--- Remove an owner's queue entry and wake list, whatever attempt they belong to.
+-- Remove an owner's queue entry and wake-ups, whatever attempt they belong to.
 local function forget_waiter(owner)
   dequeue(owner)
-  redis.call('DEL', wake_key(owner))
+  drop_wakeups(owner)
 end
 
 -- Queue `owner` at the back (a retry of a queued attempt keeps its place), or refresh its entry.
@@ -178,10 +204,11 @@ local function enqueue(owner, attempt, lease, meta, mine)
     read(k.queue, 'ZADD', fmt(score), owner)
     redis.call('PEXPIRE', k.queue, QUEUE_TTL)
     -- a new place: drop wake-ups of earlier ones. A grant to this same attempt that lapsed
-    -- (its lease ran out, or was revoked) must not be popped after this queueing: its message
-    -- expires with the lease, but a backward step of the server clock revives an expired key
-    -- that Redis has not deleted yet, and the waiter would take the old grant for a new one.
-    redis.call('DEL', wake_key(owner))
+    -- (its lease ran out, or was revoked) must not be popped after this queueing: the shared
+    -- list outlives it (other threads' messages keep it alive, and a backward step of the
+    -- server clock revives an expired key Redis has not deleted yet), and the waiter would take
+    -- the old grant for a new one.
+    drop_wakeups(owner)
     write_waiter(owner, attempt, now + WAITER_TTL, lease, meta, '~tail', fmt(score))
     Q = nil
   else
@@ -241,19 +268,18 @@ local function grant_next(h, ...)
     'wdl', fmt(now + left), ...)
   h.wdl, h.vc = now + left, fmt(now) .. '|' .. fmt(now)
   dequeue(head)
-  local wk = wake_key(head)
-  -- the message expires with the grant, so a late pop can never hold a lock that expired
-  -- meanwhile; a stale message of an older attempt before it is skipped by the waiter (those
-  -- of this attempt went when it queued)
-  redis.call('RPUSH', wk, grant_message(w.attempt, token) .. fmt(now))
-  redis.call('PEXPIRE', wk, w.lease)
+  -- the list lives at least as long as the grant; a message popped after the grant's lease is
+  -- refused by its waiter's own estimate (it knows when it queued), and a stale message of an
+  -- older attempt is dropped by the waker (those of this attempt went when it queued)
+  push_wakeup(head, grant_message(w.attempt, token) .. fmt(now), w.lease)
   return head
 end
 
 -- Whether the hand-off of this hold still waits in its grantee's wake list.
 local function handoff_pending(owner, attempt, token)
-  local prefix = grant_message(attempt, token)
-  for _, msg in ipairs(redis.call('LRANGE', wake_key(owner), 0, -1)) do
+  local wk, thread = wake_of(owner)
+  local prefix = thread .. grant_message(attempt, token)
+  for _, msg in ipairs(read(wk, 'LRANGE', 0, -1)) do
     if msg:sub(1, #prefix) == prefix then return true end
   end
   return false

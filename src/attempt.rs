@@ -3,38 +3,38 @@
 //! How a waiter waits (the whole wake-up path is here and in `release.lua`):
 //! 1. Each acquire call is an *attempt* with a number of its own. `acquire.lua` either grants
 //!    the lock or puts the attempt in the lock's FIFO queue.
-//! 2. The thread blocks in a timed BLPOP on its own wake list, on a connection of its own (so 64
-//!    waiters never starve the command pool).
+//! 2. The thread waits on a channel of its own, registered with the client's waker (`waker`)
+//!    before the request: the waker blocks in one BLPOP over this client's wake lists of every
+//!    lock its threads wait on, so waiting costs no connection per thread.
 //! 3. The release that makes this attempt the head grants it the lock inside the script and
-//!    pushes `g|<attempt>|<token>|<time>` (a hand-off) to exactly that list: the BLPOP returns
-//!    holding the lock, with no further round trip. A push that lands before the BLPOP starts
-//!    stays in the list, so no wake-up is lost.
+//!    pushes `<thread>|g|<attempt>|<token>|<time>` (a hand-off) to this client's list of that
+//!    lock: the waker pops it and hands it to this thread, which holds the lock with no further
+//!    round trip. A push that lands before the BLPOP covers the list stays in it, so no wake-up
+//!    is lost.
 //! 4. The janitor keeps the queue entry alive meanwhile; if the attempt lost its place (a long
-//!    pause, a lapsed grant, a Redis restart) it pushes `r|<attempt>` and the thread re-runs
-//!    step 1 with the same attempt. So does a wait that failed: with the same attempt,
-//!    `acquire.lua` keeps the place, or returns a grant whose wake-up was lost.
+//!    pause, a lapsed grant, a Redis restart) it pushes a "retry" and the thread re-runs step 1
+//!    with the same attempt. So does a wait that failed (the waker's connection broke, and a
+//!    message may have been lost with it): with the same attempt, `acquire.lua` keeps the place,
+//!    or returns a grant whose wake-up was lost.
 //! 5. A waiter whose time runs out leaves with `leave.lua`, which takes a grant that reached it
 //!    meanwhile rather than wasting it; a waiter that fails hands such a grant on. Both act on
 //!    this attempt only, so a late copy never touches the thread's later waits or holds.
 
 use std::cell::Cell;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::boot_clock::BootInstant;
 use crate::client::ClientInner;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::lock::{ms, FairLock, Wait};
-use crate::raw::{self, Acquire, Call, Leave, LeaveMode, Mode, Wake};
+use crate::raw::{Acquire, Call, Leave, LeaveMode, Mode, Wake};
+use crate::waker::{Event, Registration};
 
-/// The longest single BLPOP: a waiter re-blocks at least this often, which bounds how long a
-/// silently dead connection (no RST) can hide.
-const MAX_BLOCK: Duration = Duration::from_secs(10);
-/// BLPOP timeouts below 1 ms turned into "forever" on Redis < 7.0.8 (redis/redis#11688).
-const MIN_BLOCK: Duration = Duration::from_millis(2);
-/// Consecutive failed BLPOPs (or late grants) before a wait gives up with the error.
+/// Consecutive failed waits (the waker's connection failed) or late grants before a wait gives
+/// up with the error.
 const MAX_WAIT_FAILURES: u32 = 3;
-/// Connections the server may close under a waiter (restarts) before it gives up.
+/// Connections the server may close under a wait (restarts) before it gives up.
 const MAX_DROPS: u32 = 10;
 
 /// What one acquire request decided.
@@ -111,13 +111,20 @@ impl<'a> Attempt<'a> {
             mode,
             &self.meta,
         );
+        // before the request: a grant may be popped before its reply arrives
+        let registration = (mode == Mode::Wait).then(|| self.client().waker.register(self.number));
         loop {
             let sent = BootInstant::now();
             let grant = match self.request(&call, sent)? {
                 Requested::Granted { token, expires } => Some((token, expires)),
                 Requested::Busy => return Ok(None),
                 Requested::Queued { server_ms, pttl_ms } => {
-                    match self.wait_in_queue(wait, sent, server_ms, pttl_ms)? {
+                    let Some(registration) = &registration else {
+                        return Err(Error::protocol(
+                            "acquire queued an attempt made with 'try'".to_string(),
+                        ));
+                    };
+                    match self.wait_in_queue(registration, wait, sent, server_ms, pttl_ms)? {
                         Queue::Granted { token, expires } => Some((token, expires)),
                         Queue::GaveUp => return Ok(None),
                         Queue::Again => None,
@@ -156,6 +163,7 @@ impl<'a> Attempt<'a> {
     /// the hand-off with the janitor keeping the place, and decide what the wait's end means.
     fn wait_in_queue(
         &self,
+        registration: &Registration,
         wait: Wait,
         sent: BootInstant,
         server_ms: i64,
@@ -164,7 +172,7 @@ impl<'a> Attempt<'a> {
         let lock = self.lock;
         let janitor = &self.client().janitor;
         janitor.register(lock.raw(), &self.owner, self.number, ms(holder_pttl_ms));
-        let outcome = self.wait_for_grant(wait);
+        let outcome = self.wait_for_grant(registration, wait);
         janitor.unregister(lock.raw(), &self.owner);
         Ok(match outcome {
             Ok(Waited::Handoff { token, grant_ms }) => {
@@ -235,53 +243,29 @@ impl<'a> Attempt<'a> {
         Ok(None)
     }
 
-    /// Block on the wake list until a hand-off or retry for this attempt, or the deadline.
-    /// Messages for other attempts of this thread (a "retry" a heartbeat sent for an earlier
-    /// one) are skipped. A connection the server dropped (a restart) is replaced without
-    /// counting as a failure; the wake-up it may have popped is recovered by running acquire
-    /// again.
-    fn wait_for_grant(&self, wait: Wait) -> Result<Waited> {
-        let client = self.client();
-        let read_margin = client.config.read_timeout;
-        let mut conn = client.blocking.get().map_err(|e| Error::Connection {
-            during: "waiting for the lock",
-            detail: e.to_string(),
-            source: Some(Box::new(e)),
-        })?;
-        loop {
-            let block = match wait {
-                Wait::No => return Ok(Waited::Deadline),
-                Wait::Forever => MAX_BLOCK,
-                Wait::Until(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left < MIN_BLOCK {
-                        return Ok(Waited::Deadline);
-                    }
-                    left.min(MAX_BLOCK)
-                }
-            };
-            conn.set_read_timeout(block + read_margin);
-            let reply: Option<(String, String)> =
-                match conn.query(&self.lock.raw().wait_cmd(&self.owner, block)) {
-                    Ok(reply) => reply,
-                    Err(_) if conn.was_dropped() => return Ok(Waited::Dropped),
-                    Err(e) => return Err(Error::from_redis("waiting for the lock", e)),
-                };
-            let Some((_, msg)) = reply else { continue };
-            let wake = raw::parse_wake(&msg)?;
-            if wake.attempt() != self.number {
-                continue;
-            }
-            return Ok(match wake {
-                Wake::Grant {
-                    token, server_ms, ..
-                } => Waited::Handoff {
-                    token,
-                    grant_ms: server_ms,
-                },
-                Wake::Retry { .. } => Waited::Again,
-            });
+    /// Wait until the waker hands over a hand-off or retry for this attempt, or the deadline.
+    fn wait_for_grant(&self, registration: &Registration, wait: Wait) -> Result<Waited> {
+        let deadline = match wait {
+            Wait::No => return Ok(Waited::Deadline),
+            Wait::Forever => None,
+            Wait::Until(d) => Some(d),
+        };
+        if deadline.is_some_and(|d| d <= Instant::now()) {
+            return Ok(Waited::Deadline);
         }
+        registration.watch(&self.lock.raw().wake_key(&self.owner));
+        Ok(match registration.next(deadline) {
+            None => Waited::Deadline,
+            Some(Event::Wake(Wake::Grant {
+                token, server_ms, ..
+            })) => Waited::Handoff {
+                token,
+                grant_ms: server_ms,
+            },
+            Some(Event::Wake(Wake::Retry { .. })) => Waited::Again,
+            Some(Event::Dropped) => Waited::Dropped,
+            Some(Event::Failed(e)) => return Err(e),
+        })
     }
 
     /// The deadline passed: leave the queue, but keep a grant that reached us meanwhile

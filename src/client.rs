@@ -11,8 +11,9 @@ use crate::connection::{with_pooled, Conn, Manager};
 use crate::error::{Error, Result};
 use crate::janitor::Janitor;
 use crate::keys;
-use crate::limits::{DEFAULT_LEASE, MAX_LEASE, MAX_WAITING_CONNECTIONS, MIN_LEASE};
+use crate::limits::{DEFAULT_LEASE, MAX_LEASE, MIN_LEASE};
 use crate::raw;
+use crate::waker::Waker;
 use crate::watchdog::Watchdog;
 
 /// The settings of a [`LockClient`]: set one by one on a [`LockClientBuilder`], or all at once
@@ -23,7 +24,8 @@ pub struct Config {
     pub lease: Duration,
     /// Prefix of every key. Default `fairlock`.
     pub key_prefix: String,
-    /// Connections for commands (waiters blocked in BLPOP use their own). Default 8.
+    /// Connections for commands. Waiting threads use none of them: one more connection, the
+    /// waker's, blocks for all of them. Default 8.
     pub pool_size: u32,
     /// How long to wait for a TCP connection (and for a free pooled one). Default 2 s.
     pub connect_timeout: Duration,
@@ -194,16 +196,8 @@ impl LockClientBuilder {
             .connection_timeout(c.connect_timeout)
             .error_handler(Box::new(r2d2::NopErrorHandler))
             .build_unchecked(manager()?);
-        let blocking = r2d2::Pool::builder()
-            .max_size(MAX_WAITING_CONNECTIONS)
-            .min_idle(Some(0))
-            .test_on_check_out(false)
-            .connection_timeout(c.connect_timeout)
-            .idle_timeout(Some(Duration::from_secs(60)))
-            .error_handler(Box::new(r2d2::NopErrorHandler))
-            .build_unchecked(manager()?);
-
         let id = uuid::Uuid::new_v4().simple().to_string();
+        let waker = Waker::start(manager()?, pool.clone(), &id, c.read_timeout)?;
         let watchdog = Watchdog::start(pool.clone(), &id, c.lease)?;
         let checker = manager()?;
         let janitor = Janitor::start(
@@ -225,7 +219,7 @@ impl LockClientBuilder {
                 protocol,
                 config: self.config,
                 pool,
-                blocking,
+                waker,
                 watchdog,
                 janitor,
                 next_attempt: AtomicU64::new(1),
@@ -275,7 +269,8 @@ pub(crate) struct ClientInner {
     /// (lock key, owner) -> the attempt that thread is making now, for `WaitCanceller`.
     pub waiting: Mutex<HashMap<(String, String), u64>>,
     pub pool: r2d2::Pool<Manager>,
-    pub blocking: r2d2::Pool<Manager>,
+    /// Hands the messages of this client's wake lists to its waiting threads.
+    pub waker: Waker,
     pub watchdog: Watchdog,
     pub janitor: Janitor,
     pub host: String,

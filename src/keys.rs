@@ -26,9 +26,11 @@ impl LockKeys {
         }
     }
 
-    /// The list a waiter with this owner id blocks on (built the same way in `common.lua`).
+    /// The wake list of this owner's client (owner ids are `<client id>:<thread>`): one per lock
+    /// per client, shared by its waiting threads (built the same way in `state.lua`).
     pub fn wake(&self, owner: &str) -> String {
-        format!("{}:wake:{owner}", self.lock)
+        let client = owner.rsplit_once(':').map_or(owner, |(client, _)| client);
+        format!("{}:wake:{client}", self.lock)
     }
 
     /// The keys in the order every script expects them (KEYS[1..4]).
@@ -90,7 +92,8 @@ mod tests {
         for key in k.all() {
             assert!(key.starts_with("fairlock:{orders:close}"), "{key}");
         }
-        assert_eq!(k.wake("c:1"), "fairlock:{orders:close}:wake:c:1");
+        assert_eq!(k.wake("c:1"), "fairlock:{orders:close}:wake:c");
+        assert_eq!(k.wake("c"), "fairlock:{orders:close}:wake:c");
     }
 
     #[test]

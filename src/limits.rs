@@ -17,6 +17,3 @@ pub const MIN_LEASE: Duration = Duration::from_millis(100);
 
 /// The longest lease accepted (a lease is a safety net, not a schedule).
 pub const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// How many connections may block in BLPOP at once (one per waiting thread).
-pub const MAX_WAITING_CONNECTIONS: u32 = 4096;

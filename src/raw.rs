@@ -396,13 +396,14 @@ impl Wake {
     }
 }
 
-/// Parse a wake-up message (`g|attempt|token|ms` or `r|attempt`).
+/// Parse a wake-up message (`<thread>|g|<attempt>|<token>|<ms>` or `<thread>|r|<attempt>`; the
+/// thread's number lets the scripts remove one thread's messages from its client's list).
 ///
 /// # Errors
 /// [`Error::Protocol`] for any other text.
 pub fn parse_wake(msg: &str) -> Result<Wake> {
     let bad = || Error::protocol(format!("wake-up message {msg:?}"));
-    let mut parts = msg.split('|');
+    let mut parts = msg.split('|').skip(1);
     let kind = parts.next().ok_or_else(bad)?;
     let mut num = || -> Result<u64> { parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad) };
     match kind {
@@ -414,6 +415,20 @@ pub fn parse_wake(msg: &str) -> Result<Wake> {
         "r" => Ok(Wake::Retry { attempt: num()? }),
         _ => Err(bad()),
     }
+}
+
+/// A BLPOP on `lists` (wake lists; on a Cluster they must share a slot) for at most `block`
+/// (rounded to ms; at least 1 ms).
+pub fn wait_cmd<S: AsRef<str>>(lists: &[S], block: Duration) -> redis::Cmd {
+    let mut cmd = redis::cmd("BLPOP");
+    for list in lists {
+        cmd.arg(list.as_ref());
+    }
+    cmd.arg(format!(
+        "{:.3}",
+        block.max(Duration::from_millis(1)).as_secs_f64()
+    ));
+    cmd
 }
 
 /// The keys and settings of one lock: builds its calls.
@@ -451,24 +466,15 @@ impl RawLock {
     }
 
     /// The lock's keys (lock hash, fence, queue, waiters; wake lists are
-    /// `<lock hash>:wake:<owner>`).
+    /// `<lock hash>:wake:<client id>`).
     pub fn key_names(&self) -> [&str; 4] {
         self.keys.all()
     }
 
-    /// The wake list of `owner`.
+    /// The wake list `owner`'s messages go to: the one of its client (owner ids are
+    /// `<client id>:<thread>`), shared with the client's other threads.
     pub fn wake_key(&self, owner: &str) -> String {
         self.keys.wake(owner)
-    }
-
-    /// A BLPOP on `owner`'s wake list for at most `block` (rounded to ms; at least 1 ms).
-    pub fn wait_cmd(&self, owner: &str, block: Duration) -> redis::Cmd {
-        let mut cmd = redis::cmd("BLPOP");
-        cmd.arg(self.wake_key(owner)).arg(format!(
-            "{:.3}",
-            block.max(Duration::from_millis(1)).as_secs_f64()
-        ));
-        cmd
     }
 
     fn call<T>(
@@ -738,16 +744,16 @@ mod tests {
 
     #[test]
     fn wake_messages_parse() {
-        assert_eq!(parse_wake("r|7").unwrap(), Wake::Retry { attempt: 7 });
+        assert_eq!(parse_wake("3|r|7").unwrap(), Wake::Retry { attempt: 7 });
         assert_eq!(
-            parse_wake("g|7|1763812345678901|1763812345678").unwrap(),
+            parse_wake("3|g|7|1763812345678901|1763812345678").unwrap(),
             Wake::Grant {
                 attempt: 7,
                 token: 1763812345678901,
                 server_ms: 1763812345678
             }
         );
-        for bad in ["garbage", "retry", "g|1|2", "r|x", ""] {
+        for bad in ["garbage", "retry", "3|g|1|2", "3|r|x", "r|7", ""] {
             assert!(parse_wake(bad).is_err(), "{bad}");
         }
     }

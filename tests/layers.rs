@@ -14,7 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["connection"],
     &["raw"],
     &["hold"],
-    &["watchdog", "janitor"],
+    &["watchdog", "janitor", "waker"],
     &["client"],
     &["status"],
     &["lock", "guard", "attempt"],

@@ -554,3 +554,52 @@ fn a_heartbeat_costs_the_same_however_many_others_wait() {
     );
     assert_eq!(server.command_calls("hgetall"), 0);
 }
+
+/// Threads of one client share its wake list of a lock (one BLPOP per client covers them all):
+/// dropping one thread's messages (it left, or queues anew) must not drop its neighbour's.
+#[test]
+fn one_clients_threads_share_a_wake_list_and_lose_only_their_own_messages() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let lock = raw_lock("shared-wake");
+    let token = take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "c:1", 11);
+    enqueue(&mut c, &lock, "c:2", 12);
+    assert_eq!(lock.wake_key("c:1"), lock.wake_key("c:2"));
+    assert_ne!(lock.wake_key("c:1"), lock.wake_key("h:1"));
+
+    // the release grants to c:1: its message waits in the client's list
+    assert_eq!(
+        lock.release("h:1", token, 1).run(&mut c).unwrap(),
+        Release::Released {
+            next: Some("c:1".into())
+        }
+    );
+    // c:1 gives up and passes the grant on: its message goes, c:2's comes
+    assert_eq!(
+        lock.leave("c:1", 11, LeaveMode::Pass).run(&mut c).unwrap(),
+        Leave::Passed {
+            next: Some("c:2".into())
+        }
+    );
+    let msgs: Vec<String> = redis::cmd("LRANGE")
+        .arg(lock.wake_key("c:2"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    assert!(msgs[0].starts_with("2|g|12|"), "{msgs:?}");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(lock.wake_key("c:2"))
+        .query(&mut c)
+        .unwrap();
+    assert!(pttl > 0 && pttl <= LEASE.as_millis() as i64, "{pttl}");
+
+    // c:1 queues anew behind c:2: c:2's grant stays
+    enqueue(&mut c, &lock, "c:1", 13);
+    assert!(matches!(
+        pop(&mut c, &lock, "c:2"),
+        Some(Wake::Grant { attempt: 12, .. })
+    ));
+}

@@ -197,6 +197,8 @@ impl World {
         }
     }
 
+    /// The client's waker pops the wake list of the lock thread `t` waits on, and hands the
+    /// message to the thread of the client that waits with its attempt (`src/waker.rs`).
     pub fn pop(&mut self, c: usize, t: usize, fault: Fault, then: Fault) -> bool {
         if !self.fits(c, t) {
             return false;
@@ -204,11 +206,10 @@ impl World {
         let Some(w) = self.waiting(c, t) else {
             return false;
         };
-        let plan = Plan::of(w);
-        let (sent0, server0, lease) = (w.sent, w.server_ms, w.lease_ms);
+        let lock = w.lock;
         let owner = self.owner(c, t);
-        self.say(format!("c{c}:t{t} pop attempt={}", plan.attempt));
-        let key = self.locks[plan.lock].wake_key(&owner);
+        self.say(format!("c{c} waker pops lock {lock} (for t{t})"));
+        let key = self.locks[lock].wake_key(&owner);
         let popped: Result<Option<String>, String> = if fault == Fault::Dropped {
             self.say(" [request lost]");
             Err("request lost".into())
@@ -237,8 +238,15 @@ impl World {
         }
         let msg = match popped {
             Err(_) => {
-                self.say(" -> error");
-                self.run_acquire(c, t, plan, then, Fault::None);
+                // the waker's connection failed: every waiting thread of the client re-checks
+                self.say(" -> error; its waiting threads re-check");
+                for t2 in 0..self.clients[c].threads.len() {
+                    if let Some(w2) = self.waiting(c, t2) {
+                        let plan = Plan::of(w2);
+                        self.say(format!("; c{c}:t{t2}"));
+                        self.run_acquire(c, t2, plan, then, Fault::None);
+                    }
+                }
                 return true;
             }
             Ok(None) => {
@@ -255,10 +263,16 @@ impl World {
                 return true;
             }
         };
-        if wake.attempt() != plan.attempt {
-            self.say(" (another attempt: ignored)");
+        let to = (0..self.clients[c].threads.len())
+            .find(|&t2| self.clients[c].threads[t2].state_waits_with(lock, wake.attempt()));
+        let Some(t) = to else {
+            self.say(" (no thread waits with that attempt: dropped)");
             return true;
-        }
+        };
+        self.say(format!(" to t{t}"));
+        let w = self.waiting(c, t).expect("found waiting above");
+        let plan = Plan::of(w);
+        let (sent0, server0, lease) = (w.sent, w.server_ms, w.lease_ms);
         match wake {
             Wake::Grant {
                 token, server_ms, ..

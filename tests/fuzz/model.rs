@@ -135,6 +135,13 @@ pub struct Thread {
     pub last: Option<Rc<dyn Resend>>,
 }
 
+impl Thread {
+    /// Whether this thread waits on `lock` with `attempt` (a message for it is its own).
+    pub fn state_waits_with(&self, lock: usize, attempt: u64) -> bool {
+        matches!(&self.state, State::Waiting(w) if w.lock == lock && w.attempt == attempt)
+    }
+}
+
 pub enum State {
     Idle,
     Waiting(Wait),
