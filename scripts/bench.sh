@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Benchmarks against a throwaway redis-server: uncontended and re-entrant cost, hand-off
 # latency, contended throughput with fairness, scaling with waiters, Redis calls and CPU per
-# acquisition (per script for fairlock); fairlock, the redlock crate and the naive lock, in RTTs.
+# acquisition (per script for fairlock); fairlock, the redlock crate and the naive lock, in RTTs;
+# what waiting threads cost (connections, memory, hand-off with 1-256 waiters; fairlock).
 #
 #   scripts/bench.sh [--quick] [--out PATH]
 #
 # Writes the JSON results (default target/bench/results.json, or PATH) and prints Markdown
-# tables. The full run takes about 4 minutes after the build; --quick (what CI runs) checks that
+# tables. The full run takes about 4.5 minutes after the build; --quick (what CI runs) checks that
 # everything still works in well under a minute and its numbers mean nothing.
 # Benchmarks are not tests: nothing here fails on a slow figure, only on a broken run.
 set -euo pipefail
@@ -19,7 +20,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick="--quick" ;;
     --out) out="${2:?--out needs a path}"; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift

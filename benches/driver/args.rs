@@ -27,8 +27,8 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub criterion: Option<PathBuf>,
 
-    /// The scenarios to run, comma-separated: micro, handoff, throughput, fifo, scaling, scripts
-    /// (default: all).
+    /// The scenarios to run, comma-separated: micro, handoff, throughput, fifo, scaling, scripts,
+    /// waiting (default: all).
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set)]
     pub only: Option<Vec<String>>,
 

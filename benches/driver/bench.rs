@@ -7,7 +7,7 @@ use crate::locks::{mono_ns, Lib};
 use crate::report::Results;
 use crate::sizes::Sizes;
 use crate::stats::dist;
-use crate::workers::{run, Outcome, Spec};
+use crate::workers::{run_layout, Layout, Outcome, Spec};
 
 /// A connection to the benchmark's Redis; panics when there is none.
 pub fn connect(url: &str) -> redis::Connection {
@@ -83,8 +83,18 @@ impl Bench {
         threads: u32,
         window: Option<(u64, u64)>,
     ) -> Outcome {
+        self.run_timed_layout(spec, &Layout::of(procs, threads), window)
+    }
+
+    /// `run_timed` with the workers laid out as `layout` says.
+    pub fn run_timed_layout(
+        &mut self,
+        spec: &Spec,
+        layout: &Layout,
+        window: Option<(u64, u64)>,
+    ) -> Outcome {
         let mut pings = ping_samples(&mut self.ping, 200);
-        let o = run(spec, procs, threads, window, false);
+        let o = run_layout(spec, layout, window, false);
         pings.extend(ping_samples(&mut self.ping, 200));
         self.rtt_us = dist(pings).p50;
         o

@@ -6,7 +6,7 @@
 //!
 //! `scripts/bench.sh` builds and runs it against a throwaway redis-server whose URL it passes in
 //! `FAIRLOCK_BENCH_REDIS`. Arguments: `[--quick] [--out PATH] [--criterion DIR] [--only LIST]`
-//! (LIST: comma-separated of micro, handoff, throughput, fifo, scaling, scripts) and, to narrow
+//! (LIST: comma-separated of micro, handoff, throughput, fifo, scaling, scripts, waiting) and, to narrow
 //! a run down while investigating, `--libs fairlock,naive --layouts 8x4,0x32 --holds 0,1000
 //! --secs 2`.
 //! It writes a JSON file and prints Markdown tables. Multi-process scenarios re-invoke this
@@ -16,8 +16,8 @@
 //! loop, child processes, `run`), `stats` (distributions, fairness, hand-offs, overtakes),
 //! `redis_cost` (Redis's calls and CPU per acquisition) and `monitor` (following `MONITOR`);
 //! `bench` (the state the scenarios share); one module per scenario (`micro`, `handoff`,
-//! `throughput`, `fifo`, `scaling`, `scripts`), each with its table and its rows of the results
-//! file; `targets`; `report` (the results file and the head of the Markdown).
+//! `throughput`, `fifo`, `scaling`, `scripts`, `waiting`), each with its table and its rows of
+//! the results file; `targets`; `report` (the results file and the head of the Markdown).
 //!
 //! How the figures are taken (all times from CLOCK_MONOTONIC, shared by the processes):
 //! - every acquisition is a record: worker, `req` (acquire called), `got` (acquire returned),
@@ -53,6 +53,7 @@ mod sizes;
 mod stats;
 mod targets;
 mod throughput;
+mod waiting;
 mod workers;
 
 use std::time::Instant;
@@ -101,13 +102,14 @@ fn main() {
         if args.quick { " (quick)" } else { "" }
     );
     type Step = (&'static str, fn(&mut Bench));
-    let steps: [Step; 6] = [
+    let steps: [Step; 7] = [
         ("micro", micro::micro),
         ("handoff", handoff::handoff),
         ("throughput", throughput::throughput),
         ("fifo", fifo::fifo),
         ("scaling", scaling::scaling),
         ("scripts", scripts::scripts),
+        ("waiting", waiting::waiting),
     ];
     for (name, step) in steps {
         if args.wants(name) {

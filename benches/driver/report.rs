@@ -13,6 +13,7 @@ use crate::scripts::ScriptsTable;
 use crate::stats::{r1, Dist, DistRow};
 use crate::targets::TargetRow;
 use crate::throughput::ThroughputRow;
+use crate::waiting::{WaitingConnRow, WaitingHandoffRow};
 
 /// The sections of the results file, each filled by its scenario (absent when it did not run).
 #[derive(Default, Serialize)]
@@ -32,6 +33,12 @@ pub struct Results {
     pub scaling: Option<Vec<ScalingRow>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scripts: Option<Vec<ScriptsTable>>,
+    /// section "waiting": connections and memory while N threads of one process wait
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_connections: Option<Vec<WaitingConnRow>>,
+    /// section "waiting": hand-off with k waiters
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_handoff: Option<Vec<WaitingHandoffRow>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub targets: Option<Vec<TargetRow>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -56,6 +63,10 @@ impl Results {
             .chain(of("scaling", &self.scaling, |r| &r.errors))
             .chain(of("scripts", &self.scripts, |r| &r.errors))
             .chain(of("throughput", &self.throughput, |r| &r.errors))
+            .chain(of("waiting_connections", &self.waiting_connections, |r| {
+                &r.errors
+            }))
+            .chain(of("waiting_handoff", &self.waiting_handoff, |r| &r.errors))
             .collect()
     }
 }

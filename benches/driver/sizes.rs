@@ -25,6 +25,13 @@ pub struct Sizes {
     pub scripts_n: usize,
     /// length of its contended run
     pub scripts_secs: f64,
+    /// section "waiting": threads of one process queued on one lock, then spread over
+    /// `waiting_locks` locks
+    pub waiting_threads: u32,
+    pub waiting_locks: u32,
+    /// its hand-off runs: waiters at each release, and the length of each run
+    pub waiting_handoff: Vec<u32>,
+    pub waiting_secs: f64,
     pub grace: u64,
 }
 
@@ -49,6 +56,10 @@ impl Sizes {
                 scale_hold_us: 1000,
                 scripts_n: 30,
                 scripts_secs: 0.3,
+                waiting_threads: 200,
+                waiting_locks: 20,
+                waiting_handoff: vec![1, 16, 64],
+                waiting_secs: 0.6,
                 grace: 3 * SEC,
             }
         } else {
@@ -70,6 +81,10 @@ impl Sizes {
                 scale_hold_us: 1000,
                 scripts_n: 300,
                 scripts_secs: 1.5,
+                waiting_threads: 1000,
+                waiting_locks: 100,
+                waiting_handoff: vec![1, 16, 256],
+                waiting_secs: 2.5,
                 grace: 8 * SEC,
             }
         }

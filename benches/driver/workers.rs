@@ -250,8 +250,13 @@ fn run_threads(spec: &Spec, first: u32, threads: u32) -> Collected {
     out
 }
 
-/// Child process: run the workers, print their records.
+/// Child process: run the workers, print their records (`mode=waiting`: the waiting process of
+/// section "waiting", see `waiting::child`).
 pub fn child_main(args: &[String]) {
+    if args.iter().any(|a| a == "mode=waiting") {
+        crate::waiting::child(args);
+        return;
+    }
     let (spec, first, threads) = match Spec::from_args(args) {
         Ok(v) => v,
         Err(e) => {
@@ -286,6 +291,32 @@ pub struct Outcome {
     pub counter: Option<i64>,
 }
 
+/// Where a run's workers live: threads of this process, or child processes of so many threads
+/// each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Layout {
+    Threads(u32),
+    Procs(Vec<u32>),
+}
+
+impl Layout {
+    /// `procs` processes of `threads` threads; `procs == 0`: `threads` threads of this process.
+    pub fn of(procs: u32, threads: u32) -> Layout {
+        if procs == 0 {
+            Layout::Threads(threads)
+        } else {
+            Layout::Procs(vec![threads; procs as usize])
+        }
+    }
+
+    pub fn workers(&self) -> u32 {
+        match self {
+            Layout::Threads(t) => *t,
+            Layout::Procs(p) => p.iter().sum(),
+        }
+    }
+}
+
 /// Run a scenario: `procs` child processes of `threads` workers each (`procs == 0`: threads of
 /// this process). Takes commandstats over the middle of the run when `window` is given.
 pub fn run(
@@ -295,72 +326,91 @@ pub fn run(
     window: Option<(u64, u64)>,
     monitor: bool,
 ) -> Outcome {
-    let workers = procs.max(1) * threads;
+    run_layout(spec, &Layout::of(procs, threads), window, monitor)
+}
+
+/// `run` with the workers laid out as `layout` says.
+pub fn run_layout(
+    spec: &Spec,
+    layout: &Layout,
+    window: Option<(u64, u64)>,
+    monitor: bool,
+) -> Outcome {
+    let workers = layout.workers();
     let mut conn = connect(&spec.url);
     let monitor = monitor.then(|| watch_acquires(&spec.url, &spec.name));
     let mut stats = vec![];
     let mut bg = vec![];
-    let got = if procs == 0 {
-        let s = spec.clone();
-        let h = std::thread::spawn(move || run_threads(&s, 0, threads));
-        if let Some((a, b)) = window {
-            sleep_until_ns(a);
-            stats.push(snapshot(&mut conn));
-            bg.push(background_switches());
-            sleep_until_ns(b);
-            bg.push(background_switches());
-            stats.push(snapshot(&mut conn));
+    let got = match layout {
+        &Layout::Threads(threads) => {
+            let s = spec.clone();
+            let h = std::thread::spawn(move || run_threads(&s, 0, threads));
+            if let Some((a, b)) = window {
+                sleep_until_ns(a);
+                stats.push(snapshot(&mut conn));
+                bg.push(background_switches());
+                sleep_until_ns(b);
+                bg.push(background_switches());
+                stats.push(snapshot(&mut conn));
+            }
+            h.join().expect("worker threads")
         }
-        h.join().expect("worker threads")
-    } else {
-        let exe = std::env::current_exe().expect("current_exe");
-        let children: Vec<_> = (0..procs)
-            .map(|p| {
-                Command::new(&exe)
-                    .arg("--child")
-                    .args(spec.args())
-                    .arg(format!("first_worker={}", p * threads))
-                    .arg(format!("threads={threads}"))
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::inherit())
-                    .spawn()
-                    .expect("spawn child process")
-            })
-            .collect();
-        if let Some((a, b)) = window {
-            sleep_until_ns(a);
-            stats.push(snapshot(&mut conn));
-            sleep_until_ns(b);
-            stats.push(snapshot(&mut conn));
-        }
-        let mut got = Collected::default();
-        for c in children {
-            let out = c.wait_with_output().expect("child output");
-            let text = String::from_utf8_lossy(&out.stdout);
-            let mut done = false;
-            for line in text.lines() {
-                if let Some(r) = Rec::parse(line) {
-                    got.recs.push(r);
-                } else if let Some((w, f)) =
-                    line.strip_prefix("flag ").and_then(|l| l.split_once(' '))
-                {
-                    got.flags
-                        .insert(w.parse().unwrap_or(u32::MAX), f.to_string());
-                } else if let Some(e) = line.strip_prefix("error ") {
-                    got.errors.push(e.to_string());
-                } else if line == "done" {
-                    done = true;
+        Layout::Procs(procs) => {
+            let exe = std::env::current_exe().expect("current_exe");
+            let firsts = procs.iter().scan(0, |first, &t| {
+                *first += t;
+                Some(*first - t)
+            });
+            let children: Vec<_> = procs
+                .iter()
+                .zip(firsts)
+                .map(|(&threads, first)| {
+                    Command::new(&exe)
+                        .arg("--child")
+                        .args(spec.args())
+                        .arg(format!("first_worker={first}"))
+                        .arg(format!("threads={threads}"))
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::inherit())
+                        .spawn()
+                        .expect("spawn child process")
+                })
+                .collect();
+            if let Some((a, b)) = window {
+                sleep_until_ns(a);
+                stats.push(snapshot(&mut conn));
+                sleep_until_ns(b);
+                stats.push(snapshot(&mut conn));
+            }
+            let mut got = Collected::default();
+            for c in children {
+                let out = c.wait_with_output().expect("child output");
+                let text = String::from_utf8_lossy(&out.stdout);
+                let mut done = false;
+                for line in text.lines() {
+                    if let Some(r) = Rec::parse(line) {
+                        got.recs.push(r);
+                    } else if let Some((w, f)) =
+                        line.strip_prefix("flag ").and_then(|l| l.split_once(' '))
+                    {
+                        got.flags
+                            .insert(w.parse().unwrap_or(u32::MAX), f.to_string());
+                    } else if let Some(e) = line.strip_prefix("error ") {
+                        got.errors.push(e.to_string());
+                    } else if line == "done" {
+                        done = true;
+                    }
+                }
+                if !done {
+                    got.errors.push(format!(
+                        "a child process ended without finishing: {}",
+                        out.status
+                    ));
                 }
             }
-            if !done {
-                got.errors.push(format!(
-                    "a child process ended without finishing: {}",
-                    out.status
-                ));
-            }
+            got
         }
-        got
     };
     let arrivals = monitor.map(Monitor::finish).unwrap_or_default();
     let Collected {
