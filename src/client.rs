@@ -1,4 +1,4 @@
-//! [`LockClient`]: connections, configuration and the three background threads of one client.
+//! [`LockClient`]: connections, configuration and the two background threads of one client.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -197,7 +197,7 @@ impl LockClientBuilder {
             .error_handler(Box::new(r2d2::NopErrorHandler))
             .build_unchecked(manager()?);
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let waker = Waker::start(manager()?, pool.clone(), &id, c.read_timeout)?;
+        let waker = Waker::new(manager()?, pool.clone(), c.read_timeout);
         let watchdog = Watchdog::start(pool.clone(), &id, c.lease)?;
         let checker = manager()?;
         let janitor = Janitor::start(
@@ -240,10 +240,10 @@ pub(crate) fn validate_lease(setting: &'static str, lease: Duration) -> Result<(
 }
 
 /// A connection to one Redis server that hands out [`FairLock`](crate::FairLock) handles. Cheap to clone; all
-/// clones share the pool and the three background threads (the watchdog, which renews leases; the
-/// janitor, which keeps this client's waiters alive and repairs locks that crashes left behind;
-/// and the waker, whose one blocking connection waits for all waiting threads). The threads stop
-/// when the last clone and the last lock handle are dropped.
+/// clones share the pool, the one blocking connection its waiting threads take turns on, and
+/// the two background threads (the watchdog, which renews leases, and the janitor, which keeps
+/// this client's waiters alive and repairs locks that crashes left behind). The threads stop when
+/// the last clone and the last lock handle are dropped.
 ///
 /// ```no_run
 /// let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
@@ -270,7 +270,7 @@ pub(crate) struct ClientInner {
     /// (lock key, owner) -> the attempt that thread is making now, for `WaitCanceller`.
     pub waiting: Mutex<HashMap<(String, String), u64>>,
     pub pool: r2d2::Pool<Manager>,
-    /// Hands the messages of this client's wake lists to its waiting threads.
+    /// The one BLPOP of this client's waiting threads (see `waker`).
     pub waker: Waker,
     pub watchdog: Watchdog,
     pub janitor: Janitor,

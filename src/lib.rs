@@ -30,8 +30,9 @@
 //! 2. `connection`: the connection manager, the pools and the retry of a dropped connection;
 //! 3. [`raw`]: the protocol, `scripts/*.lua` with one typed call per transition;
 //! 4. `hold`: the per-thread record of holds, and the state a hold shares with the watchdog;
-//! 5. `watchdog` (lease renewal), `janitor` (waiter heartbeats and crash repair) and `waker`
-//!    (one BLPOP for all waiting threads), one thread each per client, fed plain data;
+//! 5. `watchdog` (lease renewal) and `janitor` (waiter heartbeats and crash repair), one thread
+//!    each per client, fed plain data, and `waker` (the one BLPOP all waiting threads of a
+//!    client take turns on);
 //! 6. `client`: [`LockClient`], its settings, pools and background threads;
 //! 7. `status`, then [`FairLock`] (`lock`) and [`LockGuard`] (`guard`), the handle and its
 //!    guard, which refer to each other as `lock_api`'s `Mutex` and `MutexGuard` do, with

@@ -1,13 +1,18 @@
-//! The waker: one thread per client that blocks in one BLPOP over the wake lists of every lock
-//! this client's threads wait on, and hands each message to the thread waiting with its attempt.
-//! Waiting thus costs one connection per client, however many threads wait on however many locks.
+//! The waker: one blocking connection per client, on which one BLPOP covers the wake lists of
+//! every lock this client's threads wait on. Waiting thus costs one connection per client,
+//! however many threads wait on however many locks.
+//!
+//! There is no waker thread: the waiting threads take turns (the leader/followers pattern). One of
+//! them, the *leader*, blocks in the BLPOP; it hands each message that is not its own to the
+//! thread registered with its attempt, over a crossbeam channel, and blocks again. When the leader
+//! stops waiting (its grant came, its deadline passed), it makes the longest-waiting of the others
+//! the leader. In FIFO order that thread is usually the next to be granted, so its grant reaches
+//! it with no hop between threads: a hand-off costs what it cost with a connection per thread.
 //!
 //! ```text
-//!  thread 1 ─┐ register(attempt 41)            one connection, named fairlock-waker:
-//!  thread 2 ─┤ register(attempt 42)    waker ── BLPOP <lock A>:wake:<client> <lock B>:wake:<client> …
-//!  thread 3 ─┘ register(attempt 57)      │
-//!       ▲                                │ "2|g|42|<token>|<ms>" popped from A's list
-//!       └──── crossbeam channel ◄────────┘ to the thread registered with attempt 42
+//!  thread 1 (leader) ── BLPOP <lock A>:wake:<client> <lock B>:wake:<client> … ── one connection
+//!     │  "2|g|42|<token>|<ms>" popped from A's list is not its own:
+//!     └──► crossbeam channel ──► thread 2 (registered with attempt 42), which holds the lock
 //! ```
 //!
 //! - **Which thread.** Attempt numbers are unique per client, so a message's attempt names its
@@ -16,60 +21,70 @@
 //!   (see `leave.lua`), or acquire will, when that thread tries again with the same attempt.
 //! - **No message popped before its thread listens.** A thread that may wait registers its
 //!   attempt *before* its acquire request, so every message for it (which only that request's
-//!   queueing can cause) finds the channel. A message pushed before the waker watches the list
+//!   queueing can cause) finds the channel. A message pushed before the BLPOP covers its list
 //!   just waits in it.
+//! - **Always a leader while anyone waits.** Leadership is state under the waker's mutex, not a
+//!   message: a thread that stops waiting for any reason (a grant, a deadline, an error, a panic
+//!   unwinding) passes it on if it holds it; a thread that starts waiting with no leader leads.
 //! - **A new list to watch.** When a thread starts waiting on a lock whose list the blocked
-//!   BLPOP does not cover, it sends `CLIENT UNBLOCK` for the waker's connection on a pooled
-//!   connection, and the waker re-issues the BLPOP with the new key; never a polling loop. An
+//!   BLPOP does not cover, it sends `CLIENT UNBLOCK` for the blocking connection on a pooled
+//!   connection, and the leader re-issues the BLPOP with the new key; never a polling loop. An
 //!   UNBLOCK that overtakes the BLPOP it is meant for (it returns 0) is sent again until that
 //!   BLPOP has arrived or has been answered. Lists stay watched for a while after their last
 //!   waiter left, so a lock waited on again and again costs no UNBLOCK each time.
-//! - **Lost pops.** When the waker's connection fails (dropped by a restart, a timeout, a read
-//!   error), a message it popped may be lost with the reply. Every waiting thread is told, and
-//!   runs acquire again with the same attempt: it keeps its place, or gets the grant whose
-//!   message was lost.
+//! - **Lost pops.** When the blocking connection fails (dropped by a restart, a timeout, a read
+//!   error), a message popped may be lost with the reply. Every waiting thread is told, and runs
+//!   acquire again with the same attempt: it keeps its place, or gets the grant whose message was
+//!   lost.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::thread;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
-use parking_lot::{Condvar, Mutex};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use parking_lot::Mutex;
 
 use crate::connection::{with_pooled, Conn, Manager};
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::raw::{self, Wake};
 
-/// The longest single BLPOP: the waker re-blocks at least this often, which bounds how long a
+/// The longest single BLPOP: the leader re-blocks at least this often, which bounds how long a
 /// silently dead connection (no RST) can hide, and how late an UNBLOCK that failed is made up for.
 const MAX_BLOCK: Duration = Duration::from_secs(10);
+/// BLPOP timeouts below 1 ms turned into "forever" on Redis < 7.0.8 (redis/redis#11688).
+const MIN_BLOCK: Duration = Duration::from_millis(2);
 /// How long a list stays watched after its last waiter left.
 const LINGER: Duration = Duration::from_secs(10);
 /// At most this many lists without waiters stay watched (each costs the server a little on
 /// every BLPOP); the longest idle go first.
 const MAX_IDLE_LISTS: usize = 64;
-/// Pauses between attempts to connect while the server cannot be reached.
-const BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(2));
-/// The name of the waker's connection in `CLIENT LIST`.
+/// The name of the blocking connection in `CLIENT LIST`.
 pub(crate) const CONNECTION_NAME: &str = "fairlock-waker";
 
 /// What a waiting thread hears.
 pub(crate) enum Event {
     /// A message for its attempt.
     Wake(Wake),
-    /// The server closed the waker's connection (a restart): a message may have been lost with
+    /// The server closed the blocking connection (a restart): a message may have been lost with
     /// it; run acquire again.
     Dropped,
-    /// The waker's connection failed otherwise (a timeout, refused): run acquire again, and
+    /// The blocking connection failed otherwise (a timeout, refused): run acquire again, and
     /// count it as a failure.
     Failed(Error),
 }
 
+/// What goes over a waiting thread's channel.
+enum Signal {
+    Event(Event),
+    /// You lead now (see the module docs); a nudge only: leadership is `State::leader`.
+    Lead,
+}
+
 struct Registered {
-    events: Sender<Event>,
+    events: Sender<Signal>,
     /// The list this attempt waits on, once it waits.
     list: Option<String>,
+    /// Whether its thread is in [`Registration::next`] now (only those are made leaders).
+    in_next: bool,
 }
 
 struct Watched {
@@ -77,6 +92,12 @@ struct Watched {
     waiting: usize,
     /// When the last of them left.
     idle_since: Instant,
+}
+
+/// The blocking connection and its server-side id.
+struct Blocking {
+    conn: Conn,
+    id: i64,
 }
 
 #[derive(Default)]
@@ -88,16 +109,48 @@ struct State {
     generation: u64,
     /// The BLPOP in flight, if any: the generation of its lists and the id of its connection.
     in_flight: Option<(u64, i64)>,
-    /// Set when the client is dropped, or the thread ended.
-    stopped: bool,
+    /// The attempt whose thread leads.
+    leader: Option<u64>,
+    /// The blocking connection, while no BLPOP uses it.
+    blocking: Option<Blocking>,
+    /// Rotates the order of the lists in the BLPOP.
+    rotation: usize,
 }
 
 impl State {
-    /// Tell every waiting attempt (one that watches a list) about a failure of the waker's
-    /// connection.
-    fn tell_waiting(&self, event: impl Fn() -> Event) {
-        for r in self.attempts.values().filter(|r| r.list.is_some()) {
-            let _ = r.events.send(event());
+    /// Tell every other waiting attempt about a failure of the blocking connection.
+    fn tell_waiting(&self, except: u64, event: impl Fn() -> Event) {
+        for (_, r) in self
+            .attempts
+            .iter()
+            .filter(|(a, r)| **a != except && r.list.is_some())
+        {
+            let _ = r.events.send(Signal::Event(event()));
+        }
+    }
+
+    /// If `attempt` leads, make the longest-waiting other thread in `next` the leader.
+    fn resign(&mut self, attempt: u64) {
+        if self.leader != Some(attempt) {
+            return;
+        }
+        self.leader = self
+            .attempts
+            .iter()
+            .filter(|(a, r)| **a != attempt && r.in_next && r.list.is_some())
+            .map(|(a, _)| *a)
+            .min();
+        if let Some(next) = self.leader {
+            let _ = self.attempts[&next].events.send(Signal::Lead);
+        }
+    }
+
+    fn leave_list(&mut self, list: &str) {
+        if let Some(w) = self.lists.get_mut(list) {
+            w.waiting = w.waiting.saturating_sub(1);
+            if w.waiting == 0 {
+                w.idle_since = Instant::now();
+            }
         }
     }
 
@@ -121,67 +174,36 @@ impl State {
     }
 }
 
-struct Shared {
+/// The waker of one client (see the module docs).
+pub(crate) struct Waker {
     state: Mutex<State>,
-    /// Wakes the thread when it idles with nothing to watch.
-    changed: Condvar,
+    manager: Manager,
     /// For `CLIENT UNBLOCK`.
     pool: r2d2::Pool<Manager>,
-    /// How long to keep resending an UNBLOCK that overtook its BLPOP.
+    /// Added to a BLPOP's block for its read timeout; also how long an UNBLOCK that overtook its
+    /// BLPOP is sent again.
     read_timeout: Duration,
 }
 
-/// The waker of one client (see the module docs). Dropping it stops its thread.
-pub(crate) struct Waker {
-    shared: Arc<Shared>,
-}
-
 impl Waker {
-    /// Start the thread; it connects when the first thread waits.
-    ///
-    /// # Errors
-    /// [`Error::Io`] when the thread cannot be started.
-    pub fn start(
-        manager: Manager,
-        pool: r2d2::Pool<Manager>,
-        client_id: &str,
-        read_timeout: Duration,
-    ) -> Result<Waker> {
-        let shared = Arc::new(Shared {
+    pub fn new(manager: Manager, pool: r2d2::Pool<Manager>, read_timeout: Duration) -> Waker {
+        Waker {
             state: Mutex::new(State::default()),
-            changed: Condvar::new(),
+            manager,
             pool,
             read_timeout,
-        });
-        let for_thread = shared.clone();
-        thread::Builder::new()
-            .name(format!(
-                "fairlock-waker-{}",
-                &client_id[..8.min(client_id.len())]
-            ))
-            .spawn(move || {
-                let _ending = Ending(&for_thread);
-                run(&for_thread, &manager);
-            })
-            .map_err(|source| Error::Io {
-                during: "starting the waker thread",
-                source,
-            })?;
-        Ok(Waker { shared })
+        }
     }
 
     /// Listen for messages to `attempt`. Call it before the acquire request that may queue it.
     pub fn register(&self, attempt: u64) -> Registration<'_> {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let mut state = self.shared.state.lock();
-        if state.stopped {
-            let _ = tx.send(Event::Failed(stopped_error()));
-        }
-        state.attempts.insert(
+        self.state.lock().attempts.insert(
             attempt,
             Registered {
                 events: tx,
                 list: None,
+                in_next: false,
             },
         );
         Registration {
@@ -194,7 +216,7 @@ impl Waker {
     /// Make the BLPOP cover `list` (for `attempt`, registered).
     fn watch(&self, attempt: u64, list: &str) {
         let added = {
-            let mut state = self.shared.state.lock();
+            let mut state = self.state.lock();
             let Some(r) = state.attempts.get_mut(&attempt) else {
                 return;
             };
@@ -220,7 +242,6 @@ impl Waker {
                 .waiting += 1;
             if added {
                 state.generation += 1;
-                self.shared.changed.notify_one();
             }
             added.then_some(state.generation)
         };
@@ -230,7 +251,8 @@ impl Waker {
     }
 
     fn unregister(&self, attempt: u64) {
-        let mut state = self.shared.state.lock();
+        let mut state = self.state.lock();
+        state.resign(attempt);
         if let Some(Registered {
             list: Some(list), ..
         }) = state.attempts.remove(&attempt)
@@ -242,10 +264,10 @@ impl Waker {
     /// Make the blocked BLPOP, if it does not cover the lists of `generation`, end and be sent
     /// again with them.
     fn interrupt(&self, generation: u64) {
-        let give_up = Instant::now() + self.shared.read_timeout;
+        let give_up = Instant::now() + self.read_timeout;
         let mut sent = 0;
         loop {
-            let id = match self.shared.state.lock().in_flight {
+            let id = match self.state.lock().in_flight {
                 Some((g, id)) if g < generation => id,
                 // not blocked (the next BLPOP is built with the new list), or already covering it
                 _ => return,
@@ -255,81 +277,208 @@ impl Waker {
                 .arg(id)
                 .arg("TIMEOUT")
                 .clone();
-            match with_pooled(&self.shared.pool, "waking the waker", |c| {
+            match with_pooled(&self.pool, "interrupting the blocked BLPOP", |c| {
                 c.query::<i64>(&unblock)
-                    .map_err(|e| Error::from_redis("waking the waker", e))
+                    .map_err(|e| Error::from_redis("interrupting the blocked BLPOP", e))
             }) {
                 Ok(1) => return,
                 // the BLPOP has not reached the server yet, or has just been answered: look again
                 Ok(_) if Instant::now() < give_up => {
                     sent += 1;
                     if sent > 3 {
-                        thread::sleep(Duration::from_micros(200));
+                        std::thread::sleep(Duration::from_micros(200));
                     } else {
-                        thread::yield_now();
+                        std::thread::yield_now();
                     }
                 }
                 Ok(_) => {
-                    log::warn!("fairlock: the waker did not block within {:?}; it takes up a new lock when its BLPOP times out (within {MAX_BLOCK:?})", self.shared.read_timeout);
+                    log::warn!("fairlock: the BLPOP of waiting threads did not block within {:?}; it takes up a new lock when it times out (within {MAX_BLOCK:?})", self.read_timeout);
                     return;
                 }
                 Err(e) => {
-                    log::warn!("fairlock: could not interrupt the waker ({e}); it takes up a new lock when its BLPOP times out (within {MAX_BLOCK:?})");
+                    log::warn!("fairlock: could not interrupt the BLPOP of waiting threads ({e}); it takes up a new lock when it times out (within {MAX_BLOCK:?})");
                     return;
                 }
             }
         }
     }
-}
 
-impl State {
-    fn leave_list(&mut self, list: &str) {
-        if let Some(w) = self.lists.get_mut(list) {
-            w.waiting = w.waiting.saturating_sub(1);
-            if w.waiting == 0 {
-                w.idle_since = Instant::now();
+    /// As the leader (`me`), block once in the BLPOP, for at most `block`. `Some` when this
+    /// thread's wait is over: a message for itself, or a failure of the connection.
+    fn lead_once(&self, me: u64, block: Duration) -> Option<Event> {
+        let taken = self.state.lock().blocking.take();
+        let mut blocking = match taken {
+            Some(b) => b,
+            None => match self.connect() {
+                Ok(b) => b,
+                Err(e) => {
+                    let detail = e.to_string();
+                    let failed = || Error::Connection {
+                        during: "waiting for the lock",
+                        detail: detail.clone(),
+                        source: None,
+                    };
+                    let mut state = self.state.lock();
+                    state.tell_waiting(me, || Event::Failed(failed()));
+                    state.resign(me);
+                    return Some(Event::Failed(failed()));
+                }
+            },
+        };
+        // the lists and their generation in one step: a list added later is not covered, and
+        // its thread sees an older generation in flight and sends an UNBLOCK
+        let lists = {
+            let mut state = self.state.lock();
+            state.forget_idle_lists(Instant::now());
+            let mut lists: Vec<String> = state.lists.keys().cloned().collect();
+            // rotate, so a busy list first in line never keeps the others waiting
+            lists.sort_unstable();
+            state.rotation = state.rotation.wrapping_add(1);
+            let n = lists.len().max(1);
+            lists.rotate_left(state.rotation % n);
+            state.in_flight = Some((state.generation, blocking.id));
+            lists
+        };
+        blocking.conn.set_read_timeout(block + self.read_timeout);
+        let reply: redis::RedisResult<Option<(String, String)>> =
+            blocking.conn.query(&raw::wait_cmd(&lists, block));
+        let mut state = self.state.lock();
+        state.in_flight = None;
+        match reply {
+            Ok(popped) => {
+                state.blocking = Some(blocking);
+                let wake = popped.and_then(|(_, msg)| match raw::parse_wake(&msg) {
+                    Ok(wake) => Some(wake),
+                    Err(e) => {
+                        log::warn!("fairlock: dropped a wake-up message it cannot read: {e}");
+                        None
+                    }
+                })?;
+                if wake.attempt() == me {
+                    state.resign(me);
+                    return Some(Event::Wake(wake));
+                }
+                match state.attempts.get(&wake.attempt()) {
+                    Some(r) => {
+                        let _ = r.events.send(Signal::Event(Event::Wake(wake)));
+                    }
+                    None => log::debug!(
+                        "fairlock: dropped a wake-up for attempt {}: no thread waits with it",
+                        wake.attempt()
+                    ),
+                }
+                None
+            }
+            Err(e) => {
+                log::debug!("fairlock: the BLPOP of waiting threads failed ({e}); they re-check");
+                let event = if blocking.conn.was_dropped() {
+                    state.tell_waiting(me, || Event::Dropped);
+                    Event::Dropped
+                } else {
+                    let detail = e.to_string();
+                    let failed = || Error::Connection {
+                        during: "waiting for the lock",
+                        detail: detail.clone(),
+                        source: None,
+                    };
+                    state.tell_waiting(me, || Event::Failed(failed()));
+                    Event::Failed(failed())
+                };
+                state.resign(me);
+                Some(event)
             }
         }
     }
-}
 
-impl Drop for Waker {
-    fn drop(&mut self) {
-        let in_flight = {
-            let mut state = self.shared.state.lock();
-            state.stopped = true;
-            self.shared.changed.notify_one();
-            state.in_flight
-        };
-        if let Some((_, id)) = in_flight {
-            let unblock = redis::cmd("CLIENT").arg("UNBLOCK").arg(id).clone();
-            let _ = with_pooled(&self.shared.pool, "stopping the waker", |c| {
-                c.query::<i64>(&unblock)
-                    .map_err(|e| Error::from_redis("stopping the waker", e))
-            });
-        }
+    fn connect(&self) -> redis::RedisResult<Blocking> {
+        let mut conn = self.manager.open()?;
+        conn.query::<()>(redis::cmd("CLIENT").arg("SETNAME").arg(CONNECTION_NAME))?;
+        let id = conn.query(redis::cmd("CLIENT").arg("ID"))?;
+        Ok(Blocking { conn, id })
     }
 }
 
-/// One registered attempt's end of the waker: unregisters when dropped.
+/// One registered attempt's end of the waker: unregisters (and passes on the lead) when dropped.
 pub(crate) struct Registration<'a> {
     waker: &'a Waker,
     attempt: u64,
-    events: Receiver<Event>,
+    events: Receiver<Signal>,
 }
 
 impl Registration<'_> {
-    /// Wait on `list` (the wake list of this client for the lock): the waker covers it from now on.
+    /// Wait on `list` (the wake list of this client for the lock): the BLPOP covers it from now on.
     pub fn watch(&self, list: &str) {
         self.waker.watch(self.attempt, list);
     }
 
-    /// The next event, or `None` when `deadline` came first (`None` deadline: wait as long as it
-    /// takes; the waker tells of every failure, so this never hangs on a dead connection).
+    /// The next event for this attempt, or `None` when `deadline` came
+    /// first (`None` deadline: wait as long as it takes; every failure of the blocking connection
+    /// is told, so this never hangs on a dead connection).
     pub fn next(&self, deadline: Option<Instant>) -> Option<Event> {
-        match deadline {
-            None => self.events.recv().ok(),
-            Some(d) => self.events.recv_deadline(d).ok(),
+        self.set_in_next(true);
+        let event = self.wait(deadline);
+        let mut state = self.waker.state.lock();
+        state.resign(self.attempt);
+        if let Some(r) = state.attempts.get_mut(&self.attempt) {
+            r.in_next = false;
+        }
+        event
+    }
+
+    fn set_in_next(&self, in_next: bool) {
+        if let Some(r) = self.waker.state.lock().attempts.get_mut(&self.attempt) {
+            r.in_next = in_next;
+        }
+    }
+
+    fn wait(&self, deadline: Option<Instant>) -> Option<Event> {
+        loop {
+            match self.events.try_recv() {
+                Ok(Signal::Lead) => {}
+                Ok(Signal::Event(event)) => return Some(event),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => {}
+            }
+            let lead = {
+                let mut state = self.waker.state.lock();
+                if state.leader.is_none() {
+                    state.leader = Some(self.attempt);
+                }
+                state.leader == Some(self.attempt)
+            };
+            if lead {
+                let block = match deadline {
+                    None => MAX_BLOCK,
+                    Some(d) => {
+                        let left = d.saturating_duration_since(Instant::now());
+                        if left < MIN_BLOCK {
+                            return None;
+                        }
+                        left.min(MAX_BLOCK)
+                    }
+                };
+                if let Some(event) = self.waker.lead_once(self.attempt, block) {
+                    return Some(event);
+                }
+                continue;
+            }
+            let received = match deadline {
+                None => self
+                    .events
+                    .recv()
+                    .map_err(|_| RecvTimeoutError::Disconnected),
+                Some(d) => self.events.recv_deadline(d),
+            };
+            match received {
+                Ok(Signal::Lead) => {}
+                Ok(Signal::Event(event)) => return Some(event),
+                Err(RecvTimeoutError::Timeout) => return None,
+                // the sender lives in the waker's registry as long as this registration
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Some(Event::Failed(Error::protocol(
+                        "a waiting thread's channel closed".to_string(),
+                    )))
+                }
+            }
         }
     }
 }
@@ -337,159 +486,5 @@ impl Registration<'_> {
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         self.waker.unregister(self.attempt);
-    }
-}
-
-fn stopped_error() -> Error {
-    Error::Connection {
-        during: "waiting for the lock",
-        detail: "the client's waker thread has stopped".into(),
-        source: None,
-    }
-}
-
-/// Marks the waker stopped and tells the waiting threads when its thread ends, however it ends.
-struct Ending<'a>(&'a Shared);
-
-impl Drop for Ending<'_> {
-    fn drop(&mut self) {
-        let mut state = self.0.state.lock();
-        state.stopped = true;
-        state.in_flight = None;
-        for r in state.attempts.values() {
-            let _ = r.events.send(Event::Failed(stopped_error()));
-        }
-    }
-}
-
-/// The waker's connection and its server-side id.
-struct Connection {
-    conn: Conn,
-    id: i64,
-}
-
-fn connect(manager: &Manager) -> redis::RedisResult<Connection> {
-    let mut conn = manager.open()?;
-    conn.query::<()>(redis::cmd("CLIENT").arg("SETNAME").arg(CONNECTION_NAME))?;
-    let id = conn.query(redis::cmd("CLIENT").arg("ID"))?;
-    Ok(Connection { conn, id })
-}
-
-fn run(shared: &Shared, manager: &Manager) {
-    let read_margin = shared.read_timeout;
-    let mut connection: Option<Connection> = None;
-    let mut backoff = BACKOFF.0;
-    let mut rotation = 0usize;
-    loop {
-        // the lists to watch, once there are any
-        {
-            let mut state = shared.state.lock();
-            loop {
-                if state.stopped {
-                    return;
-                }
-                state.forget_idle_lists(Instant::now());
-                if !state.lists.is_empty() {
-                    break;
-                }
-                shared.changed.wait(&mut state);
-            }
-        }
-        let c = match connection.as_mut() {
-            Some(c) => c,
-            None => match connect(manager) {
-                Ok(c) => {
-                    backoff = BACKOFF.0;
-                    connection.insert(c)
-                }
-                Err(e) => {
-                    log::warn!(
-                        "fairlock: the waker cannot reach Redis ({e}); retrying in {backoff:?}"
-                    );
-                    let mut state = shared.state.lock();
-                    let detail = e.to_string();
-                    state.tell_waiting(|| {
-                        Event::Failed(Error::Connection {
-                            during: "waiting for the lock",
-                            detail: detail.clone(),
-                            source: None,
-                        })
-                    });
-                    if !state.stopped {
-                        shared.changed.wait_for(&mut state, backoff);
-                    }
-                    backoff = (backoff * 2).min(BACKOFF.1);
-                    continue;
-                }
-            },
-        };
-        let (lists, block) = {
-            let mut state = shared.state.lock();
-            if state.stopped {
-                return;
-            }
-            let mut lists: Vec<String> = state.lists.keys().cloned().collect();
-            if lists.is_empty() {
-                continue;
-            }
-            // rotate, so a busy list first in line never keeps the others waiting
-            lists.sort_unstable();
-            rotation = rotation.wrapping_add(1);
-            let n = lists.len();
-            lists.rotate_left(rotation % n);
-            state.in_flight = Some((state.generation, c.id));
-            let block = if state.lists.values().any(|w| w.waiting > 0) {
-                MAX_BLOCK
-            } else {
-                LINGER
-            };
-            (lists, block)
-        };
-        c.conn.set_read_timeout(block + read_margin);
-        let reply: redis::RedisResult<Option<(String, String)>> =
-            c.conn.query(&raw::wait_cmd(&lists, block));
-        let mut state = shared.state.lock();
-        state.in_flight = None;
-        match reply {
-            Ok(Some((_, msg))) => deliver(&state, &msg),
-            Ok(None) => {}
-            Err(e) => {
-                let dropped = c.conn.was_dropped();
-                log::debug!("fairlock: the waker's BLPOP failed ({e}); its waiters re-check");
-                connection = None;
-                if dropped {
-                    state.tell_waiting(|| Event::Dropped);
-                } else {
-                    let detail = e.to_string();
-                    state.tell_waiting(|| {
-                        Event::Failed(Error::Connection {
-                            during: "waiting for the lock",
-                            detail: detail.clone(),
-                            source: None,
-                        })
-                    });
-                }
-            }
-        }
-    }
-}
-
-/// Hand a popped message to the thread registered with its attempt.
-fn deliver(state: &State, msg: &str) {
-    let wake = match raw::parse_wake(msg) {
-        Ok(wake) => wake,
-        Err(e) => {
-            log::warn!("fairlock: the waker dropped a message it cannot read: {e}");
-            return;
-        }
-    };
-    match state.attempts.get(&wake.attempt()) {
-        Some(r) => {
-            let _ = r.events.send(Event::Wake(wake));
-        }
-        None => log::debug!(
-            "fairlock: the waker dropped {msg:?}: no thread waits with attempt {}",
-            wake.attempt()
-        ),
     }
 }
