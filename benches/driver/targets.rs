@@ -247,6 +247,19 @@ fn targets_latency(j: &Results) -> Targets {
         &x,
         &|v| v <= 1.5,
     );
+    for (i, what) in ["one lock", "100 locks"].iter().enumerate() {
+        let row = j.waiting_connections.as_ref().and_then(|r| r.get(i));
+        t.add(
+            &format!(
+                "connections while {} threads of one process wait on {what}, minus the bound (pool_size + 2)",
+                row.map_or(0, |r| r.threads)
+            ),
+            "≤ 0",
+            row.and_then(|r| Some((r.connections? - i64::from(r.bound?)) as f64)),
+            &|v| format!("{v:.0}"),
+            &|v| v <= 0.0,
+        );
+    }
 
     t
 }
