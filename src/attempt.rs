@@ -3,17 +3,18 @@
 //! How a waiter waits (the whole wake-up path is here and in `release.lua`):
 //! 1. Each acquire call is an *attempt* with a number of its own. `acquire.lua` either grants
 //!    the lock or puts the attempt in the lock's FIFO queue.
-//! 2. The thread waits on a channel of its own, registered with the client's waker (`waker`)
-//!    before the request: the waker blocks in one BLPOP over this client's wake lists of every
-//!    lock its threads wait on, so waiting costs no connection per thread.
+//! 2. The thread registers its attempt with the client's `waker` before the request, and then
+//!    waits: either as the *leader*, blocking in the one BLPOP that covers this client's wake
+//!    lists of every lock its threads wait on, or on a channel of its own, for the leader to hand
+//!    it its message. Waiting costs no connection per thread.
 //! 3. The release that makes this attempt the head grants it the lock inside the script and
 //!    pushes `<thread>|g|<attempt>|<token>|<time>` (a hand-off) to this client's list of that
-//!    lock: the waker pops it and hands it to this thread, which holds the lock with no further
+//!    lock: this thread (as the leader, usually) pops it and holds the lock with no further
 //!    round trip. A push that lands before the BLPOP covers the list stays in it, so no wake-up
 //!    is lost.
 //! 4. The janitor keeps the queue entry alive meanwhile; if the attempt lost its place (a long
 //!    pause, a lapsed grant, a Redis restart) it pushes a "retry" and the thread re-runs step 1
-//!    with the same attempt. So does a wait that failed (the waker's connection broke, and a
+//!    with the same attempt. So does a wait that failed (the blocking connection broke, and a
 //!    message may have been lost with it): with the same attempt, `acquire.lua` keeps the place,
 //!    or returns a grant whose wake-up was lost.
 //! 5. A waiter whose time runs out leaves with `leave.lua`, which takes a grant that reached it

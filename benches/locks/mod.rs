@@ -1,6 +1,6 @@
 //! The three locks the benchmarks compare, behind one small interface, and the clock they share.
 //!
-//! - `fairlock`: this crate (FIFO queue, per-waiter wake list, the release grants the lock).
+//! - `fairlock`: this crate (FIFO queue, a wake list per client, the release grants the lock).
 //! - `redlock`: the `redlock` crate 2.0.0, single instance, its default retry (3 attempts per
 //!   `lock` call, a random 0-200 ms sleep between them); a new TCP connection per command, as the
 //!   crate does. A waiter calls `lock` again until it gets the lock.
