@@ -14,15 +14,8 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 seconds=${1:-600}
-case "$seconds" in
-  ''|*[!0-9]*) echo "usage: scripts/chaos.sh [SECONDS]" >&2; exit 2 ;;
-esac
+require_count "$seconds" "usage: scripts/chaos.sh [SECONDS]"
 
-# libfaketime steps the server's wall clock (tests/fuzz/faketime.rs)
-
-ensure_redis_server
-ensure_faketime
-echo "== redis-server: $(redis-server --version | head -n1)"
+ensure_test_tools
 echo "== chaos long mode for ${seconds} s (release build)"
-FAIRLOCK_CHAOS_SECS="$seconds" cargo test --release --test chaos -- \
-  --ignored --exact chaos_long --nocapture
+FAIRLOCK_CHAOS_SECS="$seconds" run_long_mode chaos chaos_long

@@ -12,13 +12,8 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 steps=${1:-1000000}
-case "$steps" in
-  ''|*[!0-9]*) echo "usage: scripts/fuzz.sh [STEPS]" >&2; exit 2 ;;
-esac
+require_count "$steps" "usage: scripts/fuzz.sh [STEPS]"
 
-# libfaketime steps the server's wall clock (tests/fuzz/faketime.rs)
-ensure_redis_server
-ensure_faketime
-echo "== redis-server: $(redis-server --version | head -n1)"
+ensure_test_tools
 echo "== fuzz long mode: ${steps} steps (release build)"
-FAIRLOCK_FUZZ_STEPS="$steps" cargo test --release --test fuzz -- --ignored --exact long --nocapture
+FAIRLOCK_FUZZ_STEPS="$steps" run_long_mode fuzz long

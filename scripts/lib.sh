@@ -1,16 +1,21 @@
 # Shared by scripts/*.sh: install and run throwaway redis-servers on loopback.
 # shellcheck shell=bash
 
+# apt_install PACKAGE: install a Debian package quietly (through sudo when not root).
+apt_install() {
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$1" >/dev/null
+}
+
 # Install redis-server from Debian's packages when it is missing.
 ensure_redis_server() {
   if command -v redis-server >/dev/null 2>&1; then
     return 0
   fi
   echo "redis-server not found: installing it from Debian packages" >&2
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+  apt_install redis-server
   command -v redis-server >/dev/null 2>&1 || { echo "could not install redis-server" >&2; return 1; }
 }
 
@@ -20,11 +25,28 @@ ensure_faketime() {
     return 0
   fi
   echo "libfaketime not found: installing faketime from Debian packages" >&2
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq faketime >/dev/null
+  apt_install faketime
   ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || { echo "could not install faketime" >&2; return 1; }
+}
+
+# What the tests need: redis-server, and libfaketime to step its wall clock
+# (tests/fuzz/faketime.rs); prints the server's version.
+ensure_test_tools() {
+  ensure_redis_server
+  ensure_faketime
+  echo "== redis-server: $(redis-server --version | head -n1)"
+}
+
+# require_count VALUE USAGE: exit 2 with USAGE unless VALUE is a whole number.
+require_count() {
+  case "$1" in
+    ''|*[!0-9]*) echo "$2" >&2; exit 2 ;;
+  esac
+}
+
+# run_long_mode TEST NAME: the ignored test NAME of tests/TEST.rs (a long mode), release build.
+run_long_mode() {
+  cargo test --release --test "$1" -- --ignored --exact "$2" --nocapture
 }
 
 # A free loopback TCP port (nothing answers on it), below the kernel's ephemeral range

@@ -5,9 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-ensure_redis_server
-ensure_faketime
-echo "== redis-server: $(redis-server --version | head -n1)"
+ensure_test_tools
 
 echo "== cargo fmt --check"
 cargo fmt --check
