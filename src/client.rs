@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::connection::{with_pooled, Conn, Manager};
+use crate::connection::{with_pooled, Conn, Manager, Pool, SENTINEL_SCHEME};
 use crate::error::{Error, Result};
 use crate::janitor::Janitor;
 use crate::keys;
@@ -38,6 +38,10 @@ pub struct Config {
     /// 7 days. Tokens keep rising after it expires (they are seeded from the server clock); it
     /// bounds what idle lock names cost Redis.
     pub fence_ttl: Duration,
+    /// Through a Sentinel group: how long a call keeps trying while there is no master to
+    /// reach (a failover under way) before it fails with [`Error::Connection`]. Default 60 s;
+    /// unused with one node, where such a call fails at once.
+    pub failover_timeout: Duration,
 }
 
 impl Config {
@@ -57,6 +61,7 @@ impl Default for Config {
             read_timeout: Duration::from_secs(5),
             janitor_interval: Duration::from_secs(1),
             fence_ttl: Duration::from_secs(7 * 24 * 3600),
+            failover_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -141,6 +146,13 @@ impl LockClientBuilder {
         self
     }
 
+    /// Through a Sentinel group: how long a call keeps trying while a failover leaves no master
+    /// to reach (default 60 s, at most 1 h).
+    pub fn failover_timeout(mut self, timeout: Duration) -> Self {
+        self.config.failover_timeout = timeout;
+        self
+    }
+
     /// Check the settings, connect once to check the server, and start the background threads.
     ///
     /// # Errors
@@ -156,6 +168,12 @@ impl LockClientBuilder {
             return Err(Error::InvalidConfig {
                 setting: "pool_size",
                 reason: format!("{} is not between 1 and 1024", c.pool_size),
+            });
+        }
+        if c.failover_timeout > Duration::from_secs(3600) {
+            return Err(Error::InvalidConfig {
+                setting: "failover_timeout",
+                reason: format!("{:?} is more than 1 h", c.failover_timeout),
             });
         }
         for (setting, value) in [
@@ -187,15 +205,16 @@ impl LockClientBuilder {
             });
         }
 
-        let manager = || Manager::new(&self.url, c.connect_timeout, c.read_timeout);
+        let manager = || {
+            Manager::new(
+                &self.url,
+                c.connect_timeout,
+                c.read_timeout,
+                c.failover_timeout,
+            )
+        };
         manager()?.check_server()?;
-        let pool = r2d2::Pool::builder()
-            .max_size(c.pool_size)
-            .min_idle(Some(0))
-            .test_on_check_out(false)
-            .connection_timeout(c.connect_timeout)
-            .error_handler(Box::new(r2d2::NopErrorHandler))
-            .build_unchecked(manager()?);
+        let pool = Pool::new(manager()?, c.pool_size, c.connect_timeout);
         let id = uuid::Uuid::new_v4().simple().to_string();
         let waker = Waker::new(manager()?, pool.clone(), c.read_timeout);
         let watchdog = Watchdog::start(pool.clone(), &id, c.lease)?;
@@ -269,7 +288,7 @@ pub(crate) struct ClientInner {
     next_attempt: AtomicU64,
     /// (lock key, owner) -> the attempt that thread is making now, for `WaitCanceller`.
     pub waiting: Mutex<HashMap<(String, String), u64>>,
-    pub pool: r2d2::Pool<Manager>,
+    pub pool: Pool,
     /// The one BLPOP of this client's waiting threads (see `waker`).
     pub waker: Waker,
     pub watchdog: Watchdog,
@@ -289,12 +308,43 @@ impl LockClient {
         Self::builder(url).build()
     }
 
-    /// Start configuring a client.
+    /// Start configuring a client. `url` names one node (`redis://host:port/`, any URL the
+    /// `redis` crate opens), or the master of a Sentinel group:
+    /// `redis+sentinel://host:port[,host:port...]/<master name>` (as
+    /// [`builder_sentinel`](Self::builder_sentinel) builds it).
     pub fn builder(url: &str) -> LockClientBuilder {
         LockClientBuilder {
             url: url.to_string(),
             config: Config::default(),
         }
+    }
+
+    /// Start configuring a client of the master that the Sentinel group at `sentinels`
+    /// (`host:port` or `redis://host:port/` each) knows as `master_name`. Every new connection
+    /// goes to the master the sentinels name then, so the client follows a failover; calls made
+    /// while there is no master keep trying for [`Config::failover_timeout`].
+    ///
+    /// ```no_run
+    /// let client = fairlock::LockClient::builder_sentinel(
+    ///     "mymaster",
+    ///     &["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "10.0.0.3:26379"],
+    /// )
+    /// .build()?;
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    pub fn builder_sentinel(master_name: &str, sentinels: &[&str]) -> LockClientBuilder {
+        let hosts: Vec<&str> = sentinels
+            .iter()
+            .map(|s| {
+                s.strip_prefix("redis://")
+                    .unwrap_or(s)
+                    .trim_end_matches('/')
+            })
+            .collect();
+        Self::builder(&format!(
+            "{SENTINEL_SCHEME}{}/{master_name}",
+            hosts.join(",")
+        ))
     }
 
     /// The settings in force.
@@ -325,6 +375,7 @@ impl LockClient {
             &self.inner.url,
             self.inner.config.connect_timeout,
             self.inner.config.read_timeout,
+            self.inner.config.failover_timeout,
         )?
         .check_eviction()
     }

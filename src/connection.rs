@@ -1,15 +1,18 @@
-//! Connections: an r2d2 manager over `redis::Client` that applies fairlock's timeouts.
+//! Connections: an r2d2 manager over `redis::Client` that applies fairlock's timeouts, to one
+//! node or to the master a Sentinel group names.
 //!
 //! The redis crate's own r2d2 impl connects without a timeout (a black-holed server would hang
 //! for the OS TCP timeout) and cannot tell that a connection whose read timed out is poisoned: the
 //! server may still answer the abandoned request later (for a BLPOP: with a grant). Our
 //! [`Conn`] is marked broken on any I/O error or timeout, and r2d2 then drops it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::ConnectionLike;
 
-use crate::error::{Error, Result};
+use crate::error::{failover_error, Error, Result};
 use crate::server_check::{check_eviction_policy, EvictionCheck, UNKNOWN_POLICY_WARNING};
 
 /// Oldest Redis version fairlock supports (BLPOP with sub-second timeouts, HSET with many fields,
@@ -47,6 +50,11 @@ impl Conn {
                 self.broken = true;
                 self.dropped =
                     e.is_connection_dropped() || (e.is_unrecoverable_error() && !e.is_timeout());
+            } else if failover_error(e).is_some() {
+                // a demoted master: this connection leads nowhere now, a fresh one finds the new
+                // master (through the sentinels)
+                self.broken = true;
+                self.dropped = true;
             }
         }
     }
@@ -86,16 +94,63 @@ impl redis::ConnectionLike for Conn {
 
 /// Run `f` on a connection from `pool`. A pooled connection can be stale (Redis restarted since
 /// it was last used); when one turns out dropped by the server, `f` runs again on another, up to
-/// `pool size + 1` times, without that counting as a failure. Only for calls that are safe to
-/// repeat, which all of fairlock's are (see the scripts' headers).
+/// `pool size + 1` times, without that counting as a failure. Through a Sentinel group, a call
+/// that fails for want of a master (a failover under way) is also repeated, with pauses, for up
+/// to the manager's `patience`. Only for calls that are safe to repeat, which all of fairlock's
+/// are (see the scripts' headers).
 pub(crate) fn with_pooled<T>(
-    pool: &r2d2::Pool<Manager>,
+    pool: &Pool,
     during: &'static str,
     mut f: impl FnMut(&mut Conn) -> Result<T>,
 ) -> Result<T> {
-    let mut attempts = pool.max_size() + 1;
+    let give_up = Instant::now() + pool.patience;
+    let mut pause = FAILOVER_PAUSE.0;
     loop {
-        let mut conn = pool.get().map_err(|e| Error::Connection {
+        match once_pooled(pool, during, &mut f) {
+            Err(e) if e.is_connection() && Instant::now() + pause < give_up => {
+                log::debug!("fairlock: {e}; trying again in {pause:?} (failover)");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(FAILOVER_PAUSE.1);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The command connections of a client: an r2d2 pool of [`Manager`]'s connections, and how long
+/// a call through it rides out a failover.
+#[derive(Clone)]
+pub(crate) struct Pool {
+    pool: r2d2::Pool<Manager>,
+    patience: Duration,
+}
+
+impl Pool {
+    /// A pool of at most `size` connections; waits at most `checkout_timeout` for one.
+    pub fn new(manager: Manager, size: u32, checkout_timeout: Duration) -> Pool {
+        let patience = manager.patience;
+        let pool = r2d2::Pool::builder()
+            .max_size(size)
+            .min_idle(Some(0))
+            .test_on_check_out(false)
+            .connection_timeout(checkout_timeout)
+            .error_handler(Box::new(r2d2::NopErrorHandler))
+            .build_unchecked(manager);
+        Pool { pool, patience }
+    }
+}
+
+/// Pauses between calls repeated during a failover: the first, and the longest.
+const FAILOVER_PAUSE: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
+
+fn once_pooled<T>(
+    pool: &Pool,
+    during: &'static str,
+    f: &mut impl FnMut(&mut Conn) -> Result<T>,
+) -> Result<T> {
+    let mut attempts = pool.pool.max_size() + 1;
+    loop {
+        let mut conn = pool.pool.get().map_err(|e| Error::Connection {
             during,
             detail: format!("no connection available: {e}"),
             source: Some(Box::new(e)),
@@ -114,31 +169,103 @@ pub(crate) fn is_connection_error(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
 }
 
+/// Where connections go.
+enum Target {
+    /// One node.
+    Node(redis::Client),
+    /// The master that a Sentinel group names, looked up for every new connection.
+    Sentinel(Mutex<SentinelClient>),
+}
+
+/// The scheme of a URL that names a Sentinel group: `redis+sentinel://host:port[,host:port...]/
+/// <master name>`.
+pub(crate) const SENTINEL_SCHEME: &str = "redis+sentinel://";
+
 /// Creates connections with a connect timeout, a read and a write timeout.
-#[derive(Debug)]
 pub(crate) struct Manager {
-    client: redis::Client,
+    target: Target,
     connect_timeout: Duration,
     read_timeout: Duration,
+    /// How long a call keeps trying while there is no master to reach (see `with_pooled`):
+    /// zero for one node.
+    patience: Duration,
+}
+
+impl std::fmt::Debug for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let target = match &self.target {
+            Target::Node(_) => "node",
+            Target::Sentinel(_) => "sentinel",
+        };
+        f.debug_struct("Manager").field("target", &target).finish()
+    }
 }
 
 impl Manager {
-    pub fn new(url: &str, connect_timeout: Duration, read_timeout: Duration) -> Result<Manager> {
-        let client = redis::Client::open(url).map_err(|e| Error::InvalidUrl {
+    /// `url`: `redis://...` (or any URL the redis crate opens) for one node, or
+    /// `redis+sentinel://host:port[,host:port...]/<master name>` for a Sentinel group, whose
+    /// calls ride out a failover for up to `failover_timeout`.
+    pub fn new(
+        url: &str,
+        connect_timeout: Duration,
+        read_timeout: Duration,
+        failover_timeout: Duration,
+    ) -> Result<Manager> {
+        let invalid = |reason: String| Error::InvalidUrl {
             url: url.to_string(),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        let (target, patience) = match url.strip_prefix(SENTINEL_SCHEME) {
+            Some(rest) => {
+                let (hosts, name) = rest.split_once('/').unwrap_or((rest, ""));
+                let name = name.trim_end_matches('/');
+                if name.is_empty() || name.contains('/') {
+                    return Err(invalid(
+                        "a Sentinel URL ends with the master's name: redis+sentinel://host:port[,host:port...]/<master name>".into(),
+                    ));
+                }
+                if hosts.contains('@') {
+                    return Err(invalid(
+                        "passwords in a Sentinel URL are not supported yet".into(),
+                    ));
+                }
+                let sentinels: Vec<String> = hosts
+                    .split(',')
+                    .filter(|h| !h.is_empty())
+                    .map(|h| format!("redis://{h}/"))
+                    .collect();
+                if sentinels.is_empty() {
+                    return Err(invalid("no sentinel address".into()));
+                }
+                let client = SentinelClient::build(
+                    sentinels,
+                    name.to_string(),
+                    None,
+                    SentinelServerType::Master,
+                )
+                .map_err(|e| invalid(e.to_string()))?;
+                (Target::Sentinel(Mutex::new(client)), failover_timeout)
+            }
+            None => (
+                Target::Node(redis::Client::open(url).map_err(|e| invalid(e.to_string()))?),
+                Duration::ZERO,
+            ),
+        };
         Ok(Manager {
-            client,
+            target,
             connect_timeout,
             read_timeout,
+            patience,
         })
     }
 
     pub fn open(&self) -> redis::RedisResult<Conn> {
-        let inner = self
-            .client
-            .get_connection_with_timeout(self.connect_timeout)?;
+        let client = match &self.target {
+            Target::Node(client) => client.clone(),
+            // asks the sentinels for the master (they check that it is up)
+            Target::Sentinel(sentinel) => sentinel.lock().get_client()?,
+        };
+        let inner = client.get_connection_with_timeout(self.connect_timeout)?;
         inner.set_read_timeout(Some(self.read_timeout))?;
         inner.set_write_timeout(Some(self.read_timeout))?;
         Ok(Conn {

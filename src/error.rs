@@ -192,6 +192,15 @@ impl Error {
                 source: Some(Box::new(e)),
             };
         }
+        // A failover in progress: the node was demoted (READONLY, and UNBLOCKED for a blocked
+        // command), or a replica lost its master (MASTERDOWN). The master moves on; retry later.
+        if let Some(detail) = failover_error(&e) {
+            return Error::Connection {
+                during,
+                detail: format!("{detail} ({e}); a failover is under way"),
+                source: Some(Box::new(e)),
+            };
+        }
         // A script's `redis.error_reply('FOREIGN key ...')` arrives as a server error with code
         // FOREIGN, which the redis crate displays as `"FOREIGN": key ...`: match on the code.
         if e.code() == Some("FOREIGN") {
@@ -223,6 +232,18 @@ impl Error {
 
     pub(crate) fn protocol(detail: String) -> Error {
         Error::Protocol { detail }
+    }
+}
+
+/// What a server error says about a failover in progress, if it is one: the node was demoted to a
+/// replica (READONLY; UNBLOCKED for a command blocked on it) or lost its master (MASTERDOWN).
+pub(crate) fn failover_error(e: &redis::RedisError) -> Option<&'static str> {
+    use redis::{ErrorKind, ServerErrorKind};
+    match e.kind() {
+        ErrorKind::Server(ServerErrorKind::ReadOnly) => Some("the node is a replica now"),
+        ErrorKind::Server(ServerErrorKind::MasterDown) => Some("the node lost its master"),
+        _ if e.code() == Some("UNBLOCKED") => Some("the node changed role under a blocked command"),
+        _ => None,
     }
 }
 

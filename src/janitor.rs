@@ -26,7 +26,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 use crate::boot_clock::BootInstant;
-use crate::connection::{with_pooled, Manager};
+use crate::connection::{with_pooled, Pool};
 use crate::error::{Error, Result};
 use crate::raw::{self, RawLock};
 
@@ -63,7 +63,7 @@ pub(crate) type ServerCheck = Box<dyn Fn() -> Result<()> + Send>;
 
 impl Janitor {
     pub fn start(
-        pool: r2d2::Pool<Manager>,
+        pool: Pool,
         client_id: &str,
         interval: Duration,
         server_check: ServerCheck,
@@ -117,7 +117,7 @@ impl Janitor {
 }
 
 fn run(
-    pool: &r2d2::Pool<Manager>,
+    pool: &Pool,
     registry: &Mutex<Registry>,
     nudge: &Receiver<BootInstant>,
     interval: Duration,
@@ -163,7 +163,7 @@ fn run(
 
 /// One heartbeat for every lock with local waiters. Returns when to look again early (the
 /// soonest end of a holder's lease), if any.
-fn tick(pool: &r2d2::Pool<Manager>, registry: &Mutex<Registry>) -> Option<BootInstant> {
+fn tick(pool: &Pool, registry: &Mutex<Registry>) -> Option<BootInstant> {
     let calls: Vec<_> = registry
         .lock()
         .locks

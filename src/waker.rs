@@ -43,8 +43,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 
-use crate::connection::{with_pooled, Conn, Manager};
-use crate::error::Error;
+use crate::connection::{with_pooled, Conn, Manager, Pool};
+use crate::error::{failover_error, Error};
 use crate::raw::{self, Wake};
 
 /// The longest single BLPOP: the leader re-blocks at least this often, which bounds how long a
@@ -179,14 +179,14 @@ pub(crate) struct Waker {
     state: Mutex<State>,
     manager: Manager,
     /// For `CLIENT UNBLOCK`.
-    pool: r2d2::Pool<Manager>,
+    pool: Pool,
     /// Added to a BLPOP's block for its read timeout; also how long an UNBLOCK that overtook its
     /// BLPOP is sent again.
     read_timeout: Duration,
 }
 
 impl Waker {
-    pub fn new(manager: Manager, pool: r2d2::Pool<Manager>, read_timeout: Duration) -> Waker {
+    pub fn new(manager: Manager, pool: Pool, read_timeout: Duration) -> Waker {
         Waker {
             state: Mutex::new(State::default()),
             manager,
@@ -312,15 +312,21 @@ impl Waker {
             None => match self.connect() {
                 Ok(b) => b,
                 Err(e) => {
+                    let mut state = self.state.lock();
+                    state.resign(me);
+                    // refused (a restart, or a failover: the master moves) is re-checked like
+                    // a dropped connection; anything else counts as a failure
+                    if e.is_connection_refusal() || failover_error(&e).is_some() {
+                        state.tell_waiting(me, || Event::Dropped);
+                        return Some(Event::Dropped);
+                    }
                     let detail = e.to_string();
                     let failed = || Error::Connection {
                         during: "waiting for the lock",
                         detail: detail.clone(),
                         source: None,
                     };
-                    let mut state = self.state.lock();
                     state.tell_waiting(me, || Event::Failed(failed()));
-                    state.resign(me);
                     return Some(Event::Failed(failed()));
                 }
             },

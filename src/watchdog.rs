@@ -16,7 +16,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 use crate::boot_clock::BootInstant;
-use crate::connection::{with_pooled, Manager};
+use crate::connection::{with_pooled, Pool};
 use crate::error::{Error, Result};
 use crate::hold::HoldState;
 use crate::raw::{self, RawLock};
@@ -47,7 +47,7 @@ pub(crate) struct Watchdog {
 impl Watchdog {
     /// `lease` is the client's default lease: with no holds, the thread still wakes every sixth
     /// of it, so a new hold with that lease (first due after a third) never needs to wake it.
-    pub fn start(pool: r2d2::Pool<Manager>, client_id: &str, lease: Duration) -> Result<Watchdog> {
+    pub fn start(pool: Pool, client_id: &str, lease: Duration) -> Result<Watchdog> {
         let idle_wake = (lease / 6).max(Duration::from_millis(50));
         let registry = Arc::new(Mutex::new(Registry::default()));
         let (nudge, rx) = crossbeam_channel::unbounded();
@@ -109,12 +109,7 @@ impl Watchdog {
     }
 }
 
-fn run(
-    pool: &r2d2::Pool<Manager>,
-    registry: &Mutex<Registry>,
-    nudge: &Receiver<()>,
-    idle_wake: Duration,
-) {
+fn run(pool: &Pool, registry: &Mutex<Registry>, nudge: &Receiver<()>, idle_wake: Duration) {
     loop {
         let next = {
             let mut reg = registry.lock();
@@ -136,7 +131,7 @@ fn run(
     }
 }
 
-fn renew_due(pool: &r2d2::Pool<Manager>, registry: &Mutex<Registry>) {
+fn renew_due(pool: &Pool, registry: &Mutex<Registry>) {
     let now = BootInstant::now();
     // Snapshot what is due and let go of the registry: guards must never wait on the network.
     let (ids, calls): (Vec<u64>, Vec<_>) = registry

@@ -50,7 +50,8 @@ to it; the lock is released once it has exited.";
 #[derive(Parser, Debug)]
 #[command(name = "fairlock", version, propagate_version = true, after_help = EXIT_CODES)]
 struct Cli {
-    /// Redis server URL [default: $FAIRLOCK_REDIS_URL, then redis://127.0.0.1:6379/]
+    /// Redis server URL, or redis+sentinel://host:port[,host:port...]/<master name> for the
+    /// master of a Sentinel group [default: $FAIRLOCK_REDIS_URL, then redis://127.0.0.1:6379/]
     #[arg(
         long,
         global = true,
