@@ -12,6 +12,8 @@
 //! Every test binary compiles this module and uses only part of it, hence `allow(dead_code)`.
 #![allow(dead_code)]
 
+pub mod topology;
+
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
