@@ -24,6 +24,13 @@ use support::{eventually, RedisServer};
 const LEASE: Duration = Duration::from_secs(30);
 const WAITER_TIMEOUT: Duration = Duration::from_millis(600);
 
+/// A fresh server, a connection to it and the raw lock `name`.
+fn start(name: &str) -> (RedisServer, redis::Connection, RawLock) {
+    let server = RedisServer::start();
+    let c = server.conn();
+    (server, c, raw_lock(name))
+}
+
 fn raw_lock(name: &str) -> RawLock {
     RawLock::new(
         "fairlock",
@@ -105,9 +112,7 @@ fn queue(conn: &mut redis::Connection, lock: &RawLock) -> Vec<String> {
 /// never said "retry": the waiter hung while newcomers took the free lock.
 #[test]
 fn an_attempt_whose_grant_lapsed_unseen_is_told_to_retry() {
-    let server = RedisServer::start();
-    let mut c = server.conn();
-    let lock = raw_lock("lapsed");
+    let (_server, mut c, lock) = start("lapsed");
     take(&mut c, &lock, "h:1", 1);
     queued(
         lock.acquire("w:1", 7, Duration::from_millis(300), Mode::Wait, "m")
@@ -134,9 +139,7 @@ fn an_attempt_whose_grant_lapsed_unseen_is_told_to_retry() {
 /// Fault 1, second way in: the queue key is lost (evicted) while the waiters entry stays.
 #[test]
 fn a_waiter_whose_queue_key_vanished_is_told_to_retry() {
-    let server = RedisServer::start();
-    let mut c = server.conn();
-    let lock = raw_lock("evicted-queue");
+    let (_server, mut c, lock) = start("evicted-queue");
     take(&mut c, &lock, "h:1", 1);
     enqueue(&mut c, &lock, "w:1", 2);
     let _: () = redis::cmd("DEL")
@@ -152,9 +155,7 @@ fn a_waiter_whose_queue_key_vanished_is_told_to_retry() {
 /// whoever held the lock, i.e. the waiter it had just been granted to.
 #[test]
 fn a_retried_force_unlock_never_releases_the_next_holder() {
-    let server = RedisServer::start();
-    let mut c = server.conn();
-    let lock = raw_lock("forced");
+    let (_server, mut c, lock) = start("forced");
     let t1 = take(&mut c, &lock, "a:1", 1);
     enqueue(&mut c, &lock, "b:1", 2);
     let force = lock.force_unlock("a:1", t1);
@@ -181,9 +182,7 @@ fn a_retried_force_unlock_never_releases_the_next_holder() {
 /// hold; a late `acquire` reset a deep re-entry count to 1.
 #[test]
 fn late_requests_of_an_abandoned_attempt_change_nothing() {
-    let server = RedisServer::start();
-    let mut c = server.conn();
-    let lock = raw_lock("late");
+    let (_server, mut c, lock) = start("late");
     let th = take(&mut c, &lock, "h:1", 1);
     // attempt 5 of w is applied (queued) but w never hears of it; its leave is held up too
     enqueue(&mut c, &lock, "w:1", 5);
@@ -221,9 +220,7 @@ fn late_requests_of_an_abandoned_attempt_change_nothing() {
 /// hold used to get the old token, so the late release matched it and freed the new hold.
 #[test]
 fn a_new_hold_of_the_same_thread_gets_a_new_token_a_late_release_cannot_free() {
-    let server = RedisServer::start();
-    let mut c = server.conn();
-    let lock = raw_lock("retaken");
+    let (_server, mut c, lock) = start("retaken");
     let t1 = take(&mut c, &lock, "w:1", 1);
     let late_release = lock.release("w:1", t1, 1);
     let t2 = take(&mut c, &lock, "w:1", 2);
@@ -242,9 +239,7 @@ fn a_new_hold_of_the_same_thread_gets_a_new_token_a_late_release_cannot_free() {
 /// lock stayed with it for the grant's whole lease (30 s here) instead of a few waiter timeouts.
 #[test]
 fn a_dead_grantee_is_revoked_within_waiter_timeouts_not_its_lease() {
-    let server = RedisServer::start();
-    let mut c = server.conn();
-    let lock = raw_lock("dead-grantee");
+    let (_server, mut c, lock) = start("dead-grantee");
     let th = take(&mut c, &lock, "h:1", 1);
     enqueue(&mut c, &lock, "dead:1", 2);
     lock.release("h:1", th, 1).run(&mut c).unwrap();
@@ -282,9 +277,7 @@ fn a_dead_grantee_is_revoked_within_waiter_timeouts_not_its_lease() {
 /// until its lease ran out.
 #[test]
 fn the_outermost_release_frees_the_lock_whatever_the_count() {
-    let server = RedisServer::start();
-    let mut c = server.conn();
-    let lock = raw_lock("diverged");
+    let (_server, mut c, lock) = start("diverged");
     let t = take(&mut c, &lock, "w:1", 1);
     // applied, reply lost: the thread stays at depth 1
     lock.reenter("w:1", t, 1).run(&mut c).unwrap();
@@ -299,9 +292,7 @@ fn the_outermost_release_frees_the_lock_whatever_the_count() {
 /// replica, eviction of the fence).
 #[test]
 fn tokens_keep_rising_across_data_loss() {
-    let mut server = RedisServer::start();
-    let lock = raw_lock("lossy");
-    let mut c = server.conn();
+    let (mut server, mut c, lock) = start("lossy");
     let t1 = take(&mut c, &lock, "w:1", 1);
     lock.release("w:1", t1, 1).run(&mut c).unwrap();
     let t2 = take(&mut c, &lock, "w:1", 2);
@@ -398,12 +389,7 @@ fn a_server_clock_step_cannot_make_a_lease_estimate_late() {
             left
         })
     };
-    assert!(eventually(Duration::from_secs(5), || lock
-        .status()
-        .unwrap()
-        .waiters
-        .len()
-        == 1));
+    assert!(support::queued(&lock, 1, Duration::from_secs(5)));
     server.set_offset_ms(3_000);
     held.unlock().unwrap();
     let left = waiter.join().unwrap();
@@ -457,12 +443,7 @@ fn a_waiter_survives_more_restarts_than_its_failure_budget() {
         let lock = lock.clone();
         thread::spawn(move || lock.lock().map(|g| g.fencing_token()))
     };
-    assert!(eventually(Duration::from_secs(5), || lock
-        .status()
-        .unwrap()
-        .waiters
-        .len()
-        == 1));
+    assert!(support::queued(&lock, 1, Duration::from_secs(5)));
     for _ in 0..4 {
         server.restart();
         assert!(eventually(Duration::from_secs(10), || lock
@@ -511,9 +492,7 @@ fn a_forked_child_is_refused() {
 /// waiters of all clients. A heartbeat now costs the same with 10 or 300 others waiting.
 #[test]
 fn a_heartbeat_costs_the_same_however_many_others_wait() {
-    let server = RedisServer::start();
-    let mut c = server.conn();
-    let lock = raw_lock("crowded");
+    let (server, mut c, lock) = start("crowded");
     take(&mut c, &lock, "h:1", 1);
     enqueue(&mut c, &lock, "me:1", 2);
     // every command Redis ran, the scripts' own calls included
@@ -559,9 +538,7 @@ fn a_heartbeat_costs_the_same_however_many_others_wait() {
 /// dropping one thread's messages (it left, or queues anew) must not drop its neighbour's.
 #[test]
 fn one_clients_threads_share_a_wake_list_and_lose_only_their_own_messages() {
-    let server = RedisServer::start();
-    let mut c = server.conn();
-    let lock = raw_lock("shared-wake");
+    let (_server, mut c, lock) = start("shared-wake");
     let token = take(&mut c, &lock, "h:1", 1);
     enqueue(&mut c, &lock, "c:1", 11);
     enqueue(&mut c, &lock, "c:2", 12);

@@ -640,3 +640,72 @@ pub fn env_arg<T: std::str::FromStr>(name: &str) -> T {
         .parse()
         .unwrap_or_else(|_| panic!("bad {name}"))
 }
+
+/// Whether `lock`'s queue holds exactly `n` waiters within `timeout` (polled through `status()`).
+pub fn queued(lock: &fairlock::FairLock, n: usize, timeout: Duration) -> bool {
+    eventually(timeout, || lock.status().unwrap().waiters.len() == n)
+}
+
+/// Start `n` waiter threads one after another, so that their queue order is known: thread `i`,
+/// named `waiter-<i>`, runs what `waiter(i)` returns, and the next one starts once `lock`'s queue
+/// holds `i + 1` waiters (which it must within `timeout`, else this panics).
+pub fn spawn_queued<F, T>(
+    lock: &fairlock::FairLock,
+    n: usize,
+    timeout: Duration,
+    mut waiter: impl FnMut(usize) -> F,
+) -> Vec<std::thread::JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    (0..n)
+        .map(|i| {
+            let thread = std::thread::Builder::new()
+                .name(format!("waiter-{i}"))
+                .spawn(waiter(i))
+                .unwrap();
+            assert!(
+                queued(lock, i + 1, timeout),
+                "waiter {i} did not queue within {timeout:?}"
+            );
+            thread
+        })
+        .collect()
+}
+
+/// The grants `(fencing token, waiter index)` that the waiter threads queued by
+/// [`spawn_queued`] send on `grants`, in token order, once each came (within 30 s) and the threads
+/// are joined. Checks that each waiter was served once, in queue order, after the hold with token
+/// `after`.
+pub fn assert_served_in_queue_order(
+    threads: Vec<std::thread::JoinHandle<()>>,
+    grants: &Receiver<(u64, usize)>,
+    after: u64,
+) -> Vec<(u64, usize)> {
+    let waiters = threads.len();
+    let mut got = vec![];
+    for _ in 0..waiters {
+        got.push(
+            grants
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| {
+                    panic!("only {} of {waiters} waiters served: {got:?}", got.len())
+                }),
+        );
+    }
+    for t in threads {
+        t.join().expect("a waiter failed");
+    }
+    assert!(grants.try_recv().is_err(), "a waiter was served twice");
+    got.sort();
+    let order: Vec<usize> = got.iter().map(|&(_, i)| i).collect();
+    assert_eq!(
+        order,
+        (0..waiters).collect::<Vec<_>>(),
+        "not served in queue order: {got:?}"
+    );
+    assert!(got[0].0 > after, "{got:?} after {after}");
+    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "{got:?}");
+    got
+}
