@@ -315,34 +315,19 @@ fn foreign_data_at_a_locks_keys_is_reported_by_key_and_left_untouched() {
     let server = RedisServer::start();
     let client = support::client(&server);
     let mut c = server.conn();
-    let _: () = redis::cmd("SET")
-        .arg("fairlock:{x}")
-        .arg("hello")
-        .query(&mut c)
-        .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg("fairlock:{q}:queue")
-        .arg("mine")
-        .query(&mut c)
-        .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg("fairlock:{f}:fence")
-        .arg("abc")
-        .query(&mut c)
-        .unwrap();
-    let _: () = redis::cmd("RPUSH")
-        .arg("fairlock:{h}")
-        .arg("a")
-        .arg("b")
-        .query(&mut c)
-        .unwrap();
+    // lock name, the key of that lock holding foreign data, the command that wrote it, and the
+    // data (a string, or a list)
+    let foreign: [(&str, &str, &str, &[&str]); 4] = [
+        ("x", "fairlock:{x}", "SET", &["hello"]),
+        ("q", "fairlock:{q}:queue", "SET", &["mine"]),
+        ("f", "fairlock:{f}:fence", "SET", &["abc"]),
+        ("h", "fairlock:{h}", "RPUSH", &["a", "b"]),
+    ];
+    for (_, key, write, data) in foreign {
+        let _: () = redis::cmd(write).arg(key).arg(data).query(&mut c).unwrap();
+    }
 
-    for (name, key) in [
-        ("x", "fairlock:{x}"),
-        ("q", "fairlock:{q}:queue"),
-        ("f", "fairlock:{f}:fence"),
-        ("h", "fairlock:{h}"),
-    ] {
+    for (name, key, _, _) in foreign {
         let lock = client.lock(name).unwrap();
         let results: Vec<(&str, fairlock::Result<()>)> = vec![
             ("lock", lock.lock().map(|_| ())),
@@ -371,31 +356,18 @@ fn foreign_data_at_a_locks_keys_is_reported_by_key_and_left_untouched() {
         assert_eq!(keys, [key], "{name}: fairlock wrote {keys:?}");
     }
     // the data is untouched
-    let x: String = redis::cmd("GET").arg("fairlock:{x}").query(&mut c).unwrap();
-    assert_eq!(x, "hello");
-    let q: String = redis::cmd("GET")
-        .arg("fairlock:{q}:queue")
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(q, "mine");
-    let f: String = redis::cmd("GET")
-        .arg("fairlock:{f}:fence")
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(f, "abc");
-    let h: Vec<String> = redis::cmd("LRANGE")
-        .arg("fairlock:{h}")
-        .arg(0)
-        .arg(-1)
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(h, ["a", "b"]);
-    for key in [
-        "fairlock:{x}",
-        "fairlock:{q}:queue",
-        "fairlock:{f}:fence",
-        "fairlock:{h}",
-    ] {
+    for (_, key, write, data) in foreign {
+        let now: Vec<String> = if write == "SET" {
+            vec![redis::cmd("GET").arg(key).query(&mut c).unwrap()]
+        } else {
+            redis::cmd("LRANGE")
+                .arg(key)
+                .arg(0)
+                .arg(-1)
+                .query(&mut c)
+                .unwrap()
+        };
+        assert_eq!(now, data, "{key}");
         assert_eq!(server.pttl(key), -1, "{key} got a TTL");
     }
 }
