@@ -95,7 +95,7 @@ fn contended_session_leaves_no_queue_waiter_or_wake_keys() {
         })
         .collect();
     // all four queued behind the holder: queue, waiters and (soon) wake lists exist
-    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 4));
+    assert!(support::queued(&lock, 4, SECS_5));
     let keys = server.lock_keys("busy");
     assert!(
         keys.contains(&"fairlock:{busy}:queue".to_string()),
@@ -158,7 +158,7 @@ fn reentrancy_depth_three_makes_another_thread_wait_for_all_three_releases() {
             t
         })
     };
-    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 1));
+    assert!(support::queued(&lock, 1, SECS_5));
 
     drop(g3);
     thread::sleep(Duration::from_millis(300));
@@ -362,7 +362,7 @@ fn try_lock_for_gives_up_in_bounded_time_and_leaves_no_queue_entry() {
         })
     };
     // while it waits it is queued
-    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 1));
+    assert!(support::queued(&lock, 1, SECS_5));
     let (got, waited) = waiter.join().unwrap();
     assert!(!got, "try_lock_for got a held lock");
     assert!(
@@ -404,7 +404,7 @@ fn try_lock_for_gets_a_lock_released_within_its_time() {
             g.map(|g| g.fencing_token())
         })
     };
-    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 1));
+    assert!(support::queued(&lock, 1, SECS_5));
     thread::sleep(Duration::from_millis(200));
     let released = Instant::now();
     g.unlock().unwrap();
@@ -424,18 +424,11 @@ fn status_names_the_holder_and_the_waiters_in_queue_order() {
     assert_eq!(empty.fencing_counter, 0);
 
     let g = lock.lock().unwrap();
-    let mut threads = vec![];
-    for i in 0..3 {
+    // queued one after another (threads "waiter-0" to "waiter-2") so the order is known
+    let threads = support::spawn_queued(&lock, 3, SECS_5, |_| {
         let waiter = lock.clone();
-        threads.push(
-            thread::Builder::new()
-                .name(format!("waiter-{i}"))
-                .spawn(move || waiter.lock().unwrap().unlock().unwrap())
-                .unwrap(),
-        );
-        // queue them one after another so the order is known
-        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == i + 1));
-    }
+        move || waiter.lock().unwrap().unlock().unwrap()
+    });
     let st = lock.status().unwrap();
     let h = st.holder.unwrap();
     assert_eq!(h.origin.owner, client.current_owner());

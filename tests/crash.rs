@@ -113,7 +113,7 @@ fn a_sigkilled_holder_passes_the_lock_to_three_waiters_in_fifo_within_lease_plus
         let mut w = children.spawn("waiter", &env);
         w.expect("READY", SECS_30);
         assert!(
-            eventually(SECS_30, || lock.status().unwrap().waiters.len() == i + 1),
+            support::queued(&lock, i + 1, SECS_30),
             "waiter {i} never queued"
         );
         waiters.push(w);
@@ -164,10 +164,10 @@ fn holder_and_two_waiters(
     let holder = lock.lock().unwrap();
     let mut w1 = children.spawn("waiter", &env);
     w1.expect("READY", SECS_30);
-    assert!(eventually(SECS_30, || lock.status().unwrap().waiters.len() == 1));
+    assert!(support::queued(lock, 1, SECS_30));
     let mut w2 = children.spawn("waiter", &env);
     w2.expect("READY", SECS_30);
-    assert!(eventually(SECS_30, || lock.status().unwrap().waiters.len() == 2));
+    assert!(support::queued(lock, 2, SECS_30));
     let pids: Vec<u32> = support::queue_pids(lock);
     assert_eq!(pids, [w1.pid(), w2.pid()]);
     w1.kill();
@@ -289,7 +289,7 @@ fn a_redis_restart_under_holders_and_waiters_gives_errors_or_recovery_and_thread
             })
         })
         .collect();
-    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 4));
+    assert!(support::queued(&lock, 4, SECS_5));
 
     server.restart();
     // Redis forgot everything; the holder's release reports it (or the connection error)
@@ -331,7 +331,7 @@ fn a_redis_restart_under_holders_and_waiters_gives_errors_or_recovery_and_thread
         let lock = lock.clone();
         thread::spawn(move || tx.send(lock.lock().unwrap().fencing_token()).unwrap())
     };
-    assert!(eventually(SECS_5, || rival.status().unwrap().waiters.len() == 1));
+    assert!(support::queued(&rival, 1, SECS_5));
     thread::sleep(Duration::from_millis(1200));
     assert_eq!(
         rival.status().unwrap().waiters.len(),
@@ -403,17 +403,15 @@ fn a_redis_restart_with_aof_keeps_the_holder_and_the_queue_order() {
     let token = holder.fencing_token();
 
     let (tx, rx) = mpsc::channel();
-    let mut threads = vec![];
-    for i in 0..3 {
+    let threads = support::spawn_queued(&lock, 3, SECS_5, |i| {
         let waiter = waiter_client.lock("durable").unwrap();
         let tx = tx.clone();
-        threads.push(thread::spawn(move || {
+        move || {
             let g = waiter.lock().unwrap();
             tx.send((g.fencing_token(), i)).unwrap();
             g.unlock().unwrap();
-        }));
-        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == i + 1));
-    }
+        }
+    });
     let queue: Vec<String> = support::queue_owners(&lock);
 
     server.restart();
@@ -434,17 +432,9 @@ fn a_redis_restart_with_aof_keeps_the_holder_and_the_queue_order() {
     );
     assert!(!holder.is_lost());
     holder.unlock().unwrap();
-    for t in threads {
-        t.join().unwrap();
-    }
     // in token order the waiters are in queue order 0, 1, 2; tokens are time-seeded, so only
     // their order is checked: all distinct, all after the holder's
-    let mut got: Vec<(u64, usize)> = rx.try_iter().collect();
-    got.sort();
-    let order: Vec<usize> = got.iter().map(|&(_, i)| i).collect();
-    assert_eq!(order, [0, 1, 2], "{got:?}");
-    assert!(got[0].0 > token, "{got:?} after {token}");
-    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "{got:?}");
+    support::assert_served_in_queue_order(threads, &rx, token);
 }
 
 #[test]

@@ -69,7 +69,7 @@ fn fifo_order_of_16_waiters_in_two_processes_equals_their_queue_order() {
     ];
     // all 16 enqueue (in whatever interleaving) while the lock is held
     assert!(
-        eventually(SECS_30, || lock.status().unwrap().waiters.len() == 16),
+        support::queued(&lock, 16, SECS_30),
         "only {} waiters queued",
         lock.status().unwrap().waiters.len()
     );
@@ -136,13 +136,12 @@ fn no_barging_try_lock_fails_around_every_release_and_a_newcomer_queues_last() {
     let served = Arc::new(AtomicU32::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let (tokens_tx, tokens_rx) = mpsc::channel();
-    let mut waiters = vec![];
-    for i in 0..3 {
+    let waiters = support::spawn_queued(&lock, 3, SECS_5, |i| {
         let client = support::client(&server);
         let served = served.clone();
         let stop = stop.clone();
         let tokens_tx = tokens_tx.clone();
-        waiters.push(thread::spawn(move || {
+        move || {
             let g = client.lock("barge").unwrap().lock().unwrap();
             tokens_tx.send((i, g.fencing_token())).unwrap();
             if served.fetch_add(1, Ordering::SeqCst) + 1 == 3 {
@@ -152,9 +151,8 @@ fn no_barging_try_lock_fails_around_every_release_and_a_newcomer_queues_last() {
                 thread::sleep(Duration::from_millis(100));
             }
             g.unlock().unwrap();
-        }));
-        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == i + 1));
-    }
+        }
+    });
 
     // a newcomer that spins on try_lock across all the hand-offs
     let barger = {
@@ -187,7 +185,7 @@ fn no_barging_try_lock_fails_around_every_release_and_a_newcomer_queues_last() {
             late_tx.send(g.fencing_token()).unwrap();
         })
     };
-    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 4));
+    assert!(support::queued(&lock, 4, SECS_5));
     thread::sleep(Duration::from_millis(100)); // let the barger spin before the first release
     holder.unlock().unwrap();
 
@@ -221,17 +219,16 @@ fn a_live_waiter_keeps_its_place_however_long_the_lock_is_held() {
     let client = support::client_with_url(&server.url(), |b| b.lease(Duration::from_secs(1)));
     let lock = client.lock("patient").unwrap();
     let g = lock.lock().unwrap();
+    let held = g.fencing_token();
     let (tx, rx) = mpsc::channel();
-    let mut threads = vec![];
-    for i in 0..3 {
+    let threads = support::spawn_queued(&lock, 3, SECS_5, |i| {
         let c = support::client(&server);
         let tx = tx.clone();
-        threads.push(thread::spawn(move || {
+        move || {
             let g = c.lock("patient").unwrap().lock().unwrap();
             tx.send((g.fencing_token(), i)).unwrap();
-        }));
-        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == i + 1));
-    }
+        }
+    });
     let queue: Vec<String> = support::queue_owners(&lock);
     let start = Instant::now();
     while start.elapsed() < Duration::from_millis(2500) {
@@ -241,12 +238,7 @@ fn a_live_waiter_keeps_its_place_however_long_the_lock_is_held() {
     }
     assert!(!g.is_lost());
     g.unlock().unwrap();
-    for t in threads {
-        t.join().unwrap();
-    }
-    let mut got: Vec<(u64, usize)> = rx.try_iter().collect();
-    got.sort();
-    assert_eq!(got.iter().map(|(_, i)| *i).collect::<Vec<_>>(), [0, 1, 2]);
+    support::assert_served_in_queue_order(threads, &rx, held);
 }
 
 #[test]
@@ -272,7 +264,7 @@ fn a_waiter_that_gives_up_at_the_moment_of_release_leaves_nothing_stuck() {
             })
         };
         let started = start_rx.recv_timeout(SECS_5).unwrap();
-        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 1));
+        assert!(support::queued(&lock, 1, SECS_5));
         let (tx, rx) = mpsc::channel();
         let patient = {
             let lock = lock.clone();
@@ -282,7 +274,7 @@ fn a_waiter_that_gives_up_at_the_moment_of_release_leaves_nothing_stuck() {
                 g.unlock().unwrap();
             })
         };
-        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 2));
+        assert!(support::queued(&lock, 2, SECS_5));
         let at = patience.as_millis() as i64 + offset_ms;
         let wait = Duration::from_millis(at.max(0) as u64).saturating_sub(started.elapsed());
         thread::sleep(wait);
@@ -316,7 +308,7 @@ fn a_waiter_sleeps_in_one_blpop_instead_of_polling() {
         let lock = lock.clone();
         thread::spawn(move || lock.lock().unwrap().fencing_token())
     };
-    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 1));
+    assert!(support::queued(&lock, 1, SECS_5));
     let blpop = server.command_calls("blpop");
     let evalsha = server.command_calls("evalsha");
     let total = server.total_commands();
@@ -364,7 +356,7 @@ fn waiters_behind_expiring_leases_are_served_in_order_and_a_newcomer_never_barge
             assert!(eventually(SECS_30, || g.is_lost()));
             thread::sleep(Duration::from_millis(50));
         }));
-        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == i + 1));
+        assert!(support::queued(&lock, i + 1, SECS_5));
         thread::sleep(Duration::from_millis(100));
     }
     let barger = {

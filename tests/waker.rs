@@ -406,14 +406,17 @@ fn killing_the_waker_connection_mid_wait_loses_no_waiter() {
     let (paused_tx, paused_rx) = mpsc::channel();
     let (resume_tx, resume_rx) = mpsc::channel::<()>();
     let mut resume_rx = Some(resume_rx);
-    let mut threads = vec![];
-    for i in 0..WAITERS {
+    let threads = support::spawn_queued(&lock, WAITERS, SECS_5, |i| {
+        if i == WAITERS / 2 {
+            // half of them wait: kill it (those that queue next need the new one)
+            kill_waker(&mut conn, &mut killed, "with 4 waiters queued");
+        }
         let waiter = lock.clone();
         let inside = inside.clone();
         let grants_tx = grants_tx.clone();
         let paused_tx = paused_tx.clone();
         let resume_rx = if i == PAUSING { resume_rx.take() } else { None };
-        threads.push(thread::spawn(move || {
+        move || {
             let g = waiter.lock().unwrap();
             assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
             // (sends may fail once the test has failed: no second panic with the lock held)
@@ -425,13 +428,8 @@ fn killing_the_waker_connection_mid_wait_loses_no_waiter() {
             thread::sleep(Duration::from_millis(5));
             inside.fetch_sub(1, Ordering::SeqCst);
             g.unlock().unwrap();
-        }));
-        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == i + 1));
-        if i == WAITERS / 2 - 1 {
-            // half of them wait: kill it (those that queue next need the new one)
-            kill_waker(&mut conn, &mut killed, "with 4 waiters queued");
         }
-    }
+    });
     let queue = support::queue_owners(&lock);
     // all wait: kill it again, and release before it can be back
     kill_waker(&mut conn, &mut killed, "with 8 waiters queued");
@@ -444,27 +442,7 @@ fn killing_the_waker_connection_mid_wait_loses_no_waiter() {
     kill_waker(&mut conn, &mut killed, "while waiter 3 holds the lock");
     resume_tx.send(()).unwrap();
 
-    let mut got = vec![];
-    for _ in 0..WAITERS {
-        got.push(
-            grants_rx.recv_timeout(SECS_30).unwrap_or_else(|_| {
-                panic!("only {} of {WAITERS} waiters served: {got:?}", got.len())
-            }),
-        );
-    }
-    for t in threads {
-        t.join().expect("a waiter failed");
-    }
-    assert!(grants_rx.try_recv().is_err(), "a waiter was served twice");
-    got.sort();
-    let order: Vec<usize> = got.iter().map(|&(_, i)| i).collect();
-    assert_eq!(
-        order,
-        (0..WAITERS).collect::<Vec<_>>(),
-        "not served in queue order: {got:?}"
-    );
-    assert!(got[0].0 > first, "{got:?} after {first}");
-    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "{got:?}");
+    let got = support::assert_served_in_queue_order(threads, &grants_rx, first);
     let status = lock.status().unwrap();
     assert!(
         status.holder.is_none() && status.waiters.is_empty(),
@@ -498,12 +476,11 @@ fn redis_restarted_mid_wait_serves_every_waiter_once() {
     const WAITERS: usize = 8;
     let inside = Arc::new(AtomicU32::new(0));
     let (tx, rx) = mpsc::channel();
-    let mut threads = vec![];
-    for i in 0..WAITERS {
+    let threads = support::spawn_queued(&lock, WAITERS, SECS_5, |i| {
         let waiter = clients[i % 2].lock("restarted").unwrap();
         let inside = inside.clone();
         let tx = tx.clone();
-        threads.push(thread::spawn(move || {
+        move || {
             let g = waiter
                 .lock()
                 .unwrap_or_else(|e| panic!("waiter {i} failed across the restart: {e:?}"));
@@ -512,9 +489,8 @@ fn redis_restarted_mid_wait_serves_every_waiter_once() {
             thread::sleep(Duration::from_millis(5));
             inside.fetch_sub(1, Ordering::SeqCst);
             g.unlock().unwrap();
-        }));
-        assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == i + 1));
-    }
+        }
+    });
     let queue = support::queue_owners(&lock);
 
     server.restart();
@@ -534,27 +510,7 @@ fn redis_restarted_mid_wait_serves_every_waiter_once() {
     // release at once, while the waiters may still be reconnecting
     holder.unlock().expect("release after the restart");
 
-    let mut got = vec![];
-    for _ in 0..WAITERS {
-        got.push(
-            rx.recv_timeout(SECS_30).unwrap_or_else(|_| {
-                panic!("only {} of {WAITERS} waiters served: {got:?}", got.len())
-            }),
-        );
-    }
-    for t in threads {
-        t.join().expect("a waiter failed");
-    }
-    assert!(rx.try_recv().is_err(), "a waiter was served twice");
-    got.sort();
-    let order: Vec<usize> = got.iter().map(|&(_, i)| i).collect();
-    assert_eq!(
-        order,
-        (0..WAITERS).collect::<Vec<_>>(),
-        "not served in queue order: {got:?}"
-    );
-    assert!(got[0].0 > first, "{got:?} after {first}");
-    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "{got:?}");
+    let got = support::assert_served_in_queue_order(threads, &rx, first);
     assert!(eventually(SECS_5, || {
         let st = lock.status().unwrap();
         st.holder.is_none() && st.waiters.is_empty()
