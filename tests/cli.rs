@@ -232,7 +232,7 @@ fn sigterm_while_waiting_gives_up_the_queue_place() {
             .args(["run", "job", "--", "touch"])
             .arg(&marker),
     );
-    assert!(eventually(LIMIT, || lock.status().unwrap().waiters.len() == 1));
+    assert!(support::queued(&lock, 1, LIMIT));
     p.signal(libc::SIGTERM);
     let out = p.finish(LIMIT);
     assert_eq!(out.code, Some(128 + 15));
@@ -362,7 +362,7 @@ fn waiting_runs_are_served_in_arrival_order() {
                 .arg(&log),
         );
         assert!(
-            eventually(LIMIT, || lock.status().unwrap().waiters.len() == i + 1),
+            support::queued(&lock, i + 1, LIMIT),
             "run {i} did not queue"
         );
         procs.push(p);
@@ -396,7 +396,7 @@ fn status_shows_holder_and_waiters_as_text_and_json() {
     let hold = Proc::spawn(fairlock(&server).args(["hold", "--lease", "5s", "job"]));
     assert!(eventually(LIMIT, || lock.is_locked().unwrap()));
     let waiter = Proc::spawn(fairlock(&server).args(["run", "job", "--", "echo", "done"]));
-    assert!(eventually(LIMIT, || lock.status().unwrap().waiters.len() == 1));
+    assert!(support::queued(&lock, 1, LIMIT));
 
     let out = run_out(fairlock(&server).args(["status", "job", "--json"]));
     assert_eq!(out.code, Some(0), "{}", out.stderr);

@@ -178,7 +178,7 @@ fn fencing_tokens_strictly_increase_across_owners_clients_and_expiries() {
             std::mem::forget(g); // hold until force_unlock; the guard's thread exits
         })
     };
-    assert!(eventually(SECS_5, || lock1.status().unwrap().waiters.len() == 1));
+    assert!(support::queued(&lock1, 1, SECS_5));
     h.unlock().unwrap();
     tokens.push(rx.recv_timeout(SECS_5).unwrap());
     waiter.join().unwrap();

@@ -12,7 +12,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{eventually, RedisServer};
+use support::RedisServer;
 
 const SECS_5: Duration = Duration::from_secs(5);
 
@@ -133,7 +133,7 @@ fn a_release_whose_reply_was_lost_is_retried_once_without_a_false_not_held() {
             g.unlock().unwrap();
         })
     };
-    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 1));
+    assert!(support::queued(&lock, 1, SECS_5));
 
     proxy.arm();
     let result = holder.unlock();
@@ -255,7 +255,7 @@ fn a_hand_off_whose_blpop_reply_was_lost_is_still_claimed_once() {
             g.unlock().unwrap();
         })
     };
-    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 1));
+    assert!(support::queued(&lock, 1, SECS_5));
     thread::sleep(Duration::from_millis(100)); // the waiter is blocked in BLPOP by now
     proxy.arm();
     holder.unlock().unwrap();
