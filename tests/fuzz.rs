@@ -290,7 +290,7 @@ fn long() {
 /// must be safe.
 #[test]
 fn backward_step_then_lost_renewal() {
-    use steps::{Fault, Step};
+    use steps::{AcquireStep, Fault, Step};
     let cfg = Config {
         cap_pttl_at_lease: false,
         locks: 1,
@@ -298,16 +298,7 @@ fn backward_step_then_lost_renewal() {
         threads: 1,
         ..Config::for_seed(7)
     };
-    let acquire = |c| Step::Acquire {
-        c,
-        t: 0,
-        lock: 0,
-        wait: true,
-        lease_ms: 600,
-        deadline_ms: None,
-        fault: Fault::None,
-        then: Fault::None,
-    };
+    let acquire = |c| Step::Acquire(AcquireStep::plain(c, 0, 0, true, 600));
     let steps = [
         acquire(0),
         acquire(1),
@@ -355,7 +346,7 @@ fn replay_expecting_no_violation(cfg: &Config, steps: &[steps::Step]) {
 /// two owners. Queueing now drops the wake list, as it did before the cost cuts.
 #[test]
 fn lapsed_handoff_revived_by_a_backward_step() {
-    use steps::{Fault, Step};
+    use steps::{AcquireStep, Fault, Step};
     let cfg = Config {
         locks: 1,
         clients: 2,
@@ -364,16 +355,7 @@ fn lapsed_handoff_revived_by_a_backward_step() {
         lazy_expiry_only: true,
         ..Config::for_seed(20261141)
     };
-    let acquire = |c, t, wait, lease_ms| Step::Acquire {
-        c,
-        t,
-        lock: 0,
-        wait,
-        lease_ms,
-        deadline_ms: None,
-        fault: Fault::None,
-        then: Fault::None,
-    };
+    let acquire = |c, t, wait, lease_ms| Step::Acquire(AcquireStep::plain(c, t, 0, wait, lease_ms));
     let steps = [
         acquire(1, 0, false, 617),
         acquire(1, 1, true, 307),

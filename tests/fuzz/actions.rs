@@ -9,7 +9,7 @@ use fairlock::raw::{self, Acquire, Leave, LeaveMode, Mode, Release, Wake};
 
 use crate::checks::Check;
 use crate::model::{Hold, State, Wait};
-use crate::steps::{Fault, Who};
+use crate::steps::{AcquireStep, Fault, Who};
 use crate::world::{describe, fault_name, Plan, World};
 
 impl World {
@@ -27,18 +27,8 @@ impl World {
         pttl_ms
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn acquire(
-        &mut self,
-        c: usize,
-        t: usize,
-        lock: usize,
-        wait: bool,
-        lease_ms: u64,
-        deadline_ms: Option<u64>,
-        fault: Fault,
-        then: Fault,
-    ) -> bool {
+    pub fn acquire(&mut self, step: AcquireStep) -> bool {
+        let (c, t, lock, lease_ms) = (step.c, step.t, step.lock, step.lease_ms);
         if !self.fits(c, t) || lock >= self.locks.len() {
             return false;
         }
@@ -51,17 +41,17 @@ impl World {
             lock,
             attempt,
             lease_ms,
-            wait,
-            deadline: deadline_ms.map(|d| self.clock.fz() + d as f64),
+            wait: step.wait,
+            deadline: step.deadline_ms.map(|d| self.clock.fz() + d as f64),
         };
-        let mode = if wait { "wait" } else { "try" };
+        let mode = if step.wait { "wait" } else { "try" };
         self.say(format!(
             "c{c}:t{t} acquire {mode} lock={lock} attempt={attempt} lease={lease_ms}ms"
         ));
-        if let Some(d) = deadline_ms {
+        if let Some(d) = step.deadline_ms {
             self.say(format!(" timeout={d}ms"));
         }
-        self.run_acquire(c, t, plan, fault, then);
+        self.run_acquire(c, t, plan, step.fault, step.then);
         true
     }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::checks::{Check, Violation};
 use crate::model::{Config, State};
 use crate::rng::Rng;
-use crate::steps::{self, Fault, Step};
+use crate::steps::{self, AcquireStep, Fault, Step};
 use crate::world::{Stats, World};
 
 /// How long the quiet phase may take to serve every live thread and clean up.
@@ -164,16 +164,7 @@ impl World {
                             self.pop(c, t, Fault::None, Fault::None);
                         }
                         State::Idle if !served.contains(&(c, t)) => {
-                            self.acquire(
-                                c,
-                                t,
-                                c % self.locks.len(),
-                                true,
-                                500,
-                                None,
-                                Fault::None,
-                                Fault::None,
-                            );
+                            self.acquire(AcquireStep::plain(c, t, c % self.locks.len(), true, 500));
                         }
                         State::Idle => {}
                     }

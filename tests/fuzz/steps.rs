@@ -51,19 +51,51 @@ pub enum EvictKey {
     Wake(usize, usize),
 }
 
+/// Thread `t` of client `c` calls acquire on `lock`.
+#[derive(Clone, Copy, Debug)]
+pub struct AcquireStep {
+    pub c: usize,
+    pub t: usize,
+    pub lock: usize,
+    pub wait: bool,
+    pub lease_ms: u64,
+    pub deadline_ms: Option<u64>,
+    pub fault: Fault,
+    /// The fault of the follow-up call (the leave after an error, or a re-run).
+    pub then: Fault,
+}
+
+impl AcquireStep {
+    /// An acquire without a deadline, and without faults.
+    pub fn plain(c: usize, t: usize, lock: usize, wait: bool, lease_ms: u64) -> AcquireStep {
+        AcquireStep {
+            c,
+            t,
+            lock,
+            wait,
+            lease_ms,
+            deadline_ms: None,
+            fault: Fault::None,
+            then: Fault::None,
+        }
+    }
+}
+
+impl fmt::Display for AcquireStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (c, t, lock, lease_ms) = (self.c, self.t, self.lock, self.lease_ms);
+        let mode = if self.wait { "wait" } else { "try" };
+        write!(f, "c{c}:t{t} acquire {mode} lock={lock} lease={lease_ms}ms")?;
+        if let Some(d) = self.deadline_ms {
+            write!(f, " timeout={d}ms")?;
+        }
+        write!(f, "{}{}", self.fault, then_text(self.then))
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum Step {
-    Acquire {
-        c: usize,
-        t: usize,
-        lock: usize,
-        wait: bool,
-        lease_ms: u64,
-        deadline_ms: Option<u64>,
-        fault: Fault,
-        /// The fault of the follow-up call (the leave after an error, or a re-run).
-        then: Fault,
-    },
+    Acquire(AcquireStep),
     Pop {
         c: usize,
         t: usize,
@@ -135,7 +167,7 @@ impl Step {
     /// The step's kind, for the summary's counts.
     pub fn kind(&self) -> &'static str {
         match self {
-            Step::Acquire { .. } => "acquire",
+            Step::Acquire(_) => "acquire",
             Step::Pop { .. } => "pop",
             Step::Reenter { .. } => "reenter",
             Step::Release { .. } => "release",
@@ -159,23 +191,7 @@ impl Step {
 impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Step::Acquire {
-                c,
-                t,
-                lock,
-                wait,
-                lease_ms,
-                deadline_ms,
-                fault,
-                then,
-            } => {
-                let mode = if wait { "wait" } else { "try" };
-                write!(f, "c{c}:t{t} acquire {mode} lock={lock} lease={lease_ms}ms")?;
-                if let Some(d) = deadline_ms {
-                    write!(f, " timeout={d}ms")?;
-                }
-                write!(f, "{fault}{}", then_text(then))
-            }
+            Step::Acquire(a) => write!(f, "{a}"),
             Step::Pop { c, t, fault, then } => {
                 write!(f, "c{c}:t{t} pop{fault}{}", then_text(then))
             }
@@ -309,7 +325,7 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
         Kind::Acquire => {
             let (c, t) = rng.pick(&idle);
             let wait = rng.chance(0.75);
-            Step::Acquire {
+            Step::Acquire(AcquireStep {
                 c,
                 t,
                 lock: rng.below(cfg.locks as u64) as usize,
@@ -318,7 +334,7 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
                 deadline_ms: (wait && rng.chance(0.4)).then(|| rng.range(200, 1500)),
                 fault: fault(rng),
                 then: fault(rng),
-            }
+            })
         }
         Kind::Pop => {
             let (c, t) = rng.pick(&waiting);

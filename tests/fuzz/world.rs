@@ -254,16 +254,7 @@ impl World {
     /// Apply one step; `false` when it does not fit the current state (skipped).
     pub fn apply(&mut self, step: &Step) -> bool {
         let applied = match *step {
-            Step::Acquire {
-                c,
-                t,
-                lock,
-                wait,
-                lease_ms,
-                deadline_ms,
-                fault,
-                then,
-            } => self.acquire(c, t, lock, wait, lease_ms, deadline_ms, fault, then),
+            Step::Acquire(a) => self.acquire(a),
             Step::Pop { c, t, fault, then } => self.pop(c, t, fault, then),
             Step::Reenter { c, t, fault } => self.reenter(c, t, fault),
             Step::Release { c, t, fault } => self.release(c, t, fault),
