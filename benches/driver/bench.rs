@@ -74,6 +74,15 @@ impl Bench {
         format!("{:.2}", us / self.rtt_us)
     }
 
+    /// Table cells for the figures `us` (µs): each figure and the RTT to 1 µs, then each figure
+    /// divided by the RTT (`p50 | p99 | RTT | p50 / RTT | p99 / RTT`).
+    pub fn rtt_cells(&self, us: &[f64]) -> String {
+        let mut cells: Vec<String> = us.iter().map(|v| format!("{v:.0}")).collect();
+        cells.push(format!("{:.0}", self.rtt_us));
+        cells.extend(us.iter().map(|&v| self.ratio(v)));
+        cells.join(" | ")
+    }
+
     /// `run`, between two bursts of PINGs that set the RTT this run's figures are divided by:
     /// the loopback round trip of this VM moves (20-100 µs) with what else the host runs.
     pub fn run_timed(
@@ -122,6 +131,15 @@ struct Estimates {
 #[derive(Deserialize)]
 struct Estimate {
     point_estimate: f64,
+}
+
+/// What a hand-off goes between, as the tables show it.
+pub fn between_md(procs: bool) -> &'static str {
+    if procs {
+        "process → process"
+    } else {
+        "thread → thread"
+    }
 }
 
 /// How long `f` took, ns.

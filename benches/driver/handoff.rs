@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::bench::Bench;
+use crate::bench::{between_md, Bench};
 use crate::locks::{mono_ns, Lib};
 use crate::stats::{dist, handoffs_with_release, r1, DistRow};
 use crate::workers::{cleanup, Spec};
@@ -67,22 +67,12 @@ pub fn handoff(b: &mut Bench) {
         let (lat, release, overlaps) = handoffs_with_release(&o.recs);
         let d = dist(lat);
         let rc = dist(release);
-        let between = if procs > 0 {
-            "process → process"
-        } else {
-            "thread → thread"
-        };
         b.md.push(format!(
-            "| {} | {between} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {:.0} |",
+            "| {} | {} | {} | {} | {:.0} |",
             lib.name(),
+            between_md(procs > 0),
             d.n,
-            d.p50,
-            d.p99,
-            d.max,
-            b.rtt_us,
-            b.ratio(d.p50),
-            b.ratio(d.p99),
-            b.ratio(d.max),
+            b.rtt_cells(&[d.p50, d.p99, d.max]),
             rc.p50,
         ));
         out.push(HandoffRow {

@@ -49,12 +49,8 @@ pub fn scaling(b: &mut Bench) {
         let h = dist(lat);
         let acqs = o.recs.iter().filter(|r| r.got > 0).count();
         b.md.push(format!(
-            "| {n} | {acqs} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} |",
-            h.p50,
-            h.p99,
-            b.rtt_us,
-            b.ratio(h.p50),
-            b.ratio(h.p99),
+            "| {n} | {acqs} | {} | {} | {} |",
+            b.rtt_cells(&[h.p50, h.p99]),
             cost_cells(o.cost.as_ref()),
             o.cost
                 .as_ref()

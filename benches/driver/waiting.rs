@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::bench::{connect, Bench};
+use crate::bench::{between_md, connect, Bench};
 use crate::locks::{mono_ns, Lib, Res};
 use crate::stats::{dist, r1, DistRow};
 use crate::workers::{Layout, Rec};
@@ -564,14 +564,10 @@ fn handoff_runs(b: &mut Bench) -> Vec<WaitingHandoffRow> {
                 Layout::Procs(p) => describe_procs(p),
             };
             b.md.push(format!(
-                "| {k} | {} | {layout_md} | {} | {w50} ({wmin}-{wmax}) | {:.0} | {:.0} | {:.0} | {} | {} |",
-                if procs { "process → process" } else { "thread → thread" },
+                "| {k} | {} | {layout_md} | {} | {w50} ({wmin}-{wmax}) | {} |",
+                between_md(procs),
                 d.n,
-                d.p50,
-                d.p99,
-                b.rtt_us,
-                b.ratio(d.p50),
-                b.ratio(d.p99),
+                b.rtt_cells(&[d.p50, d.p99]),
             ));
             out.push(WaitingHandoffRow {
                 waiters: k,
