@@ -45,6 +45,37 @@ impl Targets {
         });
     }
 
+    /// A target met when the figure is at most `limit` (goal "≤ limit"), shown to 0.01.
+    fn at_most(&mut self, name: &str, limit: f64, value: Option<f64>) {
+        self.add(name, &format!("≤ {limit}"), value, &x2, &|v| v <= limit);
+    }
+
+    /// A target met when the figure is at least `limit` (goal "≥ limit"), shown to 0.01.
+    fn at_least(&mut self, name: &str, limit: f64, value: Option<f64>) {
+        self.add(name, &format!("≥ {limit}"), value, &x2, &|v| v >= limit);
+    }
+
+    /// A count that must be 0.
+    fn zero(&mut self, name: &str, value: Option<f64>) {
+        self.add(name, "0", value, &|v| format!("{v:.0}"), &|v| v == 0.0);
+    }
+
+    /// fairlock's uncontended acquire + release (p50 at most `uncontended` RTTs) and re-entrant
+    /// acquire (p50 at most 1.2 RTTs).
+    fn micro_rtt(&mut self, j: &Results, uncontended: f64) {
+        let p50_rtt = |figure: &str| micro_row(j, figure, "fairlock").map(|m| m.dist.p50_rtt);
+        self.at_most(
+            "uncontended acquire + release p50 / RTT",
+            uncontended,
+            p50_rtt("uncontended acquire + release"),
+        );
+        self.at_most(
+            "re-entrant acquire p50 / RTT",
+            1.2,
+            p50_rtt("re-entrant acquire"),
+        );
+    }
+
     /// Adds the Markdown table under `title`; returns the rows for the results file.
     fn report(self, b: &mut Bench, title: &str) -> Vec<TargetRow> {
         b.md.push(format!("### {title}\n"));
@@ -125,35 +156,17 @@ pub fn targets(b: &mut Bench) {
 fn targets_latency(j: &Results) -> Targets {
     let hand = |between: &str| handoff_row(j, "fairlock", between);
     let mut t = Targets::default();
-    let x = x2;
-    t.add(
-        "uncontended acquire + release p50 / RTT",
-        "≤ 2.5",
-        micro_row(j, "uncontended acquire + release", "fairlock").map(|m| m.dist.p50_rtt),
-        &x,
-        &|v| v <= 2.5,
-    );
-    t.add(
-        "re-entrant acquire p50 / RTT",
-        "≤ 1.2",
-        micro_row(j, "re-entrant acquire", "fairlock").map(|m| m.dist.p50_rtt),
-        &x,
-        &|v| v <= 1.2,
-    );
+    t.micro_rtt(j, 2.5);
     for between in ["threads", "processes"] {
-        t.add(
+        t.at_most(
             &format!("hand-off p50 / RTT ({between})"),
-            "≤ 3",
+            3.0,
             hand(between).map(|h| h.dist.p50_rtt),
-            &x,
-            &|v| v <= 3.0,
         );
-        t.add(
+        t.at_most(
             &format!("hand-off p99 / RTT ({between})"),
-            "≤ 10",
+            10.0,
             hand(between).map(|h| h.dist.p99_rtt),
-            &x,
-            &|v| v <= 10.0,
         );
     }
     let pp = hand("processes").zip(hand("threads"));
@@ -161,7 +174,7 @@ fn targets_latency(j: &Results) -> Targets {
         "hand-off p50 processes / threads",
         "≈ 1 (≤ 1.25)",
         pp.map(|(p, t)| p.dist.p50_us / t.dist.p50_us),
-        &x,
+        &x2,
         &|v| v <= 1.25,
     );
     for hold in [0.0, 1.0] {
@@ -170,23 +183,18 @@ fn targets_latency(j: &Results) -> Targets {
             throughput_row(j, "redlock", 8, hold),
         );
         let ratio = f.zip(r).map(|(f, r)| f.acq_per_s / r.acq_per_s.max(0.001));
-        t.add(
+        t.at_least(
             &format!("8 procs hold {hold} ms: acq/s fairlock / redlock"),
-            "≥ 1.5",
+            1.5,
             ratio,
-            &x,
-            &|v| v >= 1.5,
         );
         // FIFO is judged on the exact orders of the audit; the client clocks of the throughput
         // run blur requests a few µs apart (a thread preempted between its timestamp and its
         // write), which the audit shows for what it is
         let audited = fifo_row(j, 8, hold).map(|a| a.overtakes_server_order as f64);
-        t.add(
+        t.zero(
             &format!("8 procs hold {hold} ms: overtakes (FIFO audit, server order)"),
-            "0",
             audited,
-            &|v| format!("{v:.0}"),
-            &|v| v == 0.0,
         );
         t.add(
             &format!("8 procs hold {hold} ms: overtakes by client clocks (informative)"),
@@ -202,24 +210,19 @@ fn targets_latency(j: &Results) -> Targets {
             &|v| format!("{v:.4}"),
             &|v| v >= 0.99,
         );
-        t.add(
+        t.at_most(
             &format!("8 procs hold {hold} ms: max wait / median wait"),
-            "≤ 10",
+            10.0,
             f.map(|f| f.max_over_median_wait),
-            &x,
-            &|v| v <= 10.0,
         );
     }
     let audit: Option<f64> = j
         .fifo_audit
         .as_ref()
         .map(|a| a.iter().map(|r| r.overtakes_server_order as f64).sum());
-    t.add(
+    t.zero(
         "FIFO audit: overtakes in server arrival order, all audited runs",
-        "0",
         audit,
-        &|v| format!("{v:.0}"),
-        &|v| v == 0.0,
     );
     let fairlock_runs = j
         .throughput
@@ -231,21 +234,17 @@ fn targets_latency(j: &Results) -> Targets {
     let max_rt = fairlock_runs
         .filter_map(|c| c.round_trips_per_acq)
         .reduce(f64::max);
-    t.add(
+    t.at_most(
         "lock commands (round trips) per acquisition, worst run",
-        "≤ 4",
+        4.0,
         max_rt,
-        &x,
-        &|v| v <= 4.0,
     );
     let scale = |n: u32| scaling_row(j, n).map(|s| s.handoff.p50_us);
     let base = scale(2).or_else(|| hand("threads").map(|h| h.dist.p50_us));
-    t.add(
+    t.at_most(
         "256 waiters: hand-off p50 / 2-waiter p50",
-        "≤ 1.5",
+        1.5,
         scale(256).zip(base).map(|(a, b)| a / b),
-        &x,
-        &|v| v <= 1.5,
     );
     for (i, what) in ["one lock", "100 locks"].iter().enumerate() {
         let row = j.waiting_connections.as_ref().and_then(|r| r.get(i));
@@ -270,55 +269,31 @@ fn targets_cost(j: &Results) -> Targets {
     let micro = |lock: &str| micro_row(j, "uncontended acquire + release", lock);
     let micro_cost = |lock: &str| micro(lock).and_then(|m| m.cost.as_ref());
     let contended = |lock: &str| throughput_row(j, lock, 8, 0.0).map(|r| &r.cost);
-    let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b.max(0.001));
-    t.add(
+    let fairlock_over_naive = |figure: &dyn Fn(&str) -> Option<f64>| {
+        let (f, n) = (figure("fairlock"), figure("naive"));
+        f.zip(n).map(|(f, n)| f / n.max(0.001))
+    };
+    t.at_most(
         "Redis calls per uncontended acquire + release (EVALSHAs included)",
-        "≤ 12",
+        12.0,
         micro_cost("fairlock").map(|c| c.redis_cmds),
-        &x2,
-        &|v| v <= 12.0,
     );
-    t.add(
+    t.at_most(
         "Redis calls per contended acquisition (8 procs, hold 0)",
-        "≤ 16",
+        16.0,
         contended("fairlock").and_then(|c| c.redis_cmds_per_acq),
-        &x2,
-        &|v| v <= 16.0,
     );
-    t.add(
+    t.at_most(
         "Redis CPU per uncontended acquire + release, fairlock / naive",
-        "≤ 1.15",
-        ratio(
-            micro_cost("fairlock").map(|c| c.redis_cpu_us),
-            micro_cost("naive").map(|c| c.redis_cpu_us),
-        ),
-        &x2,
-        &|v| v <= 1.15,
+        1.15,
+        fairlock_over_naive(&|lock| micro_cost(lock).map(|c| c.redis_cpu_us)),
     );
-    t.add(
+    t.at_most(
         "Redis CPU per contended acquisition (8 procs, hold 0), fairlock / naive",
-        "≤ 1.3",
-        ratio(
-            contended("fairlock").and_then(|c| c.redis_cpu_us_per_acq),
-            contended("naive").and_then(|c| c.redis_cpu_us_per_acq),
-        ),
-        &x2,
-        &|v| v <= 1.3,
+        1.3,
+        fairlock_over_naive(&|lock| contended(lock).and_then(|c| c.redis_cpu_us_per_acq)),
     );
-    t.add(
-        "uncontended acquire + release p50 / RTT",
-        "≤ 2.6",
-        micro("fairlock").map(|m| m.dist.p50_rtt),
-        &x2,
-        &|v| v <= 2.6,
-    );
-    t.add(
-        "re-entrant acquire p50 / RTT",
-        "≤ 1.2",
-        micro_row(j, "re-entrant acquire", "fairlock").map(|m| m.dist.p50_rtt),
-        &x2,
-        &|v| v <= 1.2,
-    );
+    t.micro_rtt(j, 2.6);
     t
 }
 
