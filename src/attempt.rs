@@ -29,7 +29,8 @@ use crate::client::ClientInner;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::lock::{ms, FairLock, Wait};
-use crate::raw::{Acquire, Call, Leave, LeaveMode, Mode, Wake};
+use crate::connection::Conn;
+use crate::raw::{self, Acquire, Call, Leave, LeaveMode, Mode, Wake};
 use crate::waker::{Event, Registration};
 
 /// Consecutive failed waits (the waker's connection failed) or late grants before a wait gives
@@ -72,7 +73,12 @@ pub(crate) struct Attempt<'a> {
 /// How a wait on the wake list ended.
 enum Waited {
     /// The lock was granted to this attempt at the server's `grant_ms`.
-    Handoff { token: u64, grant_ms: i64 },
+    /// `acked`: replicas that acknowledged it, when acknowledgements are asked for.
+    Handoff {
+        token: u64,
+        grant_ms: i64,
+        acked: Option<u32>,
+    },
     /// The caller's deadline came; it still has to leave the queue.
     Deadline,
     /// The attempt's queue entry was dropped: run acquire again.
@@ -142,12 +148,22 @@ impl<'a> Attempt<'a> {
 
     /// Run the acquire script once (sent at `sent`).
     fn request(&self, call: &Call<Acquire>, sent: BootInstant) -> Result<Requested> {
-        Ok(
-            match self.client().with_conn(call.during(), |c| call.run(c))? {
-                Acquire::Granted(g) => Requested::Granted {
-                    token: g.token,
-                    expires: sent + ms(g.pttl_ms).min(self.lock.lease()),
-                },
+        let (reply, acked) = self.client().with_conn(call.during(), |c| {
+            let reply = call.run(c)?;
+            let acked = match reply {
+                Acquire::Granted(_) => self.replica_acks(c)?,
+                _ => None,
+            };
+            Ok((reply, acked))
+        })?;
+        Ok(match reply {
+                Acquire::Granted(g) => {
+                    self.check_replicated(acked)?;
+                    Requested::Granted {
+                        token: g.token,
+                        expires: sent + ms(g.pttl_ms).min(self.lock.lease()),
+                    }
+                }
                 Acquire::Busy { .. } => Requested::Busy,
                 Acquire::Stale => {
                     return Err(Error::protocol(format!(
@@ -156,8 +172,39 @@ impl<'a> Attempt<'a> {
                     )))
                 }
                 Acquire::Queued { server_ms, pttl_ms } => Requested::Queued { server_ms, pttl_ms },
-            },
-        )
+        })
+    }
+
+    /// With replica acknowledgements asked for: how many replicas have what connection `c`
+    /// just wrote or read, a grant (see [`raw::acknowledged_by_replicas`]).
+    fn replica_acks(&self, c: &mut Conn) -> Result<Option<u32>> {
+        let config = &self.client().config;
+        if config.replica_acks == 0 {
+            return Ok(None);
+        }
+        raw::acknowledged_by_replicas(c, config.replica_acks, config.replica_ack_timeout).map(Some)
+    }
+
+    /// A grant to this attempt that fewer replicas acknowledged than asked for is given up
+    /// (passed to the next waiter, or the lock left free): a failover could lose it and let a
+    /// second owner in.
+    fn check_replicated(&self, acked: Option<u32>) -> Result<()> {
+        let wanted = self.client().config.replica_acks;
+        match acked {
+            Some(acked) if acked < wanted => {
+                log::warn!(
+                    "fairlock: a grant of {:?} reached {acked} of {wanted} replicas in time; passing it on",
+                    self.lock.name()
+                );
+                self.leave_quietly();
+                Err(Error::NotReplicated {
+                    name: self.lock.name().to_string(),
+                    acked,
+                    wanted,
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Queued by the request sent at `sent` (the server's clock then: `server_ms`): wait for
@@ -176,7 +223,12 @@ impl<'a> Attempt<'a> {
         let outcome = self.wait_for_grant(registration, wait);
         janitor.unregister(lock.raw(), &self.owner);
         Ok(match outcome {
-            Ok(Waited::Handoff { token, grant_ms }) => {
+            Ok(Waited::Handoff {
+                token,
+                grant_ms,
+                acked,
+            }) => {
+                self.check_replicated(acked)?;
                 // The grant's lease started at the server's grant_ms: map it onto our clock
                 // through the (sent, server_ms) pair of the acquire call. The server time
                 // between queueing and the grant is capped by our own elapsed time, so a
@@ -257,13 +309,20 @@ impl<'a> Attempt<'a> {
         registration.watch(&self.lock.raw().wake_key(&self.owner));
         Ok(match registration.next(deadline) {
             None => Waited::Deadline,
-            Some(Event::Wake(Wake::Grant {
-                token, server_ms, ..
-            })) => Waited::Handoff {
+            Some(Event::Wake {
+                wake: Wake::Grant {
+                    token, server_ms, ..
+                },
+                acked,
+            }) => Waited::Handoff {
                 token,
                 grant_ms: server_ms,
+                acked,
             },
-            Some(Event::Wake(Wake::Retry { .. })) => Waited::Again,
+            Some(Event::Wake {
+                wake: Wake::Retry { .. },
+                ..
+            }) => Waited::Again,
             Some(Event::Dropped) => Waited::Dropped,
             Some(Event::Failed(e)) => return Err(e),
         })
@@ -277,12 +336,21 @@ impl<'a> Attempt<'a> {
             .raw()
             .leave(&self.owner, self.number, LeaveMode::Claim);
         let at = BootInstant::now();
-        Ok(
-            match self.client().with_conn(call.during(), |c| call.run(c))? {
-                Leave::Granted(g) => Some((g.token, at + ms(g.pttl_ms).min(self.lock.lease()))),
-                Leave::Left | Leave::Passed { .. } => None,
-            },
-        )
+        let (reply, acked) = self.client().with_conn(call.during(), |c| {
+            let reply = call.run(c)?;
+            let acked = match reply {
+                Leave::Granted(_) => self.replica_acks(c)?,
+                _ => None,
+            };
+            Ok((reply, acked))
+        })?;
+        Ok(match reply {
+            Leave::Granted(g) => {
+                self.check_replicated(acked)?;
+                Some((g.token, at + ms(g.pttl_ms).min(self.lock.lease())))
+            }
+            Leave::Left | Leave::Passed { .. } => None,
+        })
     }
 
     /// After an error: give up the queue place and hand on anything granted to this attempt.

@@ -42,6 +42,15 @@ pub struct Config {
     /// reach (a failover under way) before it fails with [`Error::Connection`]. Default 60 s;
     /// unused with one node, where such a call fails at once.
     pub failover_timeout: Duration,
+    /// How many replicas must acknowledge a grant (`WAIT`) before it becomes a guard; 0 (the
+    /// default) for none. A grant acknowledged by fewer within `replica_ack_timeout` is given up
+    /// (passed to the next waiter) and the call fails with [`Error::NotReplicated`], so no guard
+    /// ever rests on a grant that a failover could lose. Costs a round trip and the replicas'
+    /// lag per grant.
+    pub replica_acks: u32,
+    /// How long to wait for `replica_acks` acknowledgements. Default 1 s; less than
+    /// `read_timeout`.
+    pub replica_ack_timeout: Duration,
 }
 
 impl Config {
@@ -62,6 +71,8 @@ impl Default for Config {
             janitor_interval: Duration::from_secs(1),
             fence_ttl: Duration::from_secs(7 * 24 * 3600),
             failover_timeout: Duration::from_secs(60),
+            replica_acks: 0,
+            replica_ack_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -153,6 +164,22 @@ impl LockClientBuilder {
         self
     }
 
+    /// Make every grant wait for `replicas` replicas to acknowledge it (`WAIT`), for at most
+    /// `timeout`, before it becomes a guard; see [`Config::replica_acks`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// let client = fairlock::LockClient::builder_sentinel("mymaster", &["10.0.0.1:26379"])
+    ///     .replica_acks(1, Duration::from_millis(500))
+    ///     .build()?;
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.config.replica_acks = replicas;
+        self.config.replica_ack_timeout = timeout;
+        self
+    }
+
     /// Check the settings, connect once to check the server, and start the background threads.
     ///
     /// # Errors
@@ -168,6 +195,18 @@ impl LockClientBuilder {
             return Err(Error::InvalidConfig {
                 setting: "pool_size",
                 reason: format!("{} is not between 1 and 1024", c.pool_size),
+            });
+        }
+        if c.replica_acks > 0
+            && (c.replica_ack_timeout < Duration::from_millis(1)
+                || c.replica_ack_timeout >= c.read_timeout)
+        {
+            return Err(Error::InvalidConfig {
+                setting: "replica_ack_timeout",
+                reason: format!(
+                    "{:?} is not between 1 ms and the read timeout ({:?})",
+                    c.replica_ack_timeout, c.read_timeout
+                ),
             });
         }
         if c.failover_timeout > Duration::from_secs(3600) {
@@ -216,7 +255,8 @@ impl LockClientBuilder {
         manager()?.check_server()?;
         let pool = Pool::new(manager()?, c.pool_size, c.connect_timeout);
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let waker = Waker::new(manager()?, pool.clone(), c.read_timeout);
+        let acks = (c.replica_acks > 0).then_some((c.replica_acks, c.replica_ack_timeout));
+        let waker = Waker::new(manager()?, pool.clone(), c.read_timeout, acks);
         let watchdog = Watchdog::start(pool.clone(), &id, c.lease)?;
         let checker = manager()?;
         let janitor = Janitor::start(

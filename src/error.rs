@@ -63,6 +63,20 @@ pub enum Error {
         /// Who holds it now (owner id), if anyone.
         holder: Option<String>,
     },
+    /// A grant was acknowledged by fewer replicas than [`Config::replica_acks`] asks for within
+    /// its timeout, so a failover could lose it and let a second owner in: the attempt gave it
+    /// up (the lock went to the next waiter, or is free) instead of holding it. Retry later;
+    /// check that the replicas are up and connected.
+    ///
+    /// [`Config::replica_acks`]: crate::Config::replica_acks
+    NotReplicated {
+        /// The lock name.
+        name: String,
+        /// Replicas that acknowledged the grant in time.
+        acked: u32,
+        /// Replicas asked for.
+        wanted: u32,
+    },
     /// Redis returned an error fairlock did not expect.
     Redis(redis::RedisError),
     /// A reply did not have the shape the protocol defines: a server that is not Redis, a
@@ -118,6 +132,10 @@ impl fmt::Display for Error {
                 "Redis {version} is too old: fairlock needs Redis 6.2 or newer"
             ),
             Error::ForeignData { detail } => write!(f, "{detail}"),
+            Error::NotReplicated { name, acked, wanted } => write!(
+                f,
+                "the grant of lock {name:?} reached {acked} of the {wanted} replicas asked for in time, so a failover could lose it; it was given up (passed on): check the replicas, then retry"
+            ),
             Error::NotHeld { name, holder } => match holder {
                 Some(h) => write!(
                     f,

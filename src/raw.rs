@@ -417,6 +417,32 @@ pub fn parse_wake(msg: &str) -> Result<Wake> {
     }
 }
 
+/// How many replicas have everything this connection wrote so far, and so every write the master
+/// made before it (a grant made by another client's release included): waits for `replicas` of
+/// them for at most `timeout`. A `PUBLISH` goes first: it is replicated (outside a Cluster) and
+/// changes no data, but it makes this connection's last write come after the grant even when the
+/// call before it wrote nothing, which `WAIT` needs to mean anything.
+///
+/// # Errors
+/// [`Error::Connection`] when the server cannot be reached.
+pub fn acknowledged_by_replicas(
+    conn: &mut dyn ConnectionLike,
+    replicas: u32,
+    timeout: Duration,
+) -> Result<u32> {
+    let (acked,): (i64,) = redis::pipe()
+        .cmd("PUBLISH")
+        .arg("fairlock:replicated")
+        .arg("")
+        .ignore()
+        .cmd("WAIT")
+        .arg(replicas)
+        .arg(timeout.as_millis().max(1) as u64)
+        .query(conn)
+        .map_err(|e| Error::from_redis("waiting for replicas", e))?;
+    Ok(acked.max(0) as u32)
+}
+
 /// A BLPOP on `lists` (wake lists; on a Cluster they must share a slot) for at most `block`
 /// (rounded to ms; at least 1 ms).
 pub fn wait_cmd<S: AsRef<str>>(lists: &[S], block: Duration) -> redis::Cmd {

@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
+use redis::ConnectionLike;
 
 use crate::connection::{with_pooled, Conn, Manager, Pool};
 use crate::error::{failover_error, Error};
@@ -62,8 +63,9 @@ pub(crate) const CONNECTION_NAME: &str = "fairlock-waker";
 
 /// What a waiting thread hears.
 pub(crate) enum Event {
-    /// A message for its attempt.
-    Wake(Wake),
+    /// A message for its attempt; for a grant, when replica acknowledgements are asked for, how
+    /// many replicas acknowledged it (see [`raw::acknowledged_by_replicas`]).
+    Wake { wake: Wake, acked: Option<u32> },
     /// The server closed the blocking connection (a restart): a message may have been lost with
     /// it; run acquire again.
     Dropped,
@@ -183,15 +185,23 @@ pub(crate) struct Waker {
     /// Added to a BLPOP's block for its read timeout; also how long an UNBLOCK that overtook its
     /// BLPOP is sent again.
     read_timeout: Duration,
+    /// Replica acknowledgements a popped grant waits for: how many, for how long.
+    acks: Option<(u32, Duration)>,
 }
 
 impl Waker {
-    pub fn new(manager: Manager, pool: Pool, read_timeout: Duration) -> Waker {
+    pub fn new(
+        manager: Manager,
+        pool: Pool,
+        read_timeout: Duration,
+        acks: Option<(u32, Duration)>,
+    ) -> Waker {
         Waker {
             state: Mutex::new(State::default()),
             manager,
             pool,
             read_timeout,
+            acks,
         }
     }
 
@@ -348,25 +358,42 @@ impl Waker {
         blocking.conn.set_read_timeout(block + self.read_timeout);
         let reply: redis::RedisResult<Option<(String, String)>> =
             blocking.conn.query(&raw::wait_cmd(&lists, block));
+        let popped = match &reply {
+            Ok(Some((_, msg))) => match raw::parse_wake(msg) {
+                Ok(wake) => Some(wake),
+                Err(e) => {
+                    log::warn!("fairlock: dropped a wake-up message it cannot read: {e}");
+                    None
+                }
+            },
+            _ => None,
+        };
+        // a grant counts once replicas have it: the pop, on this connection, came after it
+        let acked = match (&popped, self.acks) {
+            (Some(Wake::Grant { .. }), Some((n, timeout))) => Some(
+                raw::acknowledged_by_replicas(&mut blocking.conn, n, timeout).unwrap_or_else(|e| {
+                    log::warn!("fairlock: could not learn whether replicas have a grant: {e}");
+                    0
+                }),
+            ),
+            _ => None,
+        };
         let mut state = self.state.lock();
         state.in_flight = None;
         match reply {
-            Ok(popped) => {
-                state.blocking = Some(blocking);
-                let wake = popped.and_then(|(_, msg)| match raw::parse_wake(&msg) {
-                    Ok(wake) => Some(wake),
-                    Err(e) => {
-                        log::warn!("fairlock: dropped a wake-up message it cannot read: {e}");
-                        None
-                    }
-                })?;
+            Ok(_) => {
+                if blocking.conn.is_open() {
+                    state.blocking = Some(blocking);
+                }
+                let wake = popped?;
+                let event = Event::Wake { wake, acked };
                 if wake.attempt() == me {
                     state.resign(me);
-                    return Some(Event::Wake(wake));
+                    return Some(event);
                 }
                 match state.attempts.get(&wake.attempt()) {
                     Some(r) => {
-                        let _ = r.events.send(Signal::Event(Event::Wake(wake)));
+                        let _ = r.events.send(Signal::Event(event));
                     }
                     None => log::debug!(
                         "fairlock: dropped a wake-up for attempt {}: no thread waits with it",
