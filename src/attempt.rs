@@ -26,10 +26,10 @@ use std::time::Instant;
 
 use crate::boot_clock::BootInstant;
 use crate::client::ClientInner;
+use crate::connection::Conn;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::lock::{ms, FairLock, Wait};
-use crate::connection::Conn;
 use crate::raw::{self, Acquire, Call, Leave, LeaveMode, Mode, Wake};
 use crate::waker::{Event, Registration};
 
@@ -148,22 +148,12 @@ impl<'a> Attempt<'a> {
 
     /// Run the acquire script once (sent at `sent`).
     fn request(&self, call: &Call<Acquire>, sent: BootInstant) -> Result<Requested> {
-        let (reply, acked) = self.client().with_conn(call.during(), |c| {
-            let reply = call.run(c)?;
-            let acked = match reply {
-                Acquire::Granted(_) => self.replica_acks(c)?,
-                _ => None,
-            };
-            Ok((reply, acked))
-        })?;
+        let reply = self.run_granting(call, |r| matches!(r, Acquire::Granted(_)))?;
         Ok(match reply {
-                Acquire::Granted(g) => {
-                    self.check_replicated(acked)?;
-                    Requested::Granted {
-                        token: g.token,
-                        expires: sent + ms(g.pttl_ms).min(self.lock.lease()),
-                    }
-                }
+                Acquire::Granted(g) => Requested::Granted {
+                    token: g.token,
+                    expires: sent + ms(g.pttl_ms).min(self.lock.lease()),
+                },
                 Acquire::Busy { .. } => Requested::Busy,
                 Acquire::Stale => {
                     return Err(Error::protocol(format!(
@@ -173,6 +163,22 @@ impl<'a> Attempt<'a> {
                 }
                 Acquire::Queued { server_ms, pttl_ms } => Requested::Queued { server_ms, pttl_ms },
         })
+    }
+
+    /// Run `call`; a reply that `granted` says grants this attempt the lock must, with replica
+    /// acknowledgements asked for, have them (else it is given up: [`Error::NotReplicated`]).
+    fn run_granting<T>(&self, call: &Call<T>, granted: fn(&T) -> bool) -> Result<T> {
+        let (reply, acked) = self.client().with_conn(call.during(), |c| {
+            let reply = call.run(c)?;
+            let acked = if granted(&reply) {
+                self.replica_acks(c)?
+            } else {
+                None
+            };
+            Ok((reply, acked))
+        })?;
+        self.check_replicated(acked)?;
+        Ok(reply)
     }
 
     /// With replica acknowledgements asked for: how many replicas have what connection `c`
@@ -336,19 +342,9 @@ impl<'a> Attempt<'a> {
             .raw()
             .leave(&self.owner, self.number, LeaveMode::Claim);
         let at = BootInstant::now();
-        let (reply, acked) = self.client().with_conn(call.during(), |c| {
-            let reply = call.run(c)?;
-            let acked = match reply {
-                Leave::Granted(_) => self.replica_acks(c)?,
-                _ => None,
-            };
-            Ok((reply, acked))
-        })?;
+        let reply = self.run_granting(&call, |r| matches!(r, Leave::Granted(_)))?;
         Ok(match reply {
-            Leave::Granted(g) => {
-                self.check_replicated(acked)?;
-                Some((g.token, at + ms(g.pttl_ms).min(self.lock.lease())))
-            }
+            Leave::Granted(g) => Some((g.token, at + ms(g.pttl_ms).min(self.lock.lease()))),
             Leave::Left | Leave::Passed { .. } => None,
         })
     }

@@ -131,6 +131,26 @@ impl State {
         }
     }
 
+    /// The blocking connection failed under the leader `me` (`dropped`: closed by the server or
+    /// refused, as in a restart or a failover; otherwise a failure that counts): tell every other
+    /// waiting thread, pass on the lead, and return what `me` hears.
+    fn connection_failed(&mut self, me: u64, dropped: bool, e: &redis::RedisError) -> Event {
+        let event = || {
+            if dropped {
+                Event::Dropped
+            } else {
+                Event::Failed(Error::Connection {
+                    during: "waiting for the lock",
+                    detail: e.to_string(),
+                    source: None,
+                })
+            }
+        };
+        self.tell_waiting(me, event);
+        self.resign(me);
+        event()
+    }
+
     /// If `attempt` leads, make the longest-waiting other thread in `next` the leader.
     fn resign(&mut self, attempt: u64) {
         if self.leader != Some(attempt) {
@@ -323,21 +343,10 @@ impl Waker {
                 Ok(b) => b,
                 Err(e) => {
                     let mut state = self.state.lock();
-                    state.resign(me);
                     // refused (a restart, or a failover: the master moves) is re-checked like
                     // a dropped connection; anything else counts as a failure
-                    if e.is_connection_refusal() || failover_error(&e).is_some() {
-                        state.tell_waiting(me, || Event::Dropped);
-                        return Some(Event::Dropped);
-                    }
-                    let detail = e.to_string();
-                    let failed = || Error::Connection {
-                        during: "waiting for the lock",
-                        detail: detail.clone(),
-                        source: None,
-                    };
-                    state.tell_waiting(me, || Event::Failed(failed()));
-                    return Some(Event::Failed(failed()));
+                    let dropped = e.is_connection_refusal() || failover_error(&e).is_some();
+                    return Some(state.connection_failed(me, dropped, &e));
                 }
             },
         };
@@ -404,21 +413,7 @@ impl Waker {
             }
             Err(e) => {
                 log::debug!("fairlock: the BLPOP of waiting threads failed ({e}); they re-check");
-                let event = if blocking.conn.was_dropped() {
-                    state.tell_waiting(me, || Event::Dropped);
-                    Event::Dropped
-                } else {
-                    let detail = e.to_string();
-                    let failed = || Error::Connection {
-                        during: "waiting for the lock",
-                        detail: detail.clone(),
-                        source: None,
-                    };
-                    state.tell_waiting(me, || Event::Failed(failed()));
-                    Event::Failed(failed())
-                };
-                state.resign(me);
-                Some(event)
+                Some(state.connection_failed(me, blocking.conn.was_dropped(), &e))
             }
         }
     }

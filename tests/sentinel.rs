@@ -314,9 +314,23 @@ fn replica_ack_cost() {
         .collect();
     let rtt = pct(pings, 0.5);
     println!("PING p50 {rtt:.0} µs");
-    for acks in [0, 1, 2] {
-        let c = client_with_acks(&group, acks, Duration::from_secs(1));
+    let connections = |conn: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO").arg("stats").query(conn).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let direct = format!("redis://127.0.0.1:{}/", group.master_port());
+    for acks in [None, Some(0), Some(1), Some(2)] {
+        // None: straight to the master, without the sentinels
+        let c = match acks {
+            None => fairlock::LockClient::connect(&direct).unwrap(),
+            Some(n) => client_with_acks(&group, n, Duration::from_secs(1)),
+        };
+        let acks = acks.map_or("direct".to_string(), |n| n.to_string());
         let lock = c.lock(&format!("cost-{acks}")).unwrap();
+        let opened = connections(&mut ping_conn);
         let pairs: Vec<f64> = (0..rounds)
             .map(|_| {
                 let t = Instant::now();
@@ -326,8 +340,99 @@ fn replica_ack_cost() {
             .collect();
         let (p50, p99) = (pct(pairs.clone(), 0.5), pct(pairs, 0.99));
         println!(
-            "replica_acks {acks}: acquire + release p50 {p50:.0} µs ({:.2} RTT), p99 {p99:.0} µs",
-            p50 / rtt
+            "replica_acks {acks}: acquire + release p50 {p50:.0} µs ({:.2} RTT), p99 {p99:.0} µs; {} connections opened",
+            p50 / rtt,
+            connections(&mut ping_conn) - opened
         );
+    }
+}
+
+/// One failover trial: 2 clients x 2 threads take turns on a lock (asking for `acks` replica
+/// acknowledgements) while the master is SIGKILLed at a random moment; returns how many times a
+/// thread entered the critical section while another was in it (two owners).
+fn overlap_trial(group: &mut SentinelGroup, acks: u32, trial: u32) -> (u32, u32, Vec<String>) {
+    let name = format!("trial-{acks}-{trial}");
+    let in_section = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..2)
+        .map(|_| client_with_acks(group, acks, Duration::from_millis(500)))
+        .collect();
+    let mut threads = vec![];
+    for c in &clients {
+        for _ in 0..2 {
+            let lock = c.lock(&name).unwrap();
+            let (in_section, overlaps, done, stop, errors) = (
+                in_section.clone(),
+                overlaps.clone(),
+                done.clone(),
+                stop.clone(),
+                errors.clone(),
+            );
+            threads.push(thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    match lock.try_lock_for(SECS_30) {
+                        Ok(Some(g)) => {
+                            if in_section.swap(true, Ordering::SeqCst) {
+                                overlaps.fetch_add(1, Ordering::SeqCst);
+                            }
+                            thread::sleep(Duration::from_millis(1));
+                            in_section.store(false, Ordering::SeqCst);
+                            done.fetch_add(1, Ordering::SeqCst);
+                            let _ = g.unlock();
+                        }
+                        Ok(None) => {}
+                        Err(e) => errors.lock().unwrap().push(e.to_string()),
+                    }
+                }
+            }));
+        }
+    }
+    thread::sleep(Duration::from_millis(200 + u64::from(trial * 37 % 300)));
+    let old = group.kill_master();
+    group.wait_for_new_master(old, SECS_60);
+    thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    group.restart_node(old);
+    let errors = errors.lock().unwrap().clone();
+    (
+        overlaps.load(Ordering::SeqCst),
+        done.load(Ordering::SeqCst),
+        errors,
+    )
+}
+
+/// A measurement (long mode): `FAIRLOCK_TRIALS` (default 20) master kills under load, without and
+/// with one replica acknowledgement, counting the times two owners overlapped.
+/// `cargo test --release --test sentinel -- --ignored --nocapture failover_overlap_trials`
+#[test]
+#[ignore = "long mode: cargo test --release --test sentinel -- --ignored --nocapture failover_overlap_trials"]
+fn failover_overlap_trials() {
+    let trials: u32 = std::env::var("FAIRLOCK_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let mut group = SentinelGroup::start();
+    for acks in [0, 1] {
+        let (mut overlapped, mut total, mut acquisitions, mut errors) = (0, 0, 0, 0);
+        for trial in 0..trials {
+            let (o, n, e) = overlap_trial(&mut group, acks, trial);
+            overlapped += u32::from(o > 0);
+            total += o;
+            acquisitions += n;
+            errors += e.len();
+            println!("acks {acks} trial {trial}: {o} overlaps, {n} acquisitions, errors {e:?}");
+        }
+        println!(
+            "replica_acks {acks}: {overlapped} of {trials} failovers had two owners ({total} overlaps in all), {acquisitions} acquisitions, {errors} errors"
+        );
+        if acks > 0 {
+            assert_eq!(total, 0, "two owners despite replica acknowledgements");
+        }
     }
 }
