@@ -12,18 +12,11 @@
 
 use std::time::{Duration, Instant};
 
-/// CLOCK_MONOTONIC in nanoseconds: the same clock in every process of this machine, so a release
-/// stamped in one process and the acquire it enabled, stamped in another, can be subtracted.
-pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime only writes into the timespec we own; CLOCK_MONOTONIC always exists
-    // on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+#[path = "../../tests/shared/mono_clock.rs"]
+mod mono_clock;
+/// CLOCK_MONOTONIC in nanoseconds: a release stamped in one process and the acquire it enabled,
+/// stamped in another, can be subtracted.
+pub use mono_clock::mono_ns;
 
 /// Sleep until the monotonic clock reads `ns` (returns at once if it already has).
 pub fn sleep_until_ns(ns: u64) {

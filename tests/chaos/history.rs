@@ -21,16 +21,10 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Mutex;
 
+#[path = "../shared/mono_clock.rs"]
+mod mono_clock;
 /// Nanoseconds on `CLOCK_MONOTONIC`, the clock every process on this machine shares.
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use mono_clock::mono_ns as now_ns;
 
 /// The history file of one process.
 pub struct History {
