@@ -48,8 +48,7 @@ impl Conn {
         if let Err(e) = result {
             if is_connection_error(e) {
                 self.broken = true;
-                self.dropped =
-                    e.is_connection_dropped() || (e.is_unrecoverable_error() && !e.is_timeout());
+                self.dropped = is_server_gone(e);
             } else if failover_error(e).is_some() {
                 // a demoted master: this connection leads nowhere now, a fresh one finds the new
                 // master (through the sentinels)
@@ -163,6 +162,16 @@ fn once_pooled<T>(
             other => return other,
         }
     }
+}
+
+/// Whether an error says the server went away or moved (closed, reset, refused, or a failover
+/// under way) rather than that it failed to answer: the same request may go again on a fresh
+/// connection, without that counting as a failure.
+pub(crate) fn is_server_gone(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || (e.is_unrecoverable_error() && !e.is_timeout())
+        || failover_error(e).is_some()
 }
 
 pub(crate) fn is_connection_error(e: &redis::RedisError) -> bool {

@@ -44,8 +44,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 use redis::ConnectionLike;
 
-use crate::connection::{with_pooled, Conn, Manager, Pool};
-use crate::error::{failover_error, Error};
+use crate::connection::{is_server_gone, with_pooled, Conn, Manager, Pool};
+use crate::error::Error;
 use crate::raw::{self, Wake};
 
 /// The longest single BLPOP: the leader re-blocks at least this often, which bounds how long a
@@ -343,10 +343,9 @@ impl Waker {
                 Ok(b) => b,
                 Err(e) => {
                     let mut state = self.state.lock();
-                    // refused (a restart, or a failover: the master moves) is re-checked like
-                    // a dropped connection; anything else counts as a failure
-                    let dropped = e.is_connection_refusal() || failover_error(&e).is_some();
-                    return Some(state.connection_failed(me, dropped, &e));
+                    // the server went away (a restart) or moved (a failover): re-checked like a
+                    // dropped connection; anything else (a timeout) counts as a failure
+                    return Some(state.connection_failed(me, is_server_gone(&e), &e));
                 }
             },
         };

@@ -444,11 +444,16 @@ fn a_waiter_survives_more_restarts_than_its_failure_budget() {
         thread::spawn(move || lock.lock().map(|g| g.fencing_token()))
     };
     assert!(support::queued(&lock, 1, Duration::from_secs(5)));
-    for _ in 0..4 {
+    for i in 0..4 {
         server.restart();
-        assert!(eventually(Duration::from_secs(10), || lock
-            .status()
-            .is_ok_and(|s| s.waiters.len() == 1)));
+        if !eventually(Duration::from_secs(10), || {
+            lock.status().is_ok_and(|s| s.waiters.len() == 1)
+        }) {
+            // say why: the waiter's own error, if it gave up
+            let status = lock.status();
+            let waiter = waiter.is_finished().then(|| waiter.join().unwrap());
+            panic!("after restart {i} the waiter left the queue: {waiter:?}; {status:?}");
+        }
     }
     let token = held.fencing_token();
     held.unlock().unwrap();
