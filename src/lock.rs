@@ -52,7 +52,9 @@ enum LeaseMode {
 /// while another holds the lock; so may a holder whose server clock stepped forward by more than
 /// its remaining lease (Redis TTLs follow the wall clock). Use the fencing token at the resource.
 /// A Redis without persistence that restarts, or a failover to a replica that missed the last
-/// writes, forgets locks and queue places. One Redis node only (no Cluster or Sentinel yet).
+/// writes, forgets locks and queue places (replica acknowledgements,
+/// [`LockClientBuilder::replica_acks`](crate::LockClientBuilder::replica_acks), keep a guard from
+/// resting on such a grant). One node or a Sentinel group; no Redis Cluster yet.
 ///
 /// ```no_run
 /// use std::time::Duration;
