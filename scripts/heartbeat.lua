@@ -9,8 +9,9 @@
 --    the holder died) goes to the live head.
 -- Cost: O(this client's waiters + dead heads), never a scan of all waiters.
 -- Network: a retry refreshes again; a late heartbeat for an attempt that has moved on does
--- nothing (a newer attempt's entry) or pushes a "retry" for that old attempt, which its thread
--- ignores.
+-- nothing (a newer attempt's entry) or pushes a "retry" for that old attempt, which its client's
+-- waiting threads drop (no thread waits with that attempt); a repeated "retry" only makes its
+-- thread run acquire once more, which keeps its place.
 return run(function()
   local h = read_lock()
   -- the lock hash's own virtual clock (see "Time" in common.lua), for hand-off deadlines; stored

@@ -3,7 +3,9 @@
 -- Network: a repeated or late script finds the state these helpers left: a grant removes the
 -- grantee's queue entry, so a repeat cannot grant twice; a new queue place drops its owner's
 -- older wake-ups, so a lapsed grant cannot be popped after it; the tombstone keeps the receipts
--- a repeated release looks for.
+-- a repeated release looks for. Wake lists are shared by a client's threads: a repeated or late
+-- removal takes only its own thread's messages (drop_wakeups), never a neighbour's, and a push
+-- never shortens the list's TTL under others' messages (push_wakeup).
 
 -- ---- the lock hash --------------------------------------------------------------------------
 
