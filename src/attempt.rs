@@ -119,7 +119,13 @@ impl<'a> Attempt<'a> {
             &self.meta,
         );
         // before the request: a grant may be popped before its reply arrives
-        let registration = (mode == Mode::Wait).then(|| self.client().waker.register(self.number));
+        let registration = (mode == Mode::Wait).then(|| {
+            let lock_key = self.lock.raw().key_names()[0];
+            self.client()
+                .wakers
+                .for_lock(lock_key)
+                .register(self.number)
+        });
         loop {
             let sent = BootInstant::now();
             let grant = match self.request(&call, sent)? {
@@ -188,7 +194,9 @@ impl<'a> Attempt<'a> {
         if config.replica_acks == 0 {
             return Ok(None);
         }
-        raw::acknowledged_by_replicas(c, config.replica_acks, config.replica_ack_timeout).map(Some)
+        let key = self.lock.raw().key_names()[0];
+        raw::acknowledged_by_replicas(c, key, config.replica_acks, config.replica_ack_timeout)
+            .map(Some)
     }
 
     /// A grant to this attempt that fewer replicas acknowledged than asked for is given up

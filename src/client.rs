@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::connection::{with_pooled, Conn, Manager, Pool, SENTINEL_SCHEME};
+use crate::connection::{with_pooled, Conn, Manager, Pool, CLUSTER_SCHEME, SENTINEL_SCHEME};
 use crate::error::{Error, Result};
 use crate::janitor::Janitor;
 use crate::keys;
 use crate::limits::{DEFAULT_LEASE, MAX_LEASE, MIN_LEASE};
 use crate::raw;
-use crate::waker::Waker;
+use crate::waker::Wakers;
 use crate::watchdog::Watchdog;
 
 /// The settings of a [`LockClient`]: set one by one on a [`LockClientBuilder`], or all at once
@@ -38,9 +38,10 @@ pub struct Config {
     /// 7 days. Tokens keep rising after it expires (they are seeded from the server clock); it
     /// bounds what idle lock names cost Redis.
     pub fence_ttl: Duration,
-    /// Through a Sentinel group: how long a call keeps trying while there is no master to
-    /// reach (a failover under way) before it fails with [`Error::Connection`]. Default 60 s;
-    /// unused with one node, where such a call fails at once.
+    /// Through a Sentinel group or on a Cluster: how long a call keeps trying while there is no
+    /// master to reach (a failover or a slot migration under way) before it fails with
+    /// [`Error::Connection`]. Default 60 s; unused with one node, where such a call fails at
+    /// once.
     pub failover_timeout: Duration,
     /// How many replicas must acknowledge a grant (`WAIT`) before it becomes a guard; 0 (the
     /// default) for none. A grant acknowledged by fewer within `replica_ack_timeout` is given up
@@ -157,8 +158,8 @@ impl LockClientBuilder {
         self
     }
 
-    /// Through a Sentinel group: how long a call keeps trying while a failover leaves no master
-    /// to reach (default 60 s, at most 1 h).
+    /// Through a Sentinel group or on a Cluster: how long a call keeps trying while a failover
+    /// leaves no master to reach (default 60 s, at most 1 h).
     pub fn failover_timeout(mut self, timeout: Duration) -> Self {
         self.config.failover_timeout = timeout;
         self
@@ -256,7 +257,8 @@ impl LockClientBuilder {
         let pool = Pool::new(manager()?, c.pool_size, c.connect_timeout);
         let id = uuid::Uuid::new_v4().simple().to_string();
         let acks = (c.replica_acks > 0).then_some((c.replica_acks, c.replica_ack_timeout));
-        let waker = Waker::new(manager()?, pool.clone(), c.read_timeout, acks);
+        let cluster = self.url.starts_with(CLUSTER_SCHEME);
+        let wakers = Wakers::new(manager()?, cluster, pool.clone(), c.read_timeout, acks);
         let watchdog = Watchdog::start(pool.clone(), &id, c.lease)?;
         let checker = manager()?;
         let janitor = Janitor::start(
@@ -278,7 +280,7 @@ impl LockClientBuilder {
                 protocol,
                 config: self.config,
                 pool,
-                waker,
+                wakers,
                 watchdog,
                 janitor,
                 next_attempt: AtomicU64::new(1),
@@ -329,8 +331,9 @@ pub(crate) struct ClientInner {
     /// (lock key, owner) -> the attempt that thread is making now, for `WaitCanceller`.
     pub waiting: Mutex<HashMap<(String, String), u64>>,
     pub pool: Pool,
-    /// The one BLPOP of this client's waiting threads (see `waker`).
-    pub waker: Waker,
+    /// The BLPOP of this client's waiting threads: one, or one per lock on a Cluster (see
+    /// `waker`).
+    pub wakers: Wakers,
     pub watchdog: Watchdog,
     pub janitor: Janitor,
     pub host: String,
@@ -349,9 +352,11 @@ impl LockClient {
     }
 
     /// Start configuring a client. `url` names one node (`redis://host:port/`, any URL the
-    /// `redis` crate opens), or the master of a Sentinel group:
+    /// `redis` crate opens), the master of a Sentinel group:
     /// `redis+sentinel://host:port[,host:port...]/<master name>` (as
-    /// [`builder_sentinel`](Self::builder_sentinel) builds it).
+    /// [`builder_sentinel`](Self::builder_sentinel) builds it), or a Redis Cluster by some of
+    /// its nodes: `redis+cluster://host:port[,host:port...]/` (as
+    /// [`builder_cluster`](Self::builder_cluster) builds it).
     pub fn builder(url: &str) -> LockClientBuilder {
         LockClientBuilder {
             url: url.to_string(),
@@ -385,6 +390,33 @@ impl LockClient {
             "{SENTINEL_SCHEME}{}/{master_name}",
             hosts.join(",")
         ))
+    }
+
+    /// Start configuring a client of the Redis Cluster that `nodes` (`host:port` or
+    /// `redis://host:port/` each; some of its nodes, any role) belong to. The client learns the
+    /// others from them. A lock's keys share one hash slot, so each lock lives on one shard and
+    /// locks spread over all of them; commands follow `MOVED` / `ASK` redirects, and calls made
+    /// while a slot has no master (a failover under way) keep trying for
+    /// [`Config::failover_timeout`].
+    ///
+    /// ```no_run
+    /// let client = fairlock::LockClient::builder_cluster(&[
+    ///     "redis://10.0.0.1:7000",
+    ///     "10.0.0.2:7000",
+    /// ])
+    /// .build()?;
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    pub fn builder_cluster(nodes: &[&str]) -> LockClientBuilder {
+        let hosts: Vec<&str> = nodes
+            .iter()
+            .map(|s| {
+                s.strip_prefix("redis://")
+                    .unwrap_or(s)
+                    .trim_end_matches('/')
+            })
+            .collect();
+        Self::builder(&format!("{CLUSTER_SCHEME}{}/", hosts.join(",")))
     }
 
     /// The settings in force.

@@ -1,5 +1,6 @@
 //! Connections: an r2d2 manager over `redis::Client` that applies fairlock's timeouts, to one
-//! node or to the master a Sentinel group names.
+//! node, to the master a Sentinel group names, or to a Redis Cluster (the redis crate's
+//! `ClusterConnection`, which routes each command by its first key and follows `MOVED` / `ASK`).
 //!
 //! The redis crate's own r2d2 impl connects without a timeout (a black-holed server would hang
 //! for the OS TCP timeout) and cannot tell that a connection whose read timed out is poisoned: the
@@ -9,8 +10,12 @@
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConnection};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::ConnectionLike;
+use redis::{ConnectionLike, Value};
 
 use crate::error::{failover_error, Error, Result};
 use crate::server_check::{check_eviction_policy, EvictionCheck, UNKNOWN_POLICY_WARNING};
@@ -21,9 +26,31 @@ const MIN_VERSION: (u32, u32) = (6, 2);
 
 /// A pooled connection that remembers whether it is still trustworthy.
 pub(crate) struct Conn {
-    inner: redis::Connection,
+    inner: Inner,
     broken: bool,
     dropped: bool,
+}
+
+/// One node's connection, or a Cluster's (a connection to each node it routes to).
+enum Inner {
+    Node(redis::Connection),
+    Cluster(ClusterConnection),
+}
+
+impl Inner {
+    fn as_like(&mut self) -> &mut dyn ConnectionLike {
+        match self {
+            Inner::Node(c) => c,
+            Inner::Cluster(c) => c,
+        }
+    }
+
+    fn as_ref_like(&self) -> &dyn ConnectionLike {
+        match self {
+            Inner::Node(c) => c,
+            Inner::Cluster(c) => c,
+        }
+    }
 }
 
 impl Conn {
@@ -32,8 +59,60 @@ impl Conn {
         cmd.query(self)
     }
 
+    /// Run `cmd` on the node that serves `key` (on a Cluster: `CLIENT ...` and `WAIT` name no
+    /// key, and would go to any node); elsewhere the same as [`Conn::query`].
+    pub fn query_at<T: redis::FromRedisValue>(
+        &mut self,
+        key: &str,
+        cmd: &redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        match &mut self.inner {
+            Inner::Node(_) => self.query(cmd),
+            Inner::Cluster(c) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let result = c.route_command(
+                    cmd,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                );
+                self.note(&result);
+                redis::FromRedisValue::from_redis_value(result?.extract_error()?)
+                    .map_err(redis::RedisError::from)
+            }
+        }
+    }
+
+    /// Run `cmd` on every master (one node, or each master of a Cluster): each one's reply.
+    pub fn query_masters(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<Vec<(String, Value)>> {
+        match &mut self.inner {
+            Inner::Node(_) => Ok(vec![(String::new(), self.query(cmd)?)]),
+            Inner::Cluster(c) => {
+                let result = c.route_command(
+                    cmd,
+                    RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+                );
+                self.note(&result);
+                match result? {
+                    Value::Map(pairs) => Ok(pairs
+                        .into_iter()
+                        .map(|(node, v)| (text_of(&node), v))
+                        .collect()),
+                    other => Ok(vec![(String::new(), other)]),
+                }
+            }
+        }
+    }
+
+    /// Whether this is a Cluster's connection (which cannot pipeline calls of different slots).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner, Inner::Cluster(_))
+    }
+
     pub fn set_read_timeout(&mut self, timeout: Duration) {
-        if self.inner.set_read_timeout(Some(timeout)).is_err() {
+        let set = match &self.inner {
+            Inner::Node(c) => c.set_read_timeout(Some(timeout)),
+            Inner::Cluster(c) => c.set_read_timeout(Some(timeout)),
+        };
+        if set.is_err() {
             self.broken = true;
         }
     }
@@ -62,9 +141,20 @@ impl Conn {
 /// Every request of fairlock (the raw layer's calls included) goes through `note`.
 impl redis::ConnectionLike for Conn {
     fn req_packed_command(&mut self, cmd: &[u8]) -> redis::RedisResult<redis::Value> {
-        let result = self.inner.req_packed_command(cmd);
+        let result = self.inner.as_like().req_packed_command(cmd);
         self.note(&result);
         result
+    }
+
+    fn req_command(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
+        // a Cluster routes a command by its key (its packed bytes alone would be parsed again)
+        let result = self.inner.as_like().req_command(cmd);
+        self.note(&result);
+        result
+    }
+
+    fn supports_pipelining(&self) -> bool {
+        self.inner.as_ref_like().supports_pipelining()
     }
 
     fn req_packed_commands(
@@ -73,21 +163,21 @@ impl redis::ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> redis::RedisResult<Vec<redis::Value>> {
-        let result = self.inner.req_packed_commands(cmd, offset, count);
+        let result = self.inner.as_like().req_packed_commands(cmd, offset, count);
         self.note(&result);
         result
     }
 
     fn get_db(&self) -> i64 {
-        self.inner.get_db()
+        self.inner.as_ref_like().get_db()
     }
 
     fn check_connection(&mut self) -> bool {
-        self.inner.check_connection()
+        self.inner.as_like().check_connection()
     }
 
     fn is_open(&self) -> bool {
-        !self.broken && self.inner.is_open()
+        !self.broken && self.inner.as_ref_like().is_open()
     }
 }
 
@@ -184,11 +274,27 @@ enum Target {
     Node(redis::Client),
     /// The master that a Sentinel group names, looked up for every new connection.
     Sentinel(Mutex<SentinelClient>),
+    /// A Redis Cluster: `commands` for the pool, whose connections follow redirects and repeat
+    /// a request after a failure (safe: see the scripts' headers); `blocking` for the waker's
+    /// BLPOP, which must never be repeated behind our back (its reply, a grant, would be lost
+    /// unseen), so any failure or redirect reaches the waker, which re-checks and reconnects.
+    Cluster {
+        commands: ClusterClient,
+        blocking: ClusterClient,
+    },
 }
 
 /// The scheme of a URL that names a Sentinel group: `redis+sentinel://host:port[,host:port...]/
 /// <master name>`.
 pub(crate) const SENTINEL_SCHEME: &str = "redis+sentinel://";
+
+/// The scheme of a URL that names a Redis Cluster by some of its nodes:
+/// `redis+cluster://host:port[,host:port...]/`.
+pub(crate) const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+/// How often a Cluster connection of the pool follows a redirect or repeats a failed request
+/// before the call fails (and `with_pooled` takes over, for the failover timeout).
+const CLUSTER_RETRIES: u32 = 5;
 
 /// Creates connections with a connect timeout, a read and a write timeout.
 pub(crate) struct Manager {
@@ -205,6 +311,7 @@ impl std::fmt::Debug for Manager {
         let target = match &self.target {
             Target::Node(_) => "node",
             Target::Sentinel(_) => "sentinel",
+            Target::Cluster { .. } => "cluster",
         };
         f.debug_struct("Manager").field("target", &target).finish()
     }
@@ -212,8 +319,9 @@ impl std::fmt::Debug for Manager {
 
 impl Manager {
     /// `url`: `redis://...` (or any URL the redis crate opens) for one node, or
-    /// `redis+sentinel://host:port[,host:port...]/<master name>` for a Sentinel group, whose
-    /// calls ride out a failover for up to `failover_timeout`.
+    /// `redis+sentinel://host:port[,host:port...]/<master name>` for a Sentinel group, or
+    /// `redis+cluster://host:port[,host:port...]/` for a Redis Cluster, whose calls ride out a
+    /// failover for up to `failover_timeout`.
     pub fn new(
         url: &str,
         connect_timeout: Duration,
@@ -255,10 +363,48 @@ impl Manager {
                 .map_err(|e| invalid(e.to_string()))?;
                 (Target::Sentinel(Mutex::new(client)), failover_timeout)
             }
-            None => (
-                Target::Node(redis::Client::open(url).map_err(|e| invalid(e.to_string()))?),
-                Duration::ZERO,
-            ),
+            None => match url.strip_prefix(CLUSTER_SCHEME) {
+                Some(rest) => {
+                    let hosts = rest.trim_end_matches('/');
+                    if hosts.contains('/') {
+                        return Err(invalid(
+                            "a Cluster URL names nodes only: redis+cluster://host:port[,host:port...]/".into(),
+                        ));
+                    }
+                    if hosts.contains('@') {
+                        return Err(invalid(
+                            "passwords in a Cluster URL are not supported yet".into(),
+                        ));
+                    }
+                    let nodes: Vec<String> = hosts
+                        .split(',')
+                        .filter(|h| !h.is_empty())
+                        .map(|h| format!("redis://{h}/"))
+                        .collect();
+                    if nodes.is_empty() {
+                        return Err(invalid("no node address".into()));
+                    }
+                    let builder = |retries: u32| {
+                        ClusterClientBuilder::new(nodes.clone())
+                            .connection_timeout(connect_timeout)
+                            .response_timeout(read_timeout)
+                            .retries(retries)
+                            .build()
+                            .map_err(|e| invalid(e.to_string()))
+                    };
+                    (
+                        Target::Cluster {
+                            commands: builder(CLUSTER_RETRIES)?,
+                            blocking: builder(0)?,
+                        },
+                        failover_timeout,
+                    )
+                }
+                None => (
+                    Target::Node(redis::Client::open(url).map_err(|e| invalid(e.to_string()))?),
+                    Duration::ZERO,
+                ),
+            },
         };
         Ok(Manager {
             target,
@@ -268,17 +414,39 @@ impl Manager {
         })
     }
 
+    /// A connection for commands.
     pub fn open(&self) -> redis::RedisResult<Conn> {
+        self.open_for(false)
+    }
+
+    /// A connection for the waker's BLPOP: on a Cluster, one that never repeats a request or
+    /// follows a redirect by itself (see [`Target::Cluster`]).
+    pub fn open_blocking(&self) -> redis::RedisResult<Conn> {
+        self.open_for(true)
+    }
+
+    fn open_for(&self, blocking_use: bool) -> redis::RedisResult<Conn> {
         let client = match &self.target {
             Target::Node(client) => client.clone(),
             // asks the sentinels for the master (they check that it is up)
             Target::Sentinel(sentinel) => sentinel.lock().get_client()?,
+            Target::Cluster { commands, blocking } => {
+                let client = if blocking_use { blocking } else { commands };
+                let inner = client.get_connection()?;
+                inner.set_read_timeout(Some(self.read_timeout))?;
+                inner.set_write_timeout(Some(self.read_timeout))?;
+                return Ok(Conn {
+                    inner: Inner::Cluster(inner),
+                    broken: false,
+                    dropped: false,
+                });
+            }
         };
         let inner = client.get_connection_with_timeout(self.connect_timeout)?;
         inner.set_read_timeout(Some(self.read_timeout))?;
         inner.set_write_timeout(Some(self.read_timeout))?;
         Ok(Conn {
-            inner,
+            inner: Inner::Node(inner),
             broken: false,
             dropped: false,
         })
@@ -289,23 +457,28 @@ impl Manager {
         let mut conn = self
             .open()
             .map_err(|e| Error::from_redis("connecting", e))?;
-        let info: String = conn.query(redis::cmd("INFO").arg("server")).map_err(|e| {
-            match Error::from_redis("checking the server version", e) {
-                Error::Redis(e) => Error::NotRedis {
-                    detail: e.to_string(),
+        let infos = conn
+            .query_masters(redis::cmd("INFO").arg("server"))
+            .map_err(
+                |e| match Error::from_redis("checking the server version", e) {
+                    Error::Redis(e) => Error::NotRedis {
+                        detail: e.to_string(),
+                    },
+                    other => other,
                 },
-                other => other,
+            )?;
+        for (node, info) in infos {
+            let info = text_of(&info);
+            let version = info
+                .lines()
+                .find_map(|l| l.strip_prefix("redis_version:"))
+                .map(|v| v.trim().to_string())
+                .ok_or_else(|| Error::NotRedis {
+                    detail: format!("INFO server{} has no redis_version", at_node(&node)),
+                })?;
+            if parse_version(&version) < MIN_VERSION {
+                return Err(Error::UnsupportedServer { version });
             }
-        })?;
-        let version = info
-            .lines()
-            .find_map(|l| l.strip_prefix("redis_version:"))
-            .map(|v| v.trim().to_string())
-            .ok_or_else(|| Error::NotRedis {
-                detail: "INFO server has no redis_version".into(),
-            })?;
-        if parse_version(&version) < MIN_VERSION {
-            return Err(Error::UnsupportedServer { version });
         }
         check_memory(&mut conn)
     }
@@ -320,17 +493,44 @@ impl Manager {
     }
 }
 
+/// Every master must be safe (on a Cluster, each one's setting is its own).
 fn check_memory(conn: &mut Conn) -> Result<()> {
-    let info: String = conn
-        .query(redis::cmd("INFO").arg("memory"))
+    let infos = conn
+        .query_masters(redis::cmd("INFO").arg("memory"))
         .map_err(|e| Error::from_redis("checking the eviction policy", e))?;
-    match check_eviction_policy(&info) {
-        Ok(EvictionCheck::Unknown) => {
-            log::warn!("fairlock: {UNKNOWN_POLICY_WARNING}");
-            Ok(())
+    for (node, info) in infos {
+        let info = text_of(&info);
+        match check_eviction_policy(&info) {
+            Ok(EvictionCheck::Unknown) => {
+                log::warn!("fairlock: {UNKNOWN_POLICY_WARNING}{}", at_node(&node))
+            }
+            Ok(_) => {}
+            Err(detail) => {
+                return Err(Error::UnsafeServer {
+                    detail: format!("{detail}{}", at_node(&node)),
+                })
+            }
         }
-        Ok(_) => Ok(()),
-        Err(detail) => Err(Error::UnsafeServer { detail }),
+    }
+    Ok(())
+}
+
+/// A text reply's text (empty for any other reply).
+fn text_of(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::VerbatimString { text, .. } => text.clone(),
+        _ => String::new(),
+    }
+}
+
+/// " (at node <address>)" for a Cluster's node, nothing for one node.
+fn at_node(node: &str) -> String {
+    if node.is_empty() {
+        String::new()
+    } else {
+        format!(" (at node {node})")
     }
 }
 
@@ -352,7 +552,7 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
-        conn.broken || !conn.inner.is_open()
+        conn.broken || !conn.inner.as_ref_like().is_open()
     }
 }
 

@@ -215,7 +215,7 @@ impl Error {
         if let Some(detail) = failover_error(&e) {
             return Error::Connection {
                 during,
-                detail: format!("{detail} ({e}); a failover is under way"),
+                detail: format!("{detail} ({e}); a failover or a slot migration is under way"),
                 source: Some(Box::new(e)),
             };
         }
@@ -254,12 +254,23 @@ impl Error {
 }
 
 /// What a server error says about a failover in progress, if it is one: the node was demoted to a
-/// replica (READONLY; UNBLOCKED for a command blocked on it) or lost its master (MASTERDOWN).
+/// replica (READONLY; UNBLOCKED for a command blocked on it) or lost its master (MASTERDOWN); on
+/// a Cluster, the slot moved or is moving (MOVED, ASK, TRYAGAIN: a blocked BLPOP is answered
+/// MOVED when its slot moves) or the cluster cannot serve it now (CLUSTERDOWN).
 pub(crate) fn failover_error(e: &redis::RedisError) -> Option<&'static str> {
     use redis::{ErrorKind, ServerErrorKind};
     match e.kind() {
         ErrorKind::Server(ServerErrorKind::ReadOnly) => Some("the node is a replica now"),
         ErrorKind::Server(ServerErrorKind::MasterDown) => Some("the node lost its master"),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
+            Some("the lock's hash slot moved to another node")
+        }
+        ErrorKind::Server(ServerErrorKind::TryAgain) => {
+            Some("the lock's hash slot is moving between nodes")
+        }
+        ErrorKind::Server(ServerErrorKind::ClusterDown) => {
+            Some("the cluster cannot serve the lock's hash slot now (CLUSTERDOWN)")
+        }
         _ if e.code() == Some("UNBLOCKED") => Some("the node changed role under a blocked command"),
         _ => None,
     }

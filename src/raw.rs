@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use redis::{ConnectionLike, Value};
 
+use crate::connection::Conn;
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 
@@ -185,13 +186,25 @@ impl<T> Call<T> {
 }
 
 /// Send many calls in one pipeline (one round trip) and parse each reply; scripts the server
-/// lacks are loaded and the pipeline sent once more.
+/// lacks are loaded and the pipeline sent once more. On a connection that cannot pipeline (a
+/// Cluster's: the calls' locks live on different nodes), the calls go one by one.
 ///
 /// # Errors
 /// The outer error is the connection's; the inner ones are each call's own.
 pub fn run_pipeline<T>(conn: &mut dyn ConnectionLike, calls: &[Call<T>]) -> Result<Vec<Result<T>>> {
     if calls.is_empty() {
         return Ok(Vec::new());
+    }
+    if !conn.supports_pipelining() {
+        let mut replies = Vec::with_capacity(calls.len());
+        for call in calls {
+            match call.run(conn) {
+                // as a pipeline would: a failed connection fails them all
+                Err(e) if e.is_connection() => return Err(e),
+                reply => replies.push(reply),
+            }
+        }
+        return Ok(replies);
     }
     let mut pipe = redis::pipe();
     for call in calls {
@@ -419,27 +432,44 @@ pub fn parse_wake(msg: &str) -> Result<Wake> {
 
 /// How many replicas have everything this connection wrote so far, and so every write the master
 /// made before it (a grant made by another client's release included): waits for `replicas` of
-/// them for at most `timeout`. A `PUBLISH` goes first: it is replicated (outside a Cluster) and
-/// changes no data, but it makes this connection's last write come after the grant even when the
-/// call before it wrote nothing, which `WAIT` needs to mean anything.
+/// them for at most `timeout`. A write goes first: it makes this connection's last write come
+/// after the grant even when the call before it wrote nothing, which `WAIT` needs to mean
+/// anything. On one node that is a `PUBLISH` (replicated, and it changes no data); on a Cluster,
+/// where `PUBLISH` is not replicated and `WAIT` must reach the master of `key`'s slot, it is a
+/// short-lived marker key `<key>:replicated` (1 s TTL) in that slot.
 ///
 /// # Errors
 /// [`Error::Connection`] when the server cannot be reached.
-pub fn acknowledged_by_replicas(
-    conn: &mut dyn ConnectionLike,
+pub(crate) fn acknowledged_by_replicas(
+    conn: &mut Conn,
+    key: &str,
     replicas: u32,
     timeout: Duration,
 ) -> Result<u32> {
-    let (acked,): (i64,) = redis::pipe()
-        .cmd("PUBLISH")
-        .arg("fairlock:replicated")
-        .arg("")
-        .ignore()
-        .cmd("WAIT")
-        .arg(replicas)
-        .arg(timeout.as_millis().max(1) as u64)
-        .query(conn)
-        .map_err(|e| Error::from_redis("waiting for replicas", e))?;
+    let during = |e| Error::from_redis("waiting for replicas", e);
+    let mut wait = redis::cmd("WAIT");
+    wait.arg(replicas).arg(timeout.as_millis().max(1) as u64);
+    let acked: i64 = if conn.is_cluster() {
+        conn.query::<()>(
+            redis::cmd("SET")
+                .arg(format!("{key}:replicated"))
+                .arg("")
+                .arg("PX")
+                .arg(1000),
+        )
+        .map_err(during)?;
+        conn.query_at(key, &wait).map_err(during)?
+    } else {
+        let (acked,): (i64,) = redis::pipe()
+            .cmd("PUBLISH")
+            .arg("fairlock:replicated")
+            .arg("")
+            .ignore()
+            .add_command(wait)
+            .query(conn)
+            .map_err(during)?;
+        acked
+    };
     Ok(acked.max(0) as u32)
 }
 

@@ -36,8 +36,15 @@
 //!   error), a message popped may be lost with the reply. Every waiting thread is told, and runs
 //!   acquire again with the same attempt: it keeps its place, or gets the grant whose message was
 //!   lost.
+//! - **On a Redis Cluster** one BLPOP cannot cover keys of different hash slots, so a client has
+//!   a waker per lock its threads wait on ([`Wakers`]), each blocking on the node that serves
+//!   that lock's slot. Its connection never repeats the BLPOP or follows a redirect by itself: a
+//!   slot that moved (`MOVED`, `ASK`) or a failover ends the wait like a dropped connection, the
+//!   waiting threads re-check through the pool (which follows redirects), and the next BLPOP goes
+//!   on a fresh connection that has learnt where the slot is now.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -45,7 +52,7 @@ use parking_lot::Mutex;
 use redis::ConnectionLike;
 
 use crate::connection::{is_server_gone, with_pooled, Conn, Manager, Pool};
-use crate::error::Error;
+use crate::error::{failover_error, Error};
 use crate::raw::{self, Wake};
 
 /// The longest single BLPOP: the leader re-blocks at least this often, which bounds how long a
@@ -60,6 +67,10 @@ const LINGER: Duration = Duration::from_secs(10);
 const MAX_IDLE_LISTS: usize = 64;
 /// The name of the blocking connection in `CLIENT LIST`.
 pub(crate) const CONNECTION_NAME: &str = "fairlock-waker";
+/// After the blocking connection failed because the server moved or went away (a failover, a
+/// slot migration), the next one is opened no sooner than this: a slot being migrated answers a
+/// BLPOP with `ASK` at once, and the re-checks must not spin.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(50);
 
 /// What a waiting thread hears.
 pub(crate) enum Event {
@@ -117,6 +128,8 @@ struct State {
     blocking: Option<Blocking>,
     /// Rotates the order of the lists in the BLPOP.
     rotation: usize,
+    /// No new blocking connection before this (see `RECONNECT_PAUSE`).
+    reconnect_at: Option<Instant>,
 }
 
 impl State {
@@ -196,10 +209,13 @@ impl State {
     }
 }
 
-/// The waker of one client (see the module docs).
+/// The waker of one client, or on a Cluster of one lock of a client (see the module docs).
 pub(crate) struct Waker {
     state: Mutex<State>,
-    manager: Manager,
+    manager: Arc<Manager>,
+    /// A key of the slot this waker's lists are in: on a Cluster, the `CLIENT` commands go to
+    /// the node that serves it; unused on one node.
+    route_key: String,
     /// For `CLIENT UNBLOCK`.
     pool: Pool,
     /// Added to a BLPOP's block for its read timeout; also how long an UNBLOCK that overtook its
@@ -210,8 +226,9 @@ pub(crate) struct Waker {
 }
 
 impl Waker {
-    pub fn new(
-        manager: Manager,
+    fn new(
+        manager: Arc<Manager>,
+        route_key: String,
         pool: Pool,
         read_timeout: Duration,
         acks: Option<(u32, Duration)>,
@@ -219,14 +236,22 @@ impl Waker {
         Waker {
             state: Mutex::new(State::default()),
             manager,
+            route_key,
             pool,
             read_timeout,
             acks,
         }
     }
 
+    /// Nobody waits, and no list is watched any more: the waker (and its connection) can go.
+    fn is_idle(&self) -> bool {
+        let mut state = self.state.lock();
+        state.forget_idle_lists(Instant::now());
+        state.attempts.is_empty() && state.lists.is_empty()
+    }
+
     /// Listen for messages to `attempt`. Call it before the acquire request that may queue it.
-    pub fn register(&self, attempt: u64) -> Registration<'_> {
+    pub fn register(self: &Arc<Self>, attempt: u64) -> Registration {
         let (tx, rx) = crossbeam_channel::unbounded();
         self.state.lock().attempts.insert(
             attempt,
@@ -237,7 +262,7 @@ impl Waker {
             },
         );
         Registration {
-            waker: self,
+            waker: Arc::clone(self),
             attempt,
             events: rx,
         }
@@ -308,7 +333,7 @@ impl Waker {
                 .arg("TIMEOUT")
                 .clone();
             match with_pooled(&self.pool, "interrupting the blocked BLPOP", |c| {
-                c.query::<i64>(&unblock)
+                c.query_at::<i64>(&self.route_key, &unblock)
                     .map_err(|e| Error::from_redis("interrupting the blocked BLPOP", e))
             }) {
                 Ok(1) => return,
@@ -336,10 +361,13 @@ impl Waker {
     /// As the leader (`me`), block once in the BLPOP, for at most `block`. `Some` when this
     /// thread's wait is over: a message for itself, or a failure of the connection.
     fn lead_once(&self, me: u64, block: Duration) -> Option<Event> {
-        let taken = self.state.lock().blocking.take();
+        let (taken, reconnect_at) = {
+            let mut state = self.state.lock();
+            (state.blocking.take(), state.reconnect_at)
+        };
         let mut blocking = match taken {
             Some(b) => b,
-            None => match self.connect() {
+            None => match self.connect(reconnect_at, block) {
                 Ok(b) => b,
                 Err(e) => {
                     let mut state = self.state.lock();
@@ -377,12 +405,14 @@ impl Waker {
             _ => None,
         };
         // a grant counts once replicas have it: the pop, on this connection, came after it
-        let acked = match (&popped, self.acks) {
-            (Some(Wake::Grant { .. }), Some((n, timeout))) => Some(
-                raw::acknowledged_by_replicas(&mut blocking.conn, n, timeout).unwrap_or_else(|e| {
-                    log::warn!("fairlock: could not learn whether replicas have a grant: {e}");
-                    0
-                }),
+        let acked = match (&popped, &reply, self.acks) {
+            (Some(Wake::Grant { .. }), Ok(Some((list, _))), Some((n, timeout))) => Some(
+                raw::acknowledged_by_replicas(&mut blocking.conn, list, n, timeout).unwrap_or_else(
+                    |e| {
+                        log::warn!("fairlock: could not learn whether replicas have a grant: {e}");
+                        0
+                    },
+                ),
             ),
             _ => None,
         };
@@ -412,27 +442,105 @@ impl Waker {
             }
             Err(e) => {
                 log::debug!("fairlock: the BLPOP of waiting threads failed ({e}); they re-check");
+                if failover_error(&e).is_some() {
+                    state.reconnect_at = Some(Instant::now() + RECONNECT_PAUSE);
+                }
                 Some(state.connection_failed(me, blocking.conn.was_dropped(), &e))
             }
         }
     }
 
-    fn connect(&self) -> redis::RedisResult<Blocking> {
-        let mut conn = self.manager.open()?;
-        conn.query::<()>(redis::cmd("CLIENT").arg("SETNAME").arg(CONNECTION_NAME))?;
-        let id = conn.query(redis::cmd("CLIENT").arg("ID"))?;
+    /// A new blocking connection, no sooner than `not_before` (but within `block`).
+    fn connect(
+        &self,
+        not_before: Option<Instant>,
+        block: Duration,
+    ) -> redis::RedisResult<Blocking> {
+        if let Some(at) = not_before {
+            std::thread::sleep(at.saturating_duration_since(Instant::now()).min(block));
+        }
+        let key = &self.route_key;
+        let mut conn = self.manager.open_blocking()?;
+        conn.query_at::<()>(
+            key,
+            redis::cmd("CLIENT").arg("SETNAME").arg(CONNECTION_NAME),
+        )?;
+        let id = conn.query_at(key, redis::cmd("CLIENT").arg("ID"))?;
         Ok(Blocking { conn, id })
     }
 }
 
+/// The wakers of one client: one for all its locks, or on a Cluster one per lock its threads
+/// wait on (a BLPOP covers keys of one hash slot only), made when a thread starts waiting and
+/// dropped, with its connection, once nobody has waited on that lock for a while.
+pub(crate) struct Wakers {
+    /// One node or a Sentinel group: the client's one waker.
+    shared: Option<Arc<Waker>>,
+    /// A Cluster: the waker of each lock (by its key) with waiters now or lately.
+    per_lock: Mutex<HashMap<String, Arc<Waker>>>,
+    manager: Arc<Manager>,
+    pool: Pool,
+    read_timeout: Duration,
+    acks: Option<(u32, Duration)>,
+}
+
+impl Wakers {
+    /// `per_lock`: whether the server is a Cluster.
+    pub fn new(
+        manager: Manager,
+        per_lock: bool,
+        pool: Pool,
+        read_timeout: Duration,
+        acks: Option<(u32, Duration)>,
+    ) -> Wakers {
+        let manager = Arc::new(manager);
+        let shared = (!per_lock).then(|| {
+            Arc::new(Waker::new(
+                Arc::clone(&manager),
+                String::new(),
+                pool.clone(),
+                read_timeout,
+                acks,
+            ))
+        });
+        Wakers {
+            shared,
+            per_lock: Mutex::new(HashMap::new()),
+            manager,
+            pool,
+            read_timeout,
+            acks,
+        }
+    }
+
+    /// The waker for a lock whose key is `lock_key`.
+    pub fn for_lock(&self, lock_key: &str) -> Arc<Waker> {
+        if let Some(shared) = &self.shared {
+            return Arc::clone(shared);
+        }
+        let mut wakers = self.per_lock.lock();
+        // forget wakers nobody uses (only this map holds them) and nobody waited on lately
+        wakers.retain(|key, w| key == lock_key || Arc::strong_count(w) > 1 || !w.is_idle());
+        Arc::clone(wakers.entry(lock_key.to_string()).or_insert_with(|| {
+            Arc::new(Waker::new(
+                Arc::clone(&self.manager),
+                lock_key.to_string(),
+                self.pool.clone(),
+                self.read_timeout,
+                self.acks,
+            ))
+        }))
+    }
+}
+
 /// One registered attempt's end of the waker: unregisters (and passes on the lead) when dropped.
-pub(crate) struct Registration<'a> {
-    waker: &'a Waker,
+pub(crate) struct Registration {
+    waker: Arc<Waker>,
     attempt: u64,
     events: Receiver<Signal>,
 }
 
-impl Registration<'_> {
+impl Registration {
     /// Wait on `list` (the wake list of this client for the lock): the BLPOP covers it from now on.
     pub fn watch(&self, list: &str) {
         self.waker.watch(self.attempt, list);
@@ -510,7 +618,7 @@ impl Registration<'_> {
     }
 }
 
-impl Drop for Registration<'_> {
+impl Drop for Registration {
     fn drop(&mut self) {
         self.waker.unregister(self.attempt);
     }
