@@ -34,7 +34,7 @@ pub(crate) struct Conn {
 /// One node's connection, or a Cluster's (a connection to each node it routes to).
 enum Inner {
     Node(redis::Connection),
-    Cluster(ClusterConnection),
+    Cluster(Box<ClusterConnection>),
 }
 
 impl Inner {
@@ -279,8 +279,8 @@ enum Target {
     /// BLPOP, which must never be repeated behind our back (its reply, a grant, would be lost
     /// unseen), so any failure or redirect reaches the waker, which re-checks and reconnects.
     Cluster {
-        commands: ClusterClient,
-        blocking: ClusterClient,
+        commands: Box<ClusterClient>,
+        blocking: Box<ClusterClient>,
     },
 }
 
@@ -394,8 +394,8 @@ impl Manager {
                     };
                     (
                         Target::Cluster {
-                            commands: builder(CLUSTER_RETRIES)?,
-                            blocking: builder(0)?,
+                            commands: Box::new(builder(CLUSTER_RETRIES)?),
+                            blocking: Box::new(builder(0)?),
                         },
                         failover_timeout,
                     )
@@ -436,7 +436,7 @@ impl Manager {
                 inner.set_read_timeout(Some(self.read_timeout))?;
                 inner.set_write_timeout(Some(self.read_timeout))?;
                 return Ok(Conn {
-                    inner: Inner::Cluster(inner),
+                    inner: Inner::Cluster(Box::new(inner)),
                     broken: false,
                     dropped: false,
                 });
