@@ -4,14 +4,27 @@
 
 mod support;
 
-use std::collections::BTreeSet;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::topology::RedisCluster;
+use support::{say, Proc};
 
 const SECS_30: Duration = Duration::from_secs(30);
+const SECS_60: Duration = Duration::from_secs(60);
+
+fn cluster_url(cluster: &RedisCluster) -> String {
+    // two of the six nodes: the client learns the others from them
+    let urls = cluster.urls();
+    let hosts: Vec<&str> = urls
+        .iter()
+        .take(2)
+        .map(|u| u.trim_start_matches("redis://").trim_end_matches('/'))
+        .collect();
+    format!("redis+cluster://{}/", hosts.join(","))
+}
 
 fn client(cluster: &RedisCluster) -> fairlock::LockClient {
     let urls = cluster.urls();
@@ -24,40 +37,72 @@ fn client(cluster: &RedisCluster) -> fairlock::LockClient {
         .expect("a client of the cluster")
 }
 
-/// A lock name whose keys live on each master, in `master_ports` order.
-fn names_on_every_master(cluster: &RedisCluster) -> Vec<(String, u16)> {
-    let masters = cluster.master_ports();
-    masters
-        .iter()
-        .map(|&port| {
-            let name = (0..10_000)
-                .map(|i| format!("shard-{i}"))
-                .find(|n| {
-                    cluster.master_for_slot(cluster.slot_of(&format!("fairlock:{{{n}}}"))) == port
-                })
+/// The lock hash's key of lock `name` (default prefix).
+fn lock_key(name: &str) -> String {
+    format!("fairlock:{{{name}}}")
+}
+
+/// A lock name on each master, in `master_ports` order.
+fn names_on_every_master(cluster: &RedisCluster, prefix: &str) -> Vec<(String, u16)> {
+    cluster
+        .master_ports()
+        .into_iter()
+        .map(|port| {
+            let name = (0..100_000)
+                .map(|i| format!("{prefix}-{i}"))
+                .find(|n| cluster.master_for_slot(cluster.slot_of(&lock_key(n))) == port)
                 .expect("a name on every master");
             (name, port)
         })
         .collect()
 }
 
+/// `ZCARD` of lock `name`'s queue on the node at `port` (a replica too: `READONLY` first).
+fn queued_on(cluster: &RedisCluster, port: u16, name: &str) -> usize {
+    let mut conn = cluster.conn_to(port);
+    let _: redis::RedisResult<()> = redis::cmd("READONLY").query(&mut conn);
+    redis::cmd("ZCARD")
+        .arg(format!("{}:queue", lock_key(name)))
+        .query(&mut conn)
+        .unwrap_or(0)
+}
+
+/// The names of the clients connected to the node at `port` (`CLIENT LIST`).
+fn client_names(cluster: &RedisCluster, port: u16) -> Vec<String> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut cluster.conn_to(port))
+        .unwrap();
+    list.lines()
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("name=")))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Hold each lock, queue 4 waiters of another client behind it (so FIFO spans clients), and
+/// check each waiter is served once, in queue order, after the holder; on every shard.
 #[test]
-fn locks_on_every_shard_serve_their_waiters_in_queue_order() {
+fn locks_on_every_shard_serve_waiters_of_other_clients_in_queue_order() {
     let cluster = RedisCluster::start();
-    let client = client(&cluster);
-    let names = names_on_every_master(&cluster);
-    assert_eq!(names.len(), 3);
+    let holder_client = client(&cluster);
+    let waiter_client = client(&cluster);
+    let names = names_on_every_master(&cluster, "shard");
+    assert_eq!(names.len(), 3, "a lock on each of 3 masters: {names:?}");
     for (name, port) in &names {
-        let lock = client.lock(name).unwrap();
+        let lock = holder_client.lock(name).unwrap();
         let guard = lock.lock().unwrap();
         let exists: i64 = redis::cmd("EXISTS")
-            .arg(format!("fairlock:{{{name}}}"))
+            .arg(lock_key(name))
             .query(&mut cluster.conn_to(*port))
             .unwrap();
-        assert_eq!(exists, 1, "{name}'s lock hash is not on {port}");
+        assert_eq!(
+            exists, 1,
+            "{name}'s lock hash is not on its slot's master {port}"
+        );
         let (tx, grants) = mpsc::channel();
+        let waiting = waiter_client.lock(name).unwrap();
         let waiters = support::spawn_queued(&lock, 4, SECS_30, |i| {
-            let lock = lock.clone();
+            let lock = waiting.clone();
             let tx = tx.clone();
             move || {
                 let g = lock.lock().expect("a waiter's lock");
@@ -69,6 +114,394 @@ fn locks_on_every_shard_serve_their_waiters_in_queue_order() {
         guard.unlock().unwrap();
         support::assert_served_in_queue_order(waiters, &grants, first);
     }
-    let _ = BTreeSet::<u16>::new();
-    let _ = thread::current();
+}
+
+/// Threads of one client waiting on one lock block on one connection, to the node that serves
+/// the lock's slot; waiting on locks of 3 shards takes one such connection per lock.
+#[test]
+fn waiting_threads_block_on_one_connection_per_lock_on_the_node_of_its_slot() {
+    let cluster = RedisCluster::start();
+    let holder_client = client(&cluster);
+    let waiter_client = client(&cluster);
+    let names = names_on_every_master(&cluster, "conns");
+    let mut guards = vec![];
+    let mut threads = vec![];
+    let (tx, served) = mpsc::channel();
+    for (name, _) in &names {
+        let lock = holder_client.lock(name).unwrap();
+        guards.push(lock.lock().unwrap());
+        let waiting = waiter_client.lock(name).unwrap();
+        for _ in 0..16 {
+            let waiting = waiting.clone();
+            let tx = tx.clone();
+            threads.push(thread::spawn(move || {
+                let g = waiting.lock().expect("a waiter's lock");
+                g.unlock().unwrap();
+                tx.send(()).unwrap();
+            }));
+        }
+        assert!(
+            support::queued(&lock, 16, SECS_30),
+            "16 waiters did not queue on {name}"
+        );
+    }
+    for (_, port) in &names {
+        let wakers = client_names(&cluster, *port)
+            .iter()
+            .filter(|n| *n == "fairlock-waker")
+            .count();
+        assert_eq!(
+            wakers, 1,
+            "16 threads waiting on a lock of master {port}: {wakers} blocking connections there"
+        );
+    }
+    for g in guards {
+        g.unlock().unwrap();
+    }
+    for t in threads {
+        t.join().expect("a waiter panicked");
+    }
+    assert_eq!(served.try_iter().count(), 48);
+}
+
+/// Child role "counter": 3 threads x 20 acquisitions of one of 2 locks (on different shards):
+/// a read-modify-write of a counter in the lock's slot, with an occupancy check and fencing.
+fn counter_child() {
+    support::child_time_limit(Duration::from_secs(120));
+    let url: String = support::env_arg("URL");
+    let names: String = support::env_arg("NAMES");
+    let nodes: String = support::env_arg("NODES");
+    let client = support::client_with_url(&url, |b| b.lease(Duration::from_secs(2)));
+    let nodes: Vec<String> = nodes.split(',').map(str::to_string).collect();
+    let handles: Vec<_> = names
+        .split(',')
+        .flat_map(|name| {
+            let lock = client.lock(name).unwrap();
+            let nodes = nodes.clone();
+            let name = name.to_string();
+            (0..3).map(move |_| {
+                let lock = lock.clone();
+                let nodes = nodes.clone();
+                let name = name.clone();
+                thread::spawn(move || {
+                    let mut redis = redis::cluster::ClusterClient::new(nodes)
+                        .unwrap()
+                        .get_connection()
+                        .unwrap();
+                    let key = |k: &str| format!("test:{{{name}}}:{k}");
+                    let mut done = 0;
+                    for round in 0..20 {
+                        let g = lock.lock().unwrap();
+                        let inside: i64 = redis::cmd("INCR")
+                            .arg(key("inside"))
+                            .query(&mut redis)
+                            .unwrap();
+                        assert_eq!(inside, 1, "two holders at once");
+                        let last: Option<u64> = redis::cmd("GET")
+                            .arg(key("token"))
+                            .query(&mut redis)
+                            .unwrap();
+                        assert!(
+                            last.is_none_or(|l| g.fencing_token() > l),
+                            "token {} after {last:?}",
+                            g.fencing_token()
+                        );
+                        redis::cmd("SET")
+                            .arg(key("token"))
+                            .arg(g.fencing_token())
+                            .exec(&mut redis)
+                            .unwrap();
+                        let n: i64 = redis::cmd("GET")
+                            .arg(key("counter"))
+                            .query::<Option<i64>>(&mut redis)
+                            .unwrap()
+                            .unwrap_or(0);
+                        if round % 3 == 0 {
+                            thread::sleep(Duration::from_millis(2));
+                        }
+                        redis::cmd("SET")
+                            .arg(key("counter"))
+                            .arg(n + 1)
+                            .exec(&mut redis)
+                            .unwrap();
+                        let _: i64 = redis::cmd("DECR")
+                            .arg(key("inside"))
+                            .query(&mut redis)
+                            .unwrap();
+                        g.unlock().unwrap();
+                        done += 1;
+                    }
+                    done
+                })
+            })
+        })
+        .collect();
+    let total: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    say("COUNT", total);
+}
+
+#[test]
+fn three_processes_on_two_shards_never_lose_a_counter_update() {
+    let children = support::child_test!("counter" => counter_child);
+    let cluster = RedisCluster::start();
+    let names: Vec<String> = names_on_every_master(&cluster, "counter")
+        .into_iter()
+        .take(2)
+        .map(|(n, _)| n)
+        .collect();
+    let env = [
+        ("URL", cluster_url(&cluster)),
+        ("NAMES", names.join(",")),
+        ("NODES", cluster.urls().join(",")),
+    ];
+    let mut workers: Vec<Proc> = (0..3).map(|_| children.spawn("counter", &env)).collect();
+    let mut acquisitions = 0;
+    for w in &mut workers {
+        acquisitions += w
+            .expect("COUNT", Duration::from_secs(120))
+            .parse::<usize>()
+            .unwrap();
+        assert!(w.exits_ok(SECS_30), "a counter child failed");
+    }
+    assert_eq!(acquisitions, 3 * 2 * 3 * 20);
+    let mut redis = redis::cluster::ClusterClient::new(cluster.urls())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    for name in &names {
+        let counter: i64 = redis::cmd("GET")
+            .arg(format!("test:{{{name}}}:counter"))
+            .query(&mut redis)
+            .unwrap();
+        assert_eq!(counter, 3 * 3 * 20, "lost updates on {name}");
+    }
+}
+
+/// Move the slot of a lock with a holder and 3 queued waiters to another master: the hold lives
+/// on (renewed on the new master), and the waiters, blocked on the old master, are served in
+/// queue order from the new one.
+#[test]
+fn a_slot_migrated_under_a_hold_and_waiters_keeps_the_hold_and_the_queue_order() {
+    let cluster = RedisCluster::start();
+    let holder_client = fairlock::LockClient::builder(&cluster_url(&cluster))
+        .lease(Duration::from_secs(3))
+        .janitor_interval(Duration::from_millis(300))
+        .failover_timeout(SECS_30)
+        .build()
+        .unwrap();
+    let waiter_client = client(&cluster);
+    let (name, from) = names_on_every_master(&cluster, "moving").remove(0);
+    let slot = cluster.slot_of(&lock_key(&name));
+    let to = *cluster.master_ports().iter().find(|&&p| p != from).unwrap();
+    let lock = holder_client.lock(&name).unwrap();
+    let guard = lock.lock().unwrap();
+    let (tx, grants) = mpsc::channel();
+    let waiting = waiter_client.lock(&name).unwrap();
+    let waiters = support::spawn_queued(&lock, 3, SECS_30, |i| {
+        let lock = waiting.clone();
+        let tx = tx.clone();
+        move || {
+            let g = lock.lock().expect("a waiter's lock");
+            tx.send((g.fencing_token(), i)).unwrap();
+            g.unlock().unwrap();
+        }
+    });
+
+    cluster.migrate_slot(slot, to);
+    assert_eq!(
+        queued_on(&cluster, to, &name),
+        3,
+        "the queue did not move with its slot"
+    );
+    // longer than the lease: renewals after the move went to the new master
+    thread::sleep(Duration::from_secs(4));
+    assert!(!guard.is_lost(), "the hold was lost in the migration");
+    let status = lock.status().unwrap();
+    assert_eq!(status.waiters.len(), 3, "{status:?}");
+    let first = guard.fencing_token();
+    guard.unlock().expect("a release on the new master");
+    support::assert_served_in_queue_order(waiters, &grants, first);
+    let left: i64 = redis::cmd("EXISTS")
+        .arg(lock_key(&name))
+        .query(&mut cluster.conn_to(from))
+        .unwrap_or(0);
+    assert_eq!(left, 0, "keys of the lock written on the old master");
+}
+
+/// SIGKILL the master of a lock's slot under a replicated hold and 4 waiters: a replica takes
+/// over, the hold lives on, every waiter is served in queue order from the new master with
+/// tokens above the hold's, and a lock on another shard works throughout.
+#[test]
+fn a_master_killed_under_a_hold_and_waiters_serves_every_waiter_in_order_on_the_new_master() {
+    let mut cluster = RedisCluster::start();
+    let client = client(&cluster);
+    let mut names = names_on_every_master(&cluster, "failover");
+    let (name, master) = names.remove(0);
+    let (other, _) = names.remove(0);
+    let lock = client.lock(&name).unwrap();
+    let guard = lock.lock().unwrap();
+    let first_token = guard.fencing_token();
+    let in_section = Arc::new(AtomicBool::new(true));
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let (errors_tx, errors) = mpsc::channel();
+    let waiters = support::spawn_queued(&lock, 4, SECS_30, |i| {
+        let waiter = lock.clone();
+        let in_section = in_section.clone();
+        let served = served.clone();
+        let errors_tx = errors_tx.clone();
+        move || match waiter.try_lock_for(SECS_60) {
+            Ok(Some(g)) => {
+                assert!(
+                    !in_section.swap(true, Ordering::SeqCst),
+                    "two holders at once"
+                );
+                served.lock().unwrap().push((i, g.fencing_token()));
+                thread::sleep(Duration::from_millis(20));
+                in_section.store(false, Ordering::SeqCst);
+                if let Err(e) = g.unlock() {
+                    let _ = errors_tx.send(format!("waiter {i} release: {e}"));
+                }
+            }
+            Ok(None) => {
+                let _ = errors_tx.send(format!("waiter {i} not served in 60 s"));
+            }
+            Err(e) => {
+                let _ = errors_tx.send(format!("waiter {i}: {e}"));
+            }
+        }
+    });
+    drop(errors_tx);
+    let replicas = cluster.replicas_of(master);
+    assert!(
+        support::eventually(SECS_30, || replicas
+            .iter()
+            .all(|p| queued_on(&cluster, *p, &name) == 4)),
+        "the queue of 4 did not reach the replicas {replicas:?}"
+    );
+
+    cluster.kill(master);
+    let new = cluster.wait_for_failover(master, SECS_60);
+    assert_ne!(master, new);
+    // the other shard serves throughout
+    let g = client
+        .lock(&other)
+        .unwrap()
+        .lock()
+        .expect("a lock on another shard");
+    g.unlock().unwrap();
+    assert!(
+        support::eventually(SECS_30, || lock
+            .status()
+            .is_ok_and(|s| s.waiters.len() == 4)),
+        "the queue did not survive the failover"
+    );
+    thread::sleep(Duration::from_secs(4)); // more than a third of the lease: a renewal ran
+    assert!(!guard.is_lost(), "a replicated hold was reported lost");
+    in_section.store(false, Ordering::SeqCst);
+    guard.unlock().expect("a release on the new master");
+
+    for w in waiters {
+        w.join().expect("a waiter panicked");
+    }
+    let errors: Vec<String> = errors.iter().collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    let served = served.lock().unwrap().clone();
+    let order: Vec<usize> = served.iter().map(|(i, _)| *i).collect();
+    assert_eq!(order, vec![0, 1, 2, 3], "served out of queue order");
+    let tokens: Vec<u64> = served.iter().map(|(_, t)| *t).collect();
+    assert!(tokens[0] > first_token, "{tokens:?} after {first_token}");
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
+
+/// `CLUSTER FAILOVER` (graceful: the replica catches up first) of a lock's master while 2
+/// clients x 3 threads take it in turns: no overlap, no lost update, tokens rise.
+#[test]
+fn a_graceful_failover_under_load_loses_no_update() {
+    let cluster = RedisCluster::start();
+    let (name, master) = names_on_every_master(&cluster, "graceful").remove(0);
+    let clients = [client(&cluster), client(&cluster)];
+    let stop = Arc::new(AtomicBool::new(false));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::new(Mutex::new((0u64, 0u64))); // (count, last token)
+    let mut threads = vec![];
+    for c in &clients {
+        for _ in 0..3 {
+            let lock = c.lock(&name).unwrap();
+            let (stop, inside, counter) = (stop.clone(), inside.clone(), counter.clone());
+            threads.push(thread::spawn(move || -> Result<u64, String> {
+                let mut done = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let g = lock.lock().map_err(|e| e.to_string())?;
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        return Err("two holders at once".into());
+                    }
+                    {
+                        let mut c = counter.lock().unwrap();
+                        if g.fencing_token() <= c.1 {
+                            return Err(format!("token {} after {}", g.fencing_token(), c.1));
+                        }
+                        *c = (c.0 + 1, g.fencing_token());
+                    }
+                    thread::sleep(Duration::from_millis(1));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    g.unlock().map_err(|e| e.to_string())?;
+                    done += 1;
+                }
+                Ok(done)
+            }));
+        }
+    }
+    thread::sleep(Duration::from_secs(1));
+    let replica = cluster.replicas_of(master)[0];
+    let _: () = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .query(&mut cluster.conn_to(replica))
+        .expect("CLUSTER FAILOVER");
+    let promoted = support::eventually(SECS_30, || {
+        cluster.master_for_slot(cluster.slot_of(&lock_key(&name))) == replica
+    });
+    assert!(promoted, "{replica} did not take over from {master}");
+    let before = counter.lock().unwrap().0;
+    // the lock keeps being taken on the new master
+    assert!(
+        support::eventually(SECS_30, || counter.lock().unwrap().0 > before + 20),
+        "no progress after the failover"
+    );
+    stop.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    let mut total = 0;
+    for t in threads {
+        total += t
+            .join()
+            .expect("a worker panicked")
+            .expect("a worker failed");
+    }
+    assert!(started.elapsed() < SECS_60);
+    assert_eq!(total, counter.lock().unwrap().0, "lost updates");
+}
+
+#[test]
+fn cluster_urls_with_a_path_or_a_password_are_refused() {
+    for url in [
+        "redis+cluster://127.0.0.1:1/extra",
+        "redis+cluster://:secret@127.0.0.1:1/",
+        "redis+cluster:///",
+    ] {
+        match fairlock::LockClient::connect(url) {
+            Err(fairlock::Error::InvalidUrl { .. }) => {}
+            Err(e) => panic!("{url}: {e}"),
+            Ok(_) => panic!("{url} was accepted"),
+        }
+    }
+    // no node answers: a connection error naming what failed, not a hang or a panic
+    let started = Instant::now();
+    let port = support::free_port();
+    match fairlock::LockClient::builder(&format!("redis+cluster://127.0.0.1:{port}/"))
+        .connect_timeout(Duration::from_millis(200))
+        .build()
+    {
+        Err(e) => assert!(e.is_connection(), "{e}"),
+        Ok(_) => panic!("a client of a cluster nobody serves"),
+    }
+    assert!(started.elapsed() < SECS_30);
 }
