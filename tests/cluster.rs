@@ -505,3 +505,34 @@ fn cluster_urls_with_a_path_or_a_password_are_refused() {
     }
     assert!(started.elapsed() < SECS_30);
 }
+
+/// The command-line tool reaches a cluster through `FAIRLOCK_REDIS_URL`: `run` takes a lock on
+/// some shard while `status --json` shows who waits.
+#[test]
+fn the_cli_runs_a_command_under_a_lock_of_the_cluster() {
+    let cluster = RedisCluster::start();
+    let url = cluster_url(&cluster);
+    let client = client(&cluster);
+    let lock = client.lock("cli-job").unwrap();
+    let guard = lock.lock().unwrap();
+    let bin = env!("CARGO_BIN_EXE_fairlock");
+    let mut run = Proc::spawn(
+        std::process::Command::new(bin)
+            .env("FAIRLOCK_REDIS_URL", &url)
+            .args(["run", "cli-job", "--", "echo", "ran under the lock"]),
+    );
+    assert!(support::queued(&lock, 1, SECS_30), "the CLI did not queue");
+    let status = Proc::spawn(
+        std::process::Command::new(bin)
+            .args(["--redis", &url, "status", "--json", "cli-job"]),
+    )
+    .finish(SECS_30);
+    assert_eq!(status.code, Some(0), "{}", status.stderr);
+    let v: serde_json::Value = serde_json::from_str(&status.stdout).expect("JSON");
+    assert_eq!(v["holder"]["fencing_token"].as_u64(), Some(guard.fencing_token()));
+    assert_eq!(v["waiters"].as_array().map(Vec::len), Some(1), "{v}");
+    guard.unlock().unwrap();
+    let line = run.expect("ran", SECS_30);
+    assert_eq!(line, "under the lock");
+    assert!(run.exits_ok(SECS_30));
+}
