@@ -523,16 +523,161 @@ fn the_cli_runs_a_command_under_a_lock_of_the_cluster() {
     );
     assert!(support::queued(&lock, 1, SECS_30), "the CLI did not queue");
     let status = Proc::spawn(
-        std::process::Command::new(bin)
-            .args(["--redis", &url, "status", "--json", "cli-job"]),
+        std::process::Command::new(bin).args(["--redis", &url, "status", "--json", "cli-job"]),
     )
     .finish(SECS_30);
     assert_eq!(status.code, Some(0), "{}", status.stderr);
     let v: serde_json::Value = serde_json::from_str(&status.stdout).expect("JSON");
-    assert_eq!(v["holder"]["fencing_token"].as_u64(), Some(guard.fencing_token()));
+    assert_eq!(
+        v["holder"]["fencing_token"].as_u64(),
+        Some(guard.fencing_token())
+    );
     assert_eq!(v["waiters"].as_array().map(Vec::len), Some(1), "{v}");
     guard.unlock().unwrap();
     let line = run.expect("ran", SECS_30);
     assert_eq!(line, "under the lock");
     assert!(run.exits_ok(SECS_30));
+}
+
+fn client_with_acks(cluster: &RedisCluster, acks: u32, timeout: Duration) -> fairlock::LockClient {
+    fairlock::LockClient::builder(&cluster_url(cluster))
+        .janitor_interval(Duration::from_millis(300))
+        .failover_timeout(SECS_30)
+        .replica_acks(acks, timeout)
+        .build()
+        .expect("a client of the cluster")
+}
+
+/// With one replica acknowledgement asked for, an acquire and a hand-off wait for the replica
+/// of the lock's master; with that replica gone, a grant is given up (`NotReplicated`), never
+/// held, and the lock is left free for others.
+#[test]
+fn with_replica_acks_grants_wait_for_the_slots_replica_and_unacknowledged_ones_are_given_up() {
+    let mut cluster = RedisCluster::start();
+    let (name, master) = names_on_every_master(&cluster, "acks").remove(0);
+    let acked = client_with_acks(&cluster, 1, Duration::from_secs(2));
+    let lock = acked.lock(&name).unwrap();
+    let guard = lock.lock().unwrap();
+    let waiter = {
+        let lock = lock.clone();
+        thread::spawn(move || lock.lock().map(|g| g.fencing_token()))
+    };
+    assert!(support::queued(&lock, 1, SECS_30));
+    let first = guard.fencing_token();
+    guard.unlock().unwrap();
+    let handed = waiter.join().unwrap().expect("an acknowledged hand-off");
+    assert!(handed > first);
+
+    for replica in cluster.replicas_of(master) {
+        cluster.kill(replica);
+    }
+    let short = client_with_acks(&cluster, 1, Duration::from_millis(200));
+    let lonely = short.lock(&name).unwrap();
+    match lonely.try_lock() {
+        Err(fairlock::Error::NotReplicated { acked, wanted, .. }) => {
+            assert_eq!((acked, wanted), (0, 1));
+        }
+        other => panic!(
+            "expected NotReplicated, got {:?}",
+            other.map(|g| g.is_some())
+        ),
+    }
+    assert!(
+        lock.status().unwrap().holder.is_none(),
+        "the given-up grant stayed held"
+    );
+    let plain = client(&cluster);
+    let g = plain.lock(&name).unwrap().try_lock().unwrap();
+    assert!(g.is_some(), "the lock was left unusable");
+}
+
+/// One failover trial: 2 clients x 2 threads take turns on a lock (asking for `acks` replica
+/// acknowledgements) while its slot's master is SIGKILLed at a random moment; returns how many
+/// times a thread entered the critical section while another was in it, the acquisitions and
+/// the errors.
+fn overlap_trial(cluster: &mut RedisCluster, acks: u32, trial: u32) -> (u32, u32, Vec<String>) {
+    let (name, master) = names_on_every_master(cluster, &format!("trial-{acks}-{trial}")).remove(0);
+    let in_section = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..2)
+        .map(|_| client_with_acks(cluster, acks, Duration::from_millis(500)))
+        .collect();
+    let mut threads = vec![];
+    for c in &clients {
+        for _ in 0..2 {
+            let lock = c.lock(&name).unwrap();
+            let (in_section, overlaps, done, stop, errors) = (
+                in_section.clone(),
+                overlaps.clone(),
+                done.clone(),
+                stop.clone(),
+                errors.clone(),
+            );
+            threads.push(thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    match lock.try_lock_for(SECS_30) {
+                        Ok(Some(g)) => {
+                            if in_section.swap(true, Ordering::SeqCst) {
+                                overlaps.fetch_add(1, Ordering::SeqCst);
+                            }
+                            thread::sleep(Duration::from_millis(1));
+                            in_section.store(false, Ordering::SeqCst);
+                            done.fetch_add(1, Ordering::SeqCst);
+                            let _ = g.unlock();
+                        }
+                        Ok(None) => {}
+                        Err(e) => errors.lock().unwrap().push(e.to_string()),
+                    }
+                }
+            }));
+        }
+    }
+    thread::sleep(Duration::from_millis(200 + u64::from(trial * 37 % 300)));
+    cluster.kill(master);
+    cluster.wait_for_failover(master, SECS_60);
+    thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    cluster.restart(master);
+    let errors = errors.lock().unwrap().clone();
+    (
+        overlaps.load(Ordering::SeqCst),
+        done.load(Ordering::SeqCst),
+        errors,
+    )
+}
+
+/// A measurement (long mode): `FAIRLOCK_TRIALS` (default 20) kills of a lock's master under
+/// load, without and with one replica acknowledgement, counting the times two owners overlapped.
+/// `cargo test --release --test cluster -- --ignored --nocapture failover_overlap_trials`
+#[test]
+#[ignore = "long mode: cargo test --release --test cluster -- --ignored --nocapture failover_overlap_trials"]
+fn failover_overlap_trials() {
+    let trials: u32 = std::env::var("FAIRLOCK_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let mut cluster = RedisCluster::start();
+    for acks in [0, 1] {
+        let (mut overlapped, mut total, mut acquisitions, mut errors) = (0, 0, 0, 0);
+        for trial in 0..trials {
+            let (o, n, e) = overlap_trial(&mut cluster, acks, trial);
+            overlapped += u32::from(o > 0);
+            total += o;
+            acquisitions += n;
+            errors += e.len();
+            println!("acks {acks} trial {trial}: {o} overlaps, {n} acquisitions, errors {e:?}");
+        }
+        println!(
+            "replica_acks {acks}: {overlapped} of {trials} failovers had two owners ({total} overlaps in all), {acquisitions} acquisitions, {errors} errors"
+        );
+        if acks > 0 {
+            assert_eq!(total, 0, "two owners despite replica acknowledgements");
+        }
+    }
 }

@@ -603,6 +603,35 @@ impl RedisCluster {
         })
     }
 
+    /// Start the killed node on `port` again with its `nodes.conf`: a master that was failed
+    /// over comes back as a replica of its successor. Waits (30 s) until it says `ROLE` replica
+    /// with its link up and every running node agrees on the slots.
+    pub fn restart(&mut self, port: u16) {
+        let node = self.node_mut(port);
+        assert!(!node.running(), "{} is running: kill it first", node.name);
+        if !node.launch(&[]) {
+            let what = format!("{} did not start again on port {port}", node.name);
+            self.fail(&what);
+        }
+        self.killed.remove(&port);
+        let rejoined = poll(SETTLE_TIMEOUT, || {
+            matches!(
+                role(port),
+                Some(Role::Replica {
+                    connected: true,
+                    ..
+                })
+            )
+            .then_some(())
+        });
+        if rejoined.is_none() {
+            self.fail(&format!(
+                "{port} did not rejoin as a linked replica within {SETTLE_TIMEOUT:?}"
+            ));
+        }
+        self.slot_map();
+    }
+
     /// Move `slot` and its keys to the master on `to_port`: `CLUSTER SETSLOT IMPORTING` on it,
     /// `MIGRATING` on the owner, `MIGRATE ... KEYS` 100 keys at a time (30 s at most), then
     /// `SETSLOT NODE` on the new owner, the old one and the other masters; waits (10 s) until
