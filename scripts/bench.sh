@@ -2,13 +2,17 @@
 # Benchmarks against a throwaway redis-server: uncontended and re-entrant cost, hand-off
 # latency, contended throughput with fairness, scaling with waiters, Redis calls and CPU per
 # acquisition (per script for fairlock); fairlock, the redlock crate and the naive lock, in RTTs;
-# what waiting threads cost (connections, memory, hand-off with 1-256 waiters; fairlock).
+# what waiting threads cost (connections, memory, hand-off with 1-256 waiters; fairlock);
+# fairlock on a 3-master Redis Cluster next to one node (hand-off, contended throughput).
 #
-#   scripts/bench.sh [--quick] [--out PATH]
+#   scripts/bench.sh [--quick] [--out PATH] [--only SECTIONS]
 #
 # Writes the JSON results (default target/bench/results.json, or PATH) and prints Markdown
 # tables. The full run takes about 4.5 minutes after the build; --quick (what CI runs) checks that
 # everything still works in well under a minute and its numbers mean nothing.
+# --only SECTIONS (comma-separated: micro, handoff, throughput, fifo, scaling, scripts, waiting,
+# cluster) runs those sections of the driver only, and skips the criterion micro benchmarks
+# unless "micro" is among them.
 # Benchmarks are not tests: nothing here fails on a slow figure, only on a broken run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,10 +20,12 @@ source scripts/lib.sh
 
 quick=""
 out="target/bench/results.json"
+only=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick="--quick" ;;
     --out) out="${2:?--out needs a path}"; shift ;;
+    --only) only=(--only "${2:?--only needs sections, e.g. handoff,cluster}"); shift ;;
     -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -39,7 +45,29 @@ for attempt in 1 2 3 4 5; do
   if start_redis BENCH; then break; fi
   [ "$attempt" -lt 5 ] || { echo "bench.sh: could not start redis-server" >&2; exit 1; }
 done
-trap 'stop_redis "$BENCH_PID" "$BENCH_DIR"' EXIT
+# a Redis Cluster of 3 masters (no replicas, as the single node has none) for section "cluster"
+cluster_pids=() cluster_dirs=() cluster_nodes=()
+stop_all() {
+  stop_redis "$BENCH_PID" "$BENCH_DIR"
+  for i in "${!cluster_pids[@]}"; do stop_redis "${cluster_pids[$i]}" "${cluster_dirs[$i]}"; done
+}
+trap stop_all EXIT
+for _ in 1 2 3; do
+  start_redis NODE --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000 ||
+    { echo "bench.sh: could not start a cluster node" >&2; exit 1; }
+  cluster_pids+=("$NODE_PID") cluster_dirs+=("$NODE_DIR") cluster_nodes+=("127.0.0.1:$NODE_PORT")
+done
+redis-cli --cluster create "${cluster_nodes[@]}" --cluster-yes >/dev/null
+for _ in $(seq 1 200); do
+  ok=0
+  for node in "${cluster_nodes[@]}"; do
+    redis-cli -p "${node#*:}" cluster info | grep -q '^cluster_state:ok' && ok=$((ok + 1))
+  done
+  [ "$ok" -eq 3 ] && break
+  sleep 0.1
+done
+[ "$ok" -eq 3 ] || { echo "bench.sh: the cluster did not reach cluster_state:ok" >&2; exit 1; }
+export FAIRLOCK_BENCH_CLUSTER="redis+cluster://$(IFS=,; echo "${cluster_nodes[*]}")/"
 export FAIRLOCK_BENCH_REDIS="$BENCH_URL"
 echo "== redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') on $BENCH_URL; load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
@@ -48,9 +76,11 @@ if [ -n "$quick" ]; then
 else
   criterion_args=(--warm-up-time 1 --measurement-time 3)
 fi
-echo "== criterion micro benchmarks" >&2
-cargo bench --quiet --bench micro -- --noplot "${criterion_args[@]}" >&2
+if [ ${#only[@]} -eq 0 ] || [[ ",${only[1]}," == *,micro,* ]]; then
+  echo "== criterion micro benchmarks" >&2
+  cargo bench --quiet --bench micro -- --noplot "${criterion_args[@]}" >&2
+fi
 
 echo "== driver${quick:+ (quick)}" >&2
 mkdir -p "$(dirname "$out")"
-cargo bench --quiet --bench driver -- $quick --out "$out" --criterion "$target_dir/criterion"
+cargo bench --quiet --bench driver -- $quick --out "$out" --criterion "$target_dir/criterion" "${only[@]}"

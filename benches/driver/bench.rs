@@ -54,6 +54,7 @@ impl Bench {
         Spec {
             lib,
             url: self.url.clone(),
+            lock_url: String::new(),
             name: self.name(what),
             counter: if counter {
                 self.name(&format!("{what}:counter"))

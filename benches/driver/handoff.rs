@@ -54,6 +54,7 @@ pub fn handoff(b: &mut Bench) {
         let spec = Spec {
             lib,
             url: b.url.clone(),
+            lock_url: String::new(),
             name: b.name(&format!("handoff{i}")),
             counter: b.name(&format!("handoff{i}:counter")),
             signal: b.name(&format!("handoff{i}:signal")),

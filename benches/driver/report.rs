@@ -39,6 +39,9 @@ pub struct Results {
     /// section "waiting": hand-off with k waiters
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waiting_handoff: Option<Vec<WaitingHandoffRow>>,
+    /// section "cluster": fairlock on a Redis Cluster next to one node
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<Vec<crate::cluster::ClusterRow>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub targets: Option<Vec<TargetRow>>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -52,7 +52,10 @@ impl Rec {
 #[derive(Clone, Debug)]
 pub struct Spec {
     pub lib: Lib,
+    /// the benchmark's Redis: counters, signals, and the lock unless `lock_url` is set
     pub url: String,
+    /// where fairlock's lock lives when not at `url` (a Redis Cluster); empty: at `url`
+    pub lock_url: String,
     pub name: String,
     /// counter key for GET/SET under the lock; empty: use the fencing token as `seq`
     pub counter: String,
@@ -67,10 +70,20 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// Where the lock lives.
+    pub fn lock_url(&self) -> &str {
+        if self.lock_url.is_empty() {
+            &self.url
+        } else {
+            &self.lock_url
+        }
+    }
+
     fn args(&self) -> Vec<String> {
         vec![
             format!("lib={}", self.lib.name()),
             format!("url={}", self.url),
+            format!("lock_url={}", self.lock_url),
             format!("name={}", self.name),
             format!("counter={}", self.counter),
             format!("signal={}", self.signal),
@@ -89,6 +102,7 @@ impl Spec {
         let spec = Spec {
             lib: Lib::parse(get("lib")?).ok_or("child: bad lib")?,
             url: get("url")?.into(),
+            lock_url: get("lock_url")?.into(),
             name: get("name")?.into(),
             counter: get("counter")?.into(),
             signal: get("signal")?.into(),
@@ -216,7 +230,7 @@ struct Collected {
 fn run_threads(spec: &Spec, first: u32, threads: u32) -> Collected {
     let mut out = Collected::default();
     let client = match spec.lib {
-        Lib::Fairlock => match fairlock::LockClient::connect(&spec.url) {
+        Lib::Fairlock => match fairlock::LockClient::connect(spec.lock_url()) {
             Ok(c) => Some(c),
             Err(e) => {
                 out.errors.push(format!("fairlock client: {e}"));
