@@ -4,7 +4,7 @@ use crate::error::{Error, Result};
 use crate::limits::{MAX_NAME_LEN, MAX_PREFIX_LEN};
 
 /// The Redis keys of one lock. All share the hash tag `{name}`, so one script may touch them
-/// all (and they would share one Cluster slot; the client itself talks to one node only).
+/// all, and on a Redis Cluster they live in one slot, on one shard.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct LockKeys {
     /// The lock hash: the hold (owner, count, token, lease, ...) or, once released, its

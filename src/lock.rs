@@ -54,7 +54,8 @@ enum LeaseMode {
 /// A Redis without persistence that restarts, or a failover to a replica that missed the last
 /// writes, forgets locks and queue places (replica acknowledgements,
 /// [`LockClientBuilder::replica_acks`](crate::LockClientBuilder::replica_acks), keep a guard from
-/// resting on such a grant). One node or a Sentinel group; no Redis Cluster yet.
+/// resting on such a grant). On a Redis Cluster a lock lives on one shard: all of this holds
+/// per shard.
 ///
 /// ```no_run
 /// use std::time::Duration;
