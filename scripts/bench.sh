@@ -53,8 +53,12 @@ stop_all() {
 }
 trap stop_all EXIT
 for _ in 1 2 3; do
-  start_redis NODE --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000 ||
-    { echo "bench.sh: could not start a cluster node" >&2; exit 1; }
+  # the cluster bus listens on port + 10000, which may be taken: try other ports
+  for attempt in 1 2 3 4 5; do
+    if start_redis NODE --cluster-enabled yes --cluster-config-file nodes.conf \
+      --cluster-node-timeout 5000 2>/dev/null; then break; fi
+    [ "$attempt" -lt 5 ] || { echo "bench.sh: could not start a cluster node" >&2; exit 1; }
+  done
   cluster_pids+=("$NODE_PID") cluster_dirs+=("$NODE_DIR") cluster_nodes+=("127.0.0.1:$NODE_PORT")
 done
 redis-cli --cluster create "${cluster_nodes[@]}" --cluster-yes >/dev/null
