@@ -355,7 +355,7 @@ impl LockClient {
     /// `redis` crate opens), the master of a Sentinel group:
     /// `redis+sentinel://host:port[,host:port...]/<master name>` (as
     /// [`builder_sentinel`](Self::builder_sentinel) builds it), or a Redis Cluster by some of
-    /// its nodes: `redis+cluster://host:port[,host:port...]/` (as
+    /// its nodes: `redis+cluster://[user:password@]host:port[,host:port...]/` (as
     /// [`builder_cluster`](Self::builder_cluster) builds it).
     pub fn builder(url: &str) -> LockClientBuilder {
         LockClientBuilder {
@@ -393,7 +393,8 @@ impl LockClient {
     }
 
     /// Start configuring a client of the Redis Cluster that `nodes` (`host:port` or
-    /// `redis://host:port/` each; some of its nodes, any role) belong to. The client learns the
+    /// `redis://[user:password@]host:port/` each; some of its nodes, any role) belong to. The
+    /// nodes share one user and password (the last one given). The client learns the
     /// others from them. A lock's keys share one hash slot, so each lock lives on one shard and
     /// locks spread over all of them; commands follow `MOVED` / `ASK` redirects, and calls made
     /// while a slot has no master (a failover under way) keep trying for
@@ -408,15 +409,28 @@ impl LockClient {
     /// # Ok::<(), fairlock::Error>(())
     /// ```
     pub fn builder_cluster(nodes: &[&str]) -> LockClientBuilder {
+        let mut credentials = "";
         let hosts: Vec<&str> = nodes
             .iter()
             .map(|s| {
-                s.strip_prefix("redis://")
+                let node = s
+                    .strip_prefix("redis://")
                     .unwrap_or(s)
-                    .trim_end_matches('/')
+                    .trim_end_matches('/');
+                match node.rsplit_once('@') {
+                    Some((user_password, host)) => {
+                        credentials = user_password;
+                        host
+                    }
+                    None => node,
+                }
             })
             .collect();
-        Self::builder(&format!("{CLUSTER_SCHEME}{}/", hosts.join(",")))
+        let at = if credentials.is_empty() { "" } else { "@" };
+        Self::builder(&format!(
+            "{CLUSTER_SCHEME}{credentials}{at}{}/",
+            hosts.join(",")
+        ))
     }
 
     /// The settings in force.

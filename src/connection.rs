@@ -289,7 +289,7 @@ enum Target {
 pub(crate) const SENTINEL_SCHEME: &str = "redis+sentinel://";
 
 /// The scheme of a URL that names a Redis Cluster by some of its nodes:
-/// `redis+cluster://host:port[,host:port...]/`.
+/// `redis+cluster://[user:password@]host:port[,host:port...]/`.
 pub(crate) const CLUSTER_SCHEME: &str = "redis+cluster://";
 
 /// How often a Cluster connection of the pool follows a redirect or repeats a failed request
@@ -320,7 +320,8 @@ impl std::fmt::Debug for Manager {
 impl Manager {
     /// `url`: `redis://...` (or any URL the redis crate opens) for one node, or
     /// `redis+sentinel://host:port[,host:port...]/<master name>` for a Sentinel group, or
-    /// `redis+cluster://host:port[,host:port...]/` for a Redis Cluster, whose calls ride out a
+    /// `redis+cluster://[user:password@]host:port[,host:port...]/` for a Redis Cluster, whose
+    /// calls ride out a
     /// failover for up to `failover_timeout`.
     pub fn new(
         url: &str,
@@ -365,21 +366,22 @@ impl Manager {
             }
             None => match url.strip_prefix(CLUSTER_SCHEME) {
                 Some(rest) => {
-                    let hosts = rest.trim_end_matches('/');
+                    let rest = rest.trim_end_matches('/');
+                    // `[user:password@]`: the nodes' credentials, percent-encoded as in a
+                    // redis:// URL (the redis crate decodes them), the same for every node
+                    let (credentials, hosts) = match rest.rsplit_once('@') {
+                        Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
+                        None => (String::new(), rest),
+                    };
                     if hosts.contains('/') {
                         return Err(invalid(
-                            "a Cluster URL names nodes only: redis+cluster://host:port[,host:port...]/".into(),
-                        ));
-                    }
-                    if hosts.contains('@') {
-                        return Err(invalid(
-                            "passwords in a Cluster URL are not supported yet".into(),
+                            "a Cluster URL names nodes only: redis+cluster://[user:password@]host:port[,host:port...]/".into(),
                         ));
                     }
                     let nodes: Vec<String> = hosts
                         .split(',')
                         .filter(|h| !h.is_empty())
-                        .map(|h| format!("redis://{h}/"))
+                        .map(|h| format!("redis://{credentials}{h}/"))
                         .collect();
                     if nodes.is_empty() {
                         return Err(invalid("no node address".into()));

@@ -481,12 +481,8 @@ fn a_graceful_failover_under_load_loses_no_update() {
 }
 
 #[test]
-fn cluster_urls_with_a_path_or_a_password_are_refused() {
-    for url in [
-        "redis+cluster://127.0.0.1:1/extra",
-        "redis+cluster://:secret@127.0.0.1:1/",
-        "redis+cluster:///",
-    ] {
+fn cluster_urls_with_a_path_or_without_a_node_are_refused() {
+    for url in ["redis+cluster://127.0.0.1:1/extra", "redis+cluster:///"] {
         match fairlock::LockClient::connect(url) {
             Err(fairlock::Error::InvalidUrl { .. }) => {}
             Err(e) => panic!("{url}: {e}"),
@@ -679,5 +675,62 @@ fn failover_overlap_trials() {
         if acks > 0 {
             assert_eq!(total, 0, "two owners despite replica acknowledgements");
         }
+    }
+}
+
+/// A password-protected cluster (here one master owning every slot, `requirepass` set): the
+/// credentials of a `redis+cluster://` URL reach every node; without them the client is refused
+/// with an error that names authentication.
+#[test]
+fn a_password_protected_cluster_takes_the_urls_credentials() {
+    let server = support::RedisServer::start_with(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+    ]);
+    let mut conn = server.conn();
+    let _: () = redis::cmd("CLUSTER")
+        .arg("ADDSLOTSRANGE")
+        .arg(0)
+        .arg(16383)
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        support::eventually(SECS_30, || {
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut conn).unwrap();
+            info.contains("cluster_state:ok")
+        }),
+        "a one-node cluster did not reach cluster_state:ok"
+    );
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("s3cr/t@pw")
+        .query(&mut conn)
+        .unwrap();
+    let host = server
+        .url()
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_string();
+
+    let client = fairlock::LockClient::builder(&format!("redis+cluster://:s3cr%2Ft%40pw@{host}/"))
+        .build()
+        .expect("a client with the cluster's password");
+    let g = client.lock("secret").unwrap().lock().unwrap();
+    g.unlock().unwrap();
+    let node = format!("redis://:s3cr%2Ft%40pw@{host}/");
+    let client = fairlock::LockClient::builder_cluster(&[&node])
+        .build()
+        .unwrap();
+    assert!(client.lock("secret").unwrap().try_lock().unwrap().is_some());
+
+    match fairlock::LockClient::connect(&format!("redis+cluster://{host}/")) {
+        Err(e) => {
+            let text = e.to_string().to_lowercase();
+            assert!(text.contains("auth"), "{e}");
+        }
+        Ok(_) => panic!("a client without the password"),
     }
 }
