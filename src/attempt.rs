@@ -121,9 +121,10 @@ impl<'a> Attempt<'a> {
         // before the request: a grant may be popped before its reply arrives
         let registration = (mode == Mode::Wait).then(|| {
             let lock_key = self.lock.raw().key_names()[0];
+            let thread = self.client().thread_number();
             self.client()
                 .wakers
-                .for_lock(lock_key)
+                .for_waiter(lock_key, thread)
                 .register(self.number)
         });
         loop {

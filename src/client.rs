@@ -16,6 +16,19 @@ use crate::raw;
 use crate::waker::Wakers;
 use crate::watchdog::Watchdog;
 
+/// How a client's waiting threads wait for their wake-ups (see README "Connections").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WaitMode {
+    /// The waiting threads take turns on one blocking connection (per lock on a Redis Cluster):
+    /// waiting costs one connection however many threads wait. The default.
+    #[default]
+    Shared,
+    /// Each waiting thread blocks on a connection of its own (kept for 10 s after its last
+    /// wait), as fairlock did before [`WaitMode::Shared`]: one connection per waiting thread,
+    /// for a hand-off some 20 % faster when many threads of one process wait on one lock.
+    PerThread,
+}
+
 /// The settings of a [`LockClient`]: set one by one on a [`LockClientBuilder`], or all at once
 /// with [`LockClientBuilder::config`]; read with [`LockClient::config`].
 #[derive(Clone, Debug)]
@@ -52,6 +65,8 @@ pub struct Config {
     /// How long to wait for `replica_acks` acknowledgements. Default 1 s; less than
     /// `read_timeout`.
     pub replica_ack_timeout: Duration,
+    /// How waiting threads wait: on one shared connection (the default) or each on its own.
+    pub wait_mode: WaitMode,
 }
 
 impl Config {
@@ -74,6 +89,7 @@ impl Default for Config {
             failover_timeout: Duration::from_secs(60),
             replica_acks: 0,
             replica_ack_timeout: Duration::from_secs(1),
+            wait_mode: WaitMode::Shared,
         }
     }
 }
@@ -181,6 +197,19 @@ impl LockClientBuilder {
         self
     }
 
+    /// How waiting threads wait (default [`WaitMode::Shared`]: one connection for all of them).
+    ///
+    /// ```no_run
+    /// let client = fairlock::LockClient::builder("redis://127.0.0.1:6379/")
+    ///     .wait_mode(fairlock::WaitMode::PerThread)
+    ///     .build()?;
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    pub fn wait_mode(mut self, mode: WaitMode) -> Self {
+        self.config.wait_mode = mode;
+        self
+    }
+
     /// Check the settings, connect once to check the server, and start the background threads.
     ///
     /// # Errors
@@ -258,7 +287,15 @@ impl LockClientBuilder {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let acks = (c.replica_acks > 0).then_some((c.replica_acks, c.replica_ack_timeout));
         let cluster = self.url.starts_with(CLUSTER_SCHEME);
-        let wakers = Wakers::new(manager()?, cluster, pool.clone(), c.read_timeout, acks);
+        let per_thread = c.wait_mode == WaitMode::PerThread;
+        let wakers = Wakers::new(
+            manager()?,
+            cluster,
+            per_thread,
+            pool.clone(),
+            c.read_timeout,
+            acks,
+        );
         let watchdog = Watchdog::start(pool.clone(), &id, c.lease)?;
         let checker = manager()?;
         let janitor = Janitor::start(
@@ -443,7 +480,8 @@ impl LockClient {
         &self.inner.id
     }
 
-    /// The owner id of the calling thread: `<client id>:<thread number>`, as stored in Redis.
+    /// The owner id of the calling thread: `<client id>:<thread number>` (with
+    /// [`WaitMode::PerThread`]: `<client id>.<thread number>:<thread number>`), as stored in Redis.
     pub fn current_owner(&self) -> String {
         self.inner.owner()
     }
@@ -474,10 +512,20 @@ thread_local! {
 }
 
 impl ClientInner {
-    /// The owner id of the calling thread.
+    /// The owner id of the calling thread: `<client id>:<n>`, or with [`WaitMode::PerThread`]
+    /// `<client id>.<n>:<n>`, which gives each thread a wake list of its own (the scripts name a
+    /// wake list after the part before the last ':').
     pub fn owner(&self) -> String {
-        let n = THREAD_NUMBER.with(|n| *n);
-        format!("{}:{n}", self.id)
+        let n = self.thread_number();
+        match self.config.wait_mode {
+            WaitMode::Shared => format!("{}:{n}", self.id),
+            WaitMode::PerThread => format!("{}.{n}:{n}", self.id),
+        }
+    }
+
+    /// The calling thread's number (unique in this process).
+    pub fn thread_number(&self) -> u64 {
+        THREAD_NUMBER.with(|n| *n)
     }
 
     /// "host|pid|thread name", stored with a hold or a queue entry for `status`.

@@ -57,7 +57,7 @@ mod status;
 mod waker;
 mod watchdog;
 
-pub use client::{Config, LockClient, LockClientBuilder};
+pub use client::{Config, LockClient, LockClientBuilder, WaitMode};
 pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use keys::validate_name;

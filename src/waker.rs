@@ -471,13 +471,16 @@ impl Waker {
 }
 
 /// The wakers of one client: one for all its locks, or on a Cluster one per lock its threads
-/// wait on (a BLPOP covers keys of one hash slot only), made when a thread starts waiting and
-/// dropped, with its connection, once nobody has waited on that lock for a while.
+/// wait on (a BLPOP covers keys of one hash slot only); with a connection per waiting thread
+/// (`WaitMode::PerThread`), one per thread (and lock, on a Cluster). Made when a thread starts
+/// waiting and dropped, with its connection, once nobody has waited on it for a while.
 pub(crate) struct Wakers {
-    /// One node or a Sentinel group: the client's one waker.
+    /// One node or a Sentinel group, shared by all threads: the client's one waker.
     shared: Option<Arc<Waker>>,
-    /// A Cluster: the waker of each lock (by its key) with waiters now or lately.
-    per_lock: Mutex<HashMap<String, Arc<Waker>>>,
+    /// Otherwise the waker of each lock (on a Cluster) and/or thread with waiters now or lately.
+    by_waiter: Mutex<HashMap<String, Arc<Waker>>>,
+    per_lock: bool,
+    per_thread: bool,
     manager: Arc<Manager>,
     pool: Pool,
     read_timeout: Duration,
@@ -485,16 +488,18 @@ pub(crate) struct Wakers {
 }
 
 impl Wakers {
-    /// `per_lock`: whether the server is a Cluster.
+    /// `per_lock`: whether the server is a Cluster; `per_thread`: a connection per waiting
+    /// thread.
     pub fn new(
         manager: Manager,
         per_lock: bool,
+        per_thread: bool,
         pool: Pool,
         read_timeout: Duration,
         acks: Option<(u32, Duration)>,
     ) -> Wakers {
         let manager = Arc::new(manager);
-        let shared = (!per_lock).then(|| {
+        let shared = (!per_lock && !per_thread).then(|| {
             Arc::new(Waker::new(
                 Arc::clone(&manager),
                 String::new(),
@@ -505,7 +510,9 @@ impl Wakers {
         });
         Wakers {
             shared,
-            per_lock: Mutex::new(HashMap::new()),
+            by_waiter: Mutex::new(HashMap::new()),
+            per_lock,
+            per_thread,
             manager,
             pool,
             read_timeout,
@@ -513,18 +520,25 @@ impl Wakers {
         }
     }
 
-    /// The waker for a lock whose key is `lock_key`.
-    pub fn for_lock(&self, lock_key: &str) -> Arc<Waker> {
+    /// The waker for thread `thread` waiting on the lock whose key is `lock_key`.
+    pub fn for_waiter(&self, lock_key: &str, thread: u64) -> Arc<Waker> {
         if let Some(shared) = &self.shared {
             return Arc::clone(shared);
         }
-        let mut wakers = self.per_lock.lock();
+        let key = match (self.per_lock, self.per_thread) {
+            (true, true) => format!("{lock_key}|{thread}"),
+            (true, false) => lock_key.to_string(),
+            _ => thread.to_string(),
+        };
+        // on a Cluster, its `CLIENT` commands go to the node of the lock's slot
+        let route_key = if self.per_lock { lock_key } else { "" };
+        let mut wakers = self.by_waiter.lock();
         // forget wakers nobody uses (only this map holds them) and nobody waited on lately
-        wakers.retain(|key, w| key == lock_key || Arc::strong_count(w) > 1 || !w.is_idle());
-        Arc::clone(wakers.entry(lock_key.to_string()).or_insert_with(|| {
+        wakers.retain(|k, w| *k == key || Arc::strong_count(w) > 1 || !w.is_idle());
+        Arc::clone(wakers.entry(key).or_insert_with(|| {
             Arc::new(Waker::new(
                 Arc::clone(&self.manager),
-                lock_key.to_string(),
+                route_key.to_string(),
                 self.pool.clone(),
                 self.read_timeout,
                 self.acks,

@@ -655,3 +655,50 @@ fn a_grant_arriving_as_the_deadline_passes_is_never_lost() {
         "the second waiter never queued behind the first"
     );
 }
+
+/// `WaitMode::PerThread`: each waiting thread blocks on a connection of its own and pops from
+/// a wake list of its own (`<lock>:wake:<client id>.<n>`), served in FIFO order like the shared
+/// mode; a thread of a per-thread client and one of a shared client wait in one queue.
+#[test]
+fn with_a_connection_per_thread_each_waiter_blocks_on_its_own_and_fifo_holds() {
+    let _serial = serial();
+    let server = RedisServer::start();
+    let per_thread = support::client_with_url(&server.url(), |b| {
+        b.wait_mode(fairlock::WaitMode::PerThread)
+    });
+    let shared = support::client(&server);
+    let lock = per_thread.lock("per-thread").unwrap();
+    let shared_lock = shared.lock("per-thread").unwrap();
+    let guard = lock.lock().unwrap();
+    let (tx, grants) = mpsc::channel();
+    let waiters = support::spawn_queued(&lock, 6, SECS_30, |i| {
+        // waiters 2 and 5 wait through the shared client
+        let lock = if i % 3 == 2 {
+            shared_lock.clone()
+        } else {
+            lock.clone()
+        };
+        let tx = tx.clone();
+        move || {
+            let g = lock.lock().expect("a waiter's lock");
+            tx.send((g.fencing_token(), i)).unwrap();
+            g.unlock().unwrap();
+        }
+    });
+    let mut conn = server.conn();
+    // 4 per-thread waiters, 1 connection each; 2 shared waiters, 1 connection
+    assert!(
+        eventually(SECS_10, || waker_ids(&mut conn).len() == 5),
+        "blocking connections: {:?}",
+        waker_ids(&mut conn)
+    );
+    let owners = support::queue_owners(&lock);
+    let per_thread_owners: Vec<&String> = owners
+        .iter()
+        .filter(|o| o.starts_with(&format!("{}.", per_thread.id())))
+        .collect();
+    assert_eq!(per_thread_owners.len(), 4, "{owners:?}");
+    let first = guard.fencing_token();
+    guard.unlock().unwrap();
+    support::assert_served_in_queue_order(waiters, &grants, first);
+}

@@ -643,9 +643,8 @@ fn child_run(args: &[String]) -> Res<()> {
     let stack = n("stack_kib")? as usize * 1024;
     let queue_bound = Duration::from_millis(n("queue_ms")?);
 
-    let client = fairlock::LockClient::builder(url)
-        .build()
-        .map_err(|e| format!("fairlock client: {e}"))?;
+    let client =
+        crate::workers::fairlock_client(url).map_err(|e| format!("fairlock client: {e}"))?;
     let pool_size = client.config().pool_size;
     let locks = (0..nlocks)
         .map(|i| client.lock(&format!("{prefix}-{i}")))

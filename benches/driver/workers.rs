@@ -48,6 +48,17 @@ impl Rec {
     }
 }
 
+/// A fairlock client of `url`, waiting as `FAIRLOCK_BENCH_WAIT_MODE` says: `per-thread` for a
+/// connection per waiting thread, anything else (or unset) for the default, shared one. For
+/// A/B runs: `FAIRLOCK_BENCH_WAIT_MODE=per-thread scripts/bench-ab.sh REV HEAD 3 waiting`.
+pub fn fairlock_client(url: &str) -> fairlock::Result<fairlock::LockClient> {
+    let mode = match std::env::var("FAIRLOCK_BENCH_WAIT_MODE").as_deref() {
+        Ok("per-thread") => fairlock::WaitMode::PerThread,
+        _ => fairlock::WaitMode::Shared,
+    };
+    fairlock::LockClient::builder(url).wait_mode(mode).build()
+}
+
 /// Everything a worker needs; passed to child processes as `key=value` arguments.
 #[derive(Clone, Debug)]
 pub struct Spec {
@@ -230,7 +241,7 @@ struct Collected {
 fn run_threads(spec: &Spec, first: u32, threads: u32) -> Collected {
     let mut out = Collected::default();
     let client = match spec.lib {
-        Lib::Fairlock => match fairlock::LockClient::connect(spec.lock_url()) {
+        Lib::Fairlock => match fairlock_client(spec.lock_url()) {
             Ok(c) => Some(c),
             Err(e) => {
                 out.errors.push(format!("fairlock client: {e}"));
