@@ -59,6 +59,33 @@
 //! it, the time from the kill to the next ACQ of that lock by another process. `slow_recovery`
 //! when it exceeds lease + 1 s with no other fault in that window (nor a clock step in the lease
 //! before it: a step back lengthens the dead holder's lease on the server).
+//!
+//! 9. Failovers (Sentinel and Cluster modes). Replication is asynchronous: a master SIGKILLed
+//!    (`kill-master`) may take its last writes with it, and the replica promoted in its place
+//!    hands the lock out as if they never happened. Breaks of the rules above that this
+//!    explains are counted apart, under `explained_by_async_replication` in the summary, and
+//!    are no violations; everything else still is. Conservative: only a break whose earlier hold
+//!    h1 straddles a master kill K counts, with evidence that the new master never saw h1:
+//!    - *a lost grant*: h1 asked before K (its request reached the old master), and its token is
+//!      greater than the lock's fencing counter on the promoted replica (read once the replica
+//!      saw its link go down: it had every grant up to that counter and none after, as tokens
+//!      only grow) and not above the server clock at K plus half the promotion delay (granted
+//!      by the old master: tokens are max(last + 1, server µs), and no replica is promoted within
+//!      a second of the kill here);
+//!    - for an overlap (and the lost update or stale token it brings), h2 was granted by a later
+//!      master (its token is above the server clock at K plus half the promotion delay) while
+//!      h1 could still be within its lease (h2 acquired within a lease of K: no renewal reached
+//!      the dead master after K). Later than that, h1 outlived its own lease, which it would
+//!      have done with its grant replicated too: not replication's doing;
+//!    - for tokens out of order, h2 asked after K (a later master granted it);
+//!    - for a hold found lost, it was such a lost grant (`holds_lost_unreplicated_grant`).
+//!
+//!    A graceful failover (`failover`: `SENTINEL FAILOVER`, `CLUSTER FAILOVER`) explains none
+//!    of these, nor a hold lost: it must lose nothing. A master kill also excuses a hold whose
+//!    lease ran out while no master could renew it (`holds_lost_failover`: the guard says so,
+//!    no safety break), and both kinds excuse FIFO order while they run, as every fault does.
+//!    `failovers` in the summary counts the grants each kill lost
+//!    (`grants_lost_by_replication`) and the promotion times.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -70,6 +97,11 @@ const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
 /// How much later B must have asked than A before B's earlier grant counts as overtaking.
 const FIFO_MARGIN: u64 = 100 * MS;
+/// Half the shortest time from a master's SIGKILL to a replica's promotion (Sentinel's
+/// `down-after-milliseconds` and Cluster's `cluster-node-timeout` are 1000 here), in µs: a token
+/// above the server clock at the kill plus this was granted by a later master, one at most that
+/// by the killed one (tokens are server µs, or the last token + 1; see 9.).
+const PROMOTION_GAP_US: u64 = 500_000;
 /// How long a failed `lock()` call's request may still be granted (it reached Redis late), or a
 /// hold whose release failed may stay, for the thread's next call to take it over: a generous
 /// bound (held requests come out within a few seconds; a hold nobody renews lasts a lease).
@@ -200,6 +232,11 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
     let run = read_parent(&files);
     let faults = &run.faults;
     let stats = fault_stats(faults);
+    let kills = master_kills(faults);
+    let repl = Replication {
+        kills: &kills,
+        lease_ns: p.lease_ns,
+    };
     check_clock_steps(stats.largest_forward_step_ms, p, &mut found);
     let kill_time = kill_times(faults);
 
@@ -218,14 +255,16 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
     let mut marks = OverlapMarks::default();
     for (lock, list) in &by_lock {
         let holds = holds_in_order(list);
-        check_overlaps(lock, &holds, faults, &files, &mut marks, &mut found);
-        check_token_order(lock, &holds, faults, &files, &mut found);
-        check_counter_chain(lock, &holds, faults, &files, &marks.in_overlap, &mut found);
+        check_overlaps(lock, &holds, faults, &repl, &files, &mut marks, &mut found);
+        check_token_order(lock, &holds, faults, &repl, &files, &mut found);
+        check_counter_chain(lock, &holds, faults, &files, &marks, &mut found);
         check_fifo(lock, list, faults, &errors, &files, &mut found);
     }
     let forced_holds = check_force_unlocks(&forced_by, &attempts, faults, &files, &mut found);
-    check_lost_holds(&attempts, faults, &files, &mut found);
-    let epochs_per_lock = check_fenced_resource(&fences, faults, &files, &mut found);
+    check_lost_holds(&attempts, faults, &repl, &files, &mut found);
+    let epochs_per_lock =
+        check_fenced_resource(&fences, &attempts, faults, &repl, &files, &mut found);
+    let failovers = failover_stats(faults, &kills, &attempts);
     let worst_quiet_wait =
         check_liveness(&attempts, &run.phases, &kill_time, p, &files, &mut found);
     let recoveries = check_recovery(faults, &by_lock, p, &files, &mut found);
@@ -240,15 +279,18 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
         recoveries,
         worst_quiet_wait,
         epochs_per_lock,
+        failovers,
     };
     assemble_report(p, &stats, measures, found)
 }
 
-/// The violations found, and the breaks a fault or a rule explained instead (counted by kind).
+/// The violations found, and the breaks a fault or a rule explained instead (counted by kind):
+/// asynchronous replication's apart (see 9.).
 #[derive(Default)]
 struct Findings {
     violations: Vec<(String, String)>,
     explained: Counts,
+    replication: Counts,
 }
 
 impl Findings {
@@ -658,6 +700,134 @@ fn holds_in_order<'a>(list: &[&'a Attempt]) -> Vec<&'a Attempt> {
     holds
 }
 
+// ---- (9) asynchronous replication ----
+
+/// A master SIGKILLed in a topology mode, and what the replica promoted in its place had.
+struct MasterKill {
+    /// Right after the kill (the fault's start, on the histories' clock).
+    at: u64,
+    /// The server clock (µs since the epoch) at the kill: the scale of fencing tokens.
+    unix_us: u64,
+    /// The locks the killed master served.
+    locks: Vec<String>,
+    /// Each served lock's fencing counter on the promoted replica; `None` when it could not be
+    /// read (then the kill explains nothing).
+    fences: Option<HashMap<String, u64>>,
+}
+
+impl MasterKill {
+    /// `h` was granted by the killed master, and the new master never saw the grant (see 9.).
+    fn lost_grant(&self, h: &Attempt) -> bool {
+        let Some(&fence) = self.fences.as_ref().and_then(|f| f.get(&h.lock)) else {
+            return false;
+        };
+        h.acq.is_some()
+            && h.req < self.at
+            && h.token > fence
+            && h.token <= self.unix_us + PROMOTION_GAP_US
+    }
+
+    /// `h` was granted by a master promoted after this kill.
+    fn later_master_grant(&self, h: &Attempt) -> bool {
+        self.locks.contains(&h.lock) && h.token > self.unix_us + PROMOTION_GAP_US
+    }
+}
+
+/// The master kills of the run, with the promoted replica's fencing counters from the fault's
+/// end detail (`snapshot=ok fence:<lock>=N ...`).
+fn master_kills(faults: &[Fault]) -> Vec<MasterKill> {
+    faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::KillMaster)
+        .map(|f| {
+            let locks: Vec<String> = detail_value(&f.detail, "locks")
+                .unwrap_or("")
+                .split(',')
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect();
+            let fences = (detail_value(&f.end_detail, "snapshot") == Some("ok"))
+                .then(|| {
+                    locks
+                        .iter()
+                        .map(|l| {
+                            let v = detail_value(&f.end_detail, &format!("fence:{l}"))?;
+                            Some((l.clone(), v.parse().ok()?))
+                        })
+                        .collect::<Option<HashMap<String, u64>>>()
+                })
+                .flatten();
+            MasterKill {
+                at: f.start,
+                unix_us: detail_value(&f.detail, "unix_us")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+                locks,
+                fences,
+            }
+        })
+        .collect()
+}
+
+/// What asynchronous replication explains (see 9.).
+struct Replication<'a> {
+    kills: &'a [MasterKill],
+    lease_ns: u64,
+}
+
+impl Replication<'_> {
+    /// h1 (the earlier ACQ) and h2 held at once because a master kill lost h1's grant.
+    fn explains_overlap(&self, h1: &Attempt, h2: &Attempt) -> bool {
+        let a2 = h2.acq.unwrap();
+        self.kills
+            .iter()
+            .any(|k| k.lost_grant(h1) && k.later_master_grant(h2) && a2 <= k.at + self.lease_ns)
+    }
+
+    /// h2 (the later ACQ) got a token not above h1's because a master kill lost h1's grant.
+    fn explains_token_order(&self, h1: &Attempt, h2: &Attempt) -> bool {
+        self.kills
+            .iter()
+            .any(|k| k.lost_grant(h1) && k.locks.contains(&h2.lock) && h2.req > k.at)
+    }
+
+    /// `a` was found lost because a master kill lost its grant.
+    fn explains_lost_hold(&self, a: &Attempt, found_at: u64) -> bool {
+        self.kills
+            .iter()
+            .any(|k| k.lost_grant(a) && k.at <= found_at)
+    }
+}
+
+/// The failovers of the run and their cost, for the summary (null without any).
+fn failover_stats(faults: &[Fault], kills: &[MasterKill], attempts: &[Attempt]) -> Value {
+    let took = |kind: FaultKind, key: &str| -> Vec<u64> {
+        faults
+            .iter()
+            .filter(|f| f.kind == kind)
+            .filter_map(|f| detail_value(&f.end_detail, key)?.parse().ok())
+            .collect()
+    };
+    let promotions = took(FaultKind::KillMaster, "promoted_after_ms");
+    let graceful = took(FaultKind::Failover, "took_ms");
+    if kills.is_empty() && graceful.is_empty() {
+        return Value::Null;
+    }
+    let lost_per_kill: Vec<usize> = kills
+        .iter()
+        .map(|k| attempts.iter().filter(|a| k.lost_grant(a)).count())
+        .collect();
+    json!({
+        "master_kills": kills.len(),
+        "master_kills_with_promoted_replica_read": kills.iter().filter(|k| k.fences.is_some()).count(),
+        "graceful_failovers": graceful.len(),
+        "grants_lost_by_replication": lost_per_kill.iter().sum::<usize>(),
+        "grants_lost_per_kill": lost_per_kill,
+        "promotion_ms": promotions,
+        "graceful_failover_ms": graceful,
+    })
+}
+
 // ---- which faults explain what ----
 
 /// Any fault in [from, to] but `skip`; a clock step counts from a lease before `from` (a step
@@ -765,6 +935,8 @@ struct OverlapMarks {
     cut_by_force: HashSet<HoldKey>,
     /// Holds another thread's explained hold outran (each counted once).
     overrun: HashSet<HoldKey>,
+    /// Holds in an overlap that asynchronous replication explains (see 9.).
+    by_replication: HashSet<HoldKey>,
 }
 
 /// `overlap` / `overlap_lease_lost`: two threads' holds of one lock at once that no fault
@@ -773,6 +945,7 @@ fn check_overlaps(
     lock: &str,
     holds: &[&Attempt],
     faults: &[Fault],
+    repl: &Replication,
     files: &[Vec<Event>],
     marks: &mut OverlapMarks,
     found: &mut Findings,
@@ -798,6 +971,13 @@ fn check_overlaps(
                     // count each hold that another outran once, not every pair
                     if marks.overrun.insert(h1.hold_key()) {
                         found.explained.add(&format!("holds_overlapped_{why}"));
+                    }
+                }
+                None if repl.explains_overlap(h1, h2) => {
+                    marks.by_replication.insert(h1.hold_key());
+                    marks.by_replication.insert(h2.hold_key());
+                    if marks.overrun.insert(h1.hold_key()) {
+                        found.replication.add("holds_overlapped");
                     }
                 }
                 None => {
@@ -830,6 +1010,7 @@ fn check_token_order(
     lock: &str,
     holds: &[&Attempt],
     faults: &[Fault],
+    repl: &Replication,
     files: &[Vec<Event>],
     found: &mut Findings,
 ) {
@@ -843,6 +1024,8 @@ fn check_token_order(
             found.explained.add("token_reset_restart_volatile");
         } else if explain(faults, h1, h2).is_some_and(|w| w != "restart-aof") {
             found.explained.add("token_order_fault");
+        } else if repl.explains_token_order(h1, h2) {
+            found.replication.add("token_order");
         } else {
             found.violation(
                 "token_order",
@@ -861,10 +1044,22 @@ fn check_token_order(
 /// Returns the number of epochs per lock.
 fn check_fenced_resource(
     fences: &[FenceWrite],
+    attempts: &[Attempt],
     faults: &[Fault],
+    repl: &Replication,
     files: &[Vec<Event>],
     found: &mut Findings,
 ) -> BTreeMap<String, u64> {
+    // the hold that wrote (lock, token, pid, thread)
+    let hold_of = |lock: &str, token: u64, pid: u32, thread: &str| {
+        attempts.iter().find(|a| {
+            a.acq.is_some()
+                && a.lock == lock
+                && a.token == token
+                && a.pid == pid
+                && a.thread == thread
+        })
+    };
     // (lock, epoch) -> accepted writes as (seq, token, pid, thread, t)
     type Writes = Vec<(u64, u64, u32, String, u64)>;
     let mut epochs: BTreeMap<(String, String), Writes> = BTreeMap::new();
@@ -882,7 +1077,17 @@ fn check_fenced_resource(
         writes.sort();
         for w in writes.windows(2) {
             let ((_, t1, p1, th1, at1), (_, t2, p2, th2, at2)) = (&w[0], &w[1]);
-            if t2 < t1 {
+            let by_replication = || {
+                // the later write's hold (lower token) is the lost grant, the earlier one's
+                // hold a later master's
+                match (hold_of(lock, *t2, *p2, th2), hold_of(lock, *t1, *p1, th1)) {
+                    (Some(old), Some(new)) if old.acq <= new.acq => repl.explains_overlap(old, new),
+                    _ => false,
+                }
+            };
+            if t2 < t1 && by_replication() {
+                found.replication.add("stale_token_accepted");
+            } else if t2 < t1 {
                 found.violation(
                     "stale_token_accepted",
                     format!("lock {lock}: resource accepted token {t2} ({p2}/{th2} at {at2}) after token {t1} ({p1}/{th1} at {at1})"),
@@ -918,9 +1123,10 @@ fn check_counter_chain(
     holds: &[&Attempt],
     faults: &[Fault],
     files: &[Vec<Event>],
-    in_overlap: &HashSet<HoldKey>,
+    marks: &OverlapMarks,
     found: &mut Findings,
 ) {
+    let in_overlap = &marks.in_overlap;
     let mut prev: Option<&Attempt> = None;
     let mut cut_since_prev = false; // a hold between prev and this one ended without CS
     for &h in holds {
@@ -942,6 +1148,11 @@ fn check_counter_chain(
                     in_overlap.contains(&p.hold_key()) || in_overlap.contains(&h.hold_key());
                 if before == 0 && volatile_between(faults, pt, t) {
                     found.explained.add("counter_reset_restart_volatile");
+                } else if overlapped
+                    && (marks.by_replication.contains(&p.hold_key())
+                        || marks.by_replication.contains(&h.hold_key()))
+                {
+                    found.replication.add("counter_break_overlap");
                 } else if overlapped {
                     found.explained.add("counter_break_overlap");
                 } else if p.forced.is_some() || h.forced.is_some() {
@@ -1088,6 +1299,7 @@ fn check_force_unlocks(
 fn check_lost_holds(
     attempts: &[Attempt],
     faults: &[Fault],
+    repl: &Replication,
     files: &[Vec<Event>],
     found: &mut Findings,
 ) {
@@ -1105,11 +1317,40 @@ fn check_lost_holds(
             found.explained.add("holds_lost_fault");
             continue;
         }
+        if repl.explains_lost_hold(a, to) {
+            found.replication.add("holds_lost_unreplicated_grant");
+            continue;
+        }
+        if faults
+            .iter()
+            .any(|f| f.kind == FaultKind::KillMaster && f.overlaps(from, to))
+        {
+            // no master to renew with for longer than the lease left (a promotion takes
+            // seconds): the guard says so; nobody else held meanwhile (the overlap check sees
+            // to that). Not after a graceful failover, which must keep every hold.
+            found.explained.add("holds_lost_failover");
+            continue;
+        }
+        let hint = match faults
+            .iter()
+            .find(|f| f.kind == FaultKind::Failover && f.overlaps(from, to))
+        {
+            Some(f) => format!(
+                "during the graceful failover from {} to {} ({}), which must keep every hold: a grant of the old master after the switch, lost when it was made a replica?",
+                f.start, f.end, f.end_detail
+            ),
+            None => "with no fault that explains it (a force-unlock naming another hold?)".into(),
+        };
         found.violation(
             "hold_lost",
             format!(
-                "lock {}: {}/{} (token {}, acquired at {}) found its hold gone at {} with no fault that explains it (a force-unlock naming another hold?)\n{}",
-                a.lock, a.pid, a.thread, a.token, a.acq.unwrap(), to,
+                "lock {}: {}/{} (token {}, acquired at {}) found its hold gone at {} {hint}\n{}",
+                a.lock,
+                a.pid,
+                a.thread,
+                a.token,
+                a.acq.unwrap(),
+                to,
                 excerpt(files, &a.lock, a.acq.unwrap().saturating_sub(20 * MS), to)
             ),
         );
@@ -1260,6 +1501,8 @@ struct Measures {
     recoveries: Vec<(u64, bool)>,
     worst_quiet_wait: u64,
     epochs_per_lock: BTreeMap<String, u64>,
+    /// Null without failovers (see [`failover_stats`]).
+    failovers: Value,
 }
 
 /// The violations and the summary JSON.
@@ -1267,6 +1510,7 @@ fn assemble_report(p: &Params, stats: &FaultStats, m: Measures, found: Findings)
     let Findings {
         violations,
         explained,
+        replication,
     } = found;
     let mut by_kind = Counts::default();
     for (k, _) in &violations {
@@ -1288,6 +1532,9 @@ fn assemble_report(p: &Params, stats: &FaultStats, m: Measures, found: Findings)
         "violations": by_kind.json(),
         "violations_total": violations.len(),
         "explained": explained.json(),
+        "explained_by_async_replication": replication.json(),
+        "explained_by_async_replication_total": replication.0.values().sum::<u64>(),
+        "failovers": m.failovers,
         "recoveries_measured": m.recoveries.len(),
         "worst_recovery_ms": worst.map(ms),
         "worst_recovery_without_other_fault_ms": worst_clean.map(ms),

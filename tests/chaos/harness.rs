@@ -14,6 +14,19 @@
 //!   tells whether the first call released the hold.
 //! - `clock-step` (without persistence, when libfaketime is installed): redis-server's wall clock
 //!   steps back by up to 5 s or forward by less than a quarter of the lease.
+//!
+//! The Sentinel and Cluster modes (`Scenario::deployment`) run the workers against a topology
+//! (`chaos/topo.rs`) with the counter and the fenced resource on a redis-server of their own,
+//! and deal the worker faults (SIGKILL of holders and waiters, SIGSTOP) with two of their own:
+//! - `kill-master`: SIGKILL of the master (in a Cluster, of a lock's shard); the harness reads
+//!   each lock's fencing counter on the replicas once their link is down (what the promoted one
+//!   starts from), waits for the promotion, then starts the killed node again and waits until
+//!   it is a linked replica.
+//! - `failover`: `SENTINEL FAILOVER`, or `CLUSTER FAILOVER` sent to the replica of a lock's
+//!   shard, until the old master is a linked replica again.
+//!
+//! No proxy there (clients connect to the addresses the topology announces), so no network
+//! faults, late deliveries or force-unlocks with lost replies; no clock steps either.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,8 +39,9 @@ use super::checker::{self, EndState, Params, Report};
 use super::history::{now_ns, FaultKind, History};
 use super::proxy::{Proxy, Trap};
 use super::server::Server;
+use super::topo::{self, Deployment, Topology};
 use super::workload::{self, Rng};
-use crate::support::{ChildTest, Proc};
+use crate::support::{ChildTest, Proc, RedisServer};
 
 pub const LOCKS: [&str; 2] = ["chaos-a", "chaos-b"];
 
@@ -60,6 +74,8 @@ struct ScriptInfo {
 #[derive(Clone, Debug)]
 pub struct Scenario {
     pub name: String,
+    /// One node behind the proxy, a Sentinel group or a Redis Cluster.
+    pub deployment: Deployment,
     /// `appendonly yes` + `appendfsync always` (restarts keep the state) or no persistence.
     pub aof: bool,
     /// Run redis-server under libfaketime and step its clock (only without persistence).
@@ -116,17 +132,34 @@ impl Drop for WorkerProc {
     }
 }
 
-struct Run<'a> {
-    s: &'a Scenario,
-    /// Starts the workers: the calling test again, in the "chaos-worker" role.
-    children: &'a ChildTest,
-    dir: PathBuf,
+/// The single-node mode's Redis and the ways to it.
+struct Direct {
     server: Server,
     /// The workers' way to Redis.
     proxy: Proxy,
     /// The operator's way to Redis (force-unlocks whose replies get lost).
     op_proxy: Proxy,
     operator: fairlock::LockClient,
+}
+
+/// Where the locks live.
+enum Redis {
+    Single(Direct),
+    Topology {
+        topology: Topology,
+        /// The counter and the fenced resource, on a server no fault touches.
+        resource: RedisServer,
+    },
+}
+
+struct Run<'a> {
+    s: &'a Scenario,
+    /// Starts the workers: the calling test again, in the "chaos-worker" role.
+    children: &'a ChildTest,
+    dir: PathBuf,
+    redis: Redis,
+    /// The lock names (in a Cluster, chosen so that each lies on another master).
+    locks: Vec<String>,
     scripts: Vec<ScriptInfo>,
     history: History,
     rng: Rng,
@@ -143,14 +176,32 @@ pub fn run(s: &Scenario, children: &ChildTest) -> Report {
     let dir = chaos_dir().join(&s.name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the chaos dir");
-    let server = Server::start(s.aof, s.fake_clock);
-    let proxy = Proxy::start(server.port());
-    let op_proxy = Proxy::start(server.port());
-    let operator = fairlock::LockClient::builder(&op_proxy.url())
-        .connect_timeout(Duration::from_secs(1))
-        .read_timeout(Duration::from_secs(2))
-        .build()
-        .expect("the operator's client");
+    let redis = match s.deployment {
+        Deployment::Single => {
+            let server = Server::start(s.aof, s.fake_clock);
+            let proxy = Proxy::start(server.port());
+            let op_proxy = Proxy::start(server.port());
+            let operator = fairlock::LockClient::builder(&op_proxy.url())
+                .connect_timeout(Duration::from_secs(1))
+                .read_timeout(Duration::from_secs(2))
+                .build()
+                .expect("the operator's client");
+            Redis::Single(Direct {
+                server,
+                proxy,
+                op_proxy,
+                operator,
+            })
+        }
+        d => Redis::Topology {
+            topology: Topology::start(d),
+            resource: RedisServer::start(),
+        },
+    };
+    let locks = match &redis {
+        Redis::Single(_) => LOCKS.iter().map(|l| l.to_string()).collect(),
+        Redis::Topology { topology, .. } => topology.lock_names(&LOCKS),
+    };
     let scripts = fairlock::raw::scripts()
         .into_iter()
         .map(|script| ScriptInfo {
@@ -166,10 +217,8 @@ pub fn run(s: &Scenario, children: &ChildTest) -> Report {
         s,
         children,
         dir: dir.clone(),
-        server,
-        proxy,
-        op_proxy,
-        operator,
+        redis,
+        locks,
         scripts,
         history,
         rng: Rng::new(s.seed),
@@ -180,8 +229,10 @@ pub fn run(s: &Scenario, children: &ChildTest) -> Report {
         worker_limit: s.fault_time + s.quiet_time + Duration::from_secs(120),
     };
     println!(
-        "chaos {}: seed {}, {} workers x {} threads, faults for {:?}, quiet {:?}, server clock {}, history in {}",
+        "chaos {} ({}, locks {:?}): seed {}, {} workers x {} threads, faults for {:?}, quiet {:?}, server clock {}, history in {}",
         s.name,
+        s.deployment.name(),
+        run.locks,
         s.seed,
         s.workers,
         s.threads,
@@ -200,7 +251,11 @@ pub fn run(s: &Scenario, children: &ChildTest) -> Report {
     run.phase("stop");
     let mut end = run.stop_workers();
     let keys_clean_after = run.check_keys(&mut end);
-    let final_offset = run.server.offset_ms();
+    let final_offset = match &run.redis {
+        Redis::Single(d) => d.server.offset_ms(),
+        Redis::Topology { .. } => 0,
+    };
+    let locks = run.locks.clone();
     drop(run);
 
     let (files, torn) = super::history::read_dir(&dir);
@@ -216,6 +271,7 @@ pub fn run(s: &Scenario, children: &ChildTest) -> Report {
     );
     let extra = json!({
         "seed": s.seed.to_string(),
+        "deployment": s.deployment.name(),
         "redis_persistence": if s.aof { "appendonly yes, appendfsync always" } else { "none" },
         "server_clock": if s.fake_clock {
             json!({
@@ -230,7 +286,11 @@ pub fn run(s: &Scenario, children: &ChildTest) -> Report {
         "worker_read_timeout_ms": workload::READ_TIMEOUT.as_millis() as u64,
         "workers": s.workers,
         "threads_per_worker": s.threads,
-        "locks": LOCKS,
+        "locks": locks,
+        "lock_slots": match s.deployment {
+            Deployment::Cluster => json!(topo::slots_of(&locks)),
+            _ => Value::Null,
+        },
         "fault_phase_s": s.fault_time.as_secs_f64(),
         "quiet_phase_s": s.quiet_time.as_secs_f64(),
         "keys_clean_after_stop_ms": keys_clean_after.map(|d| d.as_millis() as u64),
@@ -268,15 +328,20 @@ impl Run<'_> {
         let err_path = self.dir.join(format!("worker-{idx}.err"));
         let stderr = std::fs::File::create(&err_path).expect("worker stderr file");
         let mut cmd = self.children.command("chaos-worker", &[]);
-        cmd.env(workload::ENV_URL, self.proxy.url())
-            .env(
-                workload::ENV_HISTORY,
-                self.dir.join(format!("worker-{idx}.log")),
-            )
-            .env(workload::ENV_THREADS, self.s.threads.to_string())
-            .env(workload::ENV_LOCKS, LOCKS.join(","))
-            .env(workload::ENV_LIMIT, self.worker_limit.as_secs().to_string())
-            .stderr(stderr);
+        match &self.redis {
+            Redis::Single(d) => cmd.env(workload::ENV_URL, d.proxy.url()),
+            Redis::Topology { topology, resource } => cmd
+                .env(workload::ENV_URL, topology.worker_url())
+                .env(workload::ENV_RESOURCE_URL, resource.url()),
+        };
+        cmd.env(
+            workload::ENV_HISTORY,
+            self.dir.join(format!("worker-{idx}.log")),
+        )
+        .env(workload::ENV_THREADS, self.s.threads.to_string())
+        .env(workload::ENV_LOCKS, self.locks.join(","))
+        .env(workload::ENV_LIMIT, self.worker_limit.as_secs().to_string())
+        .stderr(stderr);
         let w = WorkerProc {
             idx,
             proc: Proc::spawn(&mut cmd),
@@ -288,14 +353,57 @@ impl Run<'_> {
         self.workers.push(w);
     }
 
-    /// A direct connection (not through the proxy) for looking at the lock state.
+    /// The single-node mode's server, proxies and operator.
+    fn direct(&self) -> &Direct {
+        match &self.redis {
+            Redis::Single(d) => d,
+            Redis::Topology { .. } => panic!("a fault of the single-node mode in a topology"),
+        }
+    }
+
+    fn direct_mut(&mut self) -> &mut Direct {
+        match &mut self.redis {
+            Redis::Single(d) => d,
+            Redis::Topology { .. } => panic!("a fault of the single-node mode in a topology"),
+        }
+    }
+
+    fn topology(&mut self) -> &mut Topology {
+        match &mut self.redis {
+            Redis::Topology { topology, .. } => topology,
+            Redis::Single(_) => panic!("a topology fault in the single-node mode"),
+        }
+    }
+
+    /// A direct connection (not through the proxy) to the single node.
     fn conn(&self) -> Option<redis::Connection> {
-        let c = redis::Client::open(self.server.url())
+        let c = redis::Client::open(self.direct().server.url())
             .ok()?
             .get_connection_with_timeout(Duration::from_secs(1))
             .ok()?;
         c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
         Some(c)
+    }
+
+    /// A direct connection to the master of `lock` now, for looking at the lock state (`None`
+    /// during a failover).
+    fn lock_conn(&self, lock: &str) -> Option<redis::Connection> {
+        match &self.redis {
+            Redis::Single(_) => self.conn(),
+            Redis::Topology { topology, .. } => topology.conn_for(lock),
+        }
+    }
+
+    /// Connections to every master, at the end of a run (the topology settled).
+    fn master_conns(&self) -> Vec<Option<redis::Connection>> {
+        match &self.redis {
+            Redis::Single(_) => vec![self.conn()],
+            Redis::Topology { topology, .. } => topology
+                .master_ports()
+                .into_iter()
+                .map(topo::try_conn)
+                .collect(),
+        }
     }
 
     fn live_pids(&self) -> Vec<u32> {
@@ -304,12 +412,12 @@ impl Run<'_> {
 
     /// Pids of our workers that hold a lock now, as Redis sees it.
     fn holder_pids(&self) -> Vec<u32> {
-        let Some(mut c) = self.conn() else {
-            return Vec::new();
-        };
         let live = self.live_pids();
         let mut pids = Vec::new();
-        for name in LOCKS {
+        for name in &self.locks {
+            let Some(mut c) = self.lock_conn(name) else {
+                continue;
+            };
             let meta: Option<String> = redis::cmd("HGET")
                 .arg(format!("fairlock:{{{name}}}"))
                 .arg("meta")
@@ -327,13 +435,13 @@ impl Run<'_> {
 
     /// Pids of our workers with a thread in a queue that hold no lock.
     fn waiter_pids(&self) -> Vec<u32> {
-        let Some(mut c) = self.conn() else {
-            return Vec::new();
-        };
         let live = self.live_pids();
         let holders = self.holder_pids();
         let mut pids = Vec::new();
-        for name in LOCKS {
+        for name in &self.locks {
+            let Some(mut c) = self.lock_conn(name) else {
+                continue;
+            };
             let entries: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
                 .arg(format!("fairlock:{{{name}}}:waiters"))
                 .query(&mut c)
@@ -399,7 +507,20 @@ impl Run<'_> {
         d
     }
 
-    fn inject_faults(&mut self) {
+    /// The kinds of fault of one deck.
+    fn fault_kinds(&self) -> Vec<FaultKind> {
+        let Redis::Single(d) = &self.redis else {
+            // a topology: the worker faults, and two master kills per graceful failover (the
+            // kills are what asynchronous replication can lose writes in)
+            return vec![
+                FaultKind::SigkillHolder,
+                FaultKind::SigkillWaiter,
+                FaultKind::Sigstop,
+                FaultKind::KillMaster,
+                FaultKind::KillMaster,
+                FaultKind::Failover,
+            ];
+        };
         let restart = if self.s.aof {
             FaultKind::RestartAof
         } else {
@@ -416,14 +537,23 @@ impl Run<'_> {
             FaultKind::LateDelivery,
             FaultKind::ForceUnlock,
         ];
-        if self.server.can_step_clock() {
+        if d.server.can_step_clock() {
             // cheap and instant: twice per deck
             kinds.extend([FaultKind::ClockStep, FaultKind::ClockStep]);
         }
+        kinds
+    }
+
+    fn inject_faults(&mut self) {
+        let kinds = self.fault_kinds();
         let end = Instant::now() + self.s.fault_time;
-        // the longest faults (a late delivery, latency) last 6.5 s: stop starting faults that
-        // could run past `end`
-        let last_start = end.checked_sub(Duration::from_secs(7)).unwrap_or(end);
+        // the longest faults (a late delivery, latency) last 6.5 s, a failover with the rejoin
+        // of the old master up to about 20 s: stop starting faults that could run past `end`
+        let longest = match self.redis {
+            Redis::Single(_) => Duration::from_secs(7),
+            Redis::Topology { .. } => Duration::from_secs(20),
+        };
+        let last_start = end.checked_sub(longest).unwrap_or(end);
         let max_faults = (self.s.fault_time.as_secs() / 2).max(kinds.len() as u64);
         let mut deck: Vec<FaultKind> = Vec::new();
         let mut injected = 0;
@@ -442,9 +572,12 @@ impl Run<'_> {
             let kind = deck.pop().unwrap();
             self.inject(kind);
             injected += 1;
-            // after a kill leave a clean window for the recovery measurement
+            // after a kill leave a clean window for the recovery measurement; after a failover
+            // some load on the new master before the next fault
             let gap = if kind.is_kill() {
                 (2300, 3000)
+            } else if kind.is_failover() {
+                (1500, 3000)
             } else {
                 (800, 1600)
             };
@@ -480,34 +613,112 @@ impl Run<'_> {
             FaultKind::Sigstop | FaultKind::SigstopProbe => self.sigstop(),
             FaultKind::RestartAof | FaultKind::RestartVolatile => {
                 let id = self.fault_start(kind, None, "kill-9-and-start");
-                let port = self.server.restart();
-                self.proxy.set_upstream(port);
-                self.op_proxy.set_upstream(port);
+                let d = self.direct_mut();
+                let port = d.server.restart();
+                d.proxy.set_upstream(port);
+                d.op_proxy.set_upstream(port);
                 self.fault_end(id, kind, &format!("port={port}"));
             }
             FaultKind::Drop => {
                 let id = self.fault_start(kind, None, "cut-all-connections");
-                let n = self.proxy.drop_all();
+                let n = self.direct().proxy.drop_all();
                 self.fault_end(id, kind, &format!("connections={n}"));
             }
             FaultKind::Blackhole => {
                 let id = self.fault_start(kind, None, "forward-nothing");
-                self.proxy.set_blackhole(true);
+                self.direct().proxy.set_blackhole(true);
                 self.sleep_ms(2000, 3000);
-                self.proxy.set_blackhole(false);
+                self.direct().proxy.set_blackhole(false);
                 self.fault_end(id, kind, "");
             }
             FaultKind::Latency => {
                 let id = self.fault_start(kind, None, "20ms-per-chunk");
-                self.proxy.set_latency(Duration::from_millis(20));
+                self.direct().proxy.set_latency(Duration::from_millis(20));
                 self.sleep_ms(2000, 3500);
-                self.proxy.set_latency(Duration::ZERO);
+                self.direct().proxy.set_latency(Duration::ZERO);
                 self.fault_end(id, kind, "");
             }
             FaultKind::LateDelivery => self.late_delivery(),
             FaultKind::ForceUnlock => self.force_unlock(),
             FaultKind::ClockStep => self.clock_step(),
+            FaultKind::KillMaster => self.kill_master(),
+            FaultKind::Failover => self.graceful_failover(),
         }
+    }
+
+    /// SIGKILL the master of a lock (in a Cluster, of a lock's shard), read the fencing
+    /// counters the replicas were left with (see `chaos/topo.rs`), wait for the promotion, and
+    /// start the killed node again as a replica. Start (stamped right after the death) detail:
+    /// the killed port, the locks it served and the wall clock then in µs (fencing tokens are
+    /// server µs: a token above it by more than the promotion delay is a new master's). End detail: the new master, how
+    /// long the promotion took, and `fence:<lock>=N` as the promoted replica had it
+    /// (`snapshot=missing` when it could not be read).
+    fn kill_master(&mut self) {
+        let kind = FaultKind::KillMaster;
+        let lock = self.locks[self.rng.range(0, self.locks.len() as u64 - 1) as usize].clone();
+        let locks = self.locks.clone();
+        let topology = self.topology();
+        let cluster = matches!(topology, Topology::Cluster(_));
+        let (old, replicas) = topology.master_and_replicas(&lock);
+        let served = topology.locks_served_by(old, &locks);
+        // the kill returns once the process is gone (a Cluster's looks up its slots first):
+        // the fault starts then, and its server clock is read then, so that every grant of the
+        // killed master came before both
+        topology.kill(old);
+        let (t, killed) = (now_ns(), Instant::now());
+        let unix_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("the clock is after 1970")
+            .as_micros();
+        let id = self.fault_start_at(
+            t,
+            kind,
+            None,
+            &format!("port={old} locks={} unix_us={unix_us}", served.join(",")),
+        );
+        let snapshots: Vec<(u16, Option<topo::Fences>)> = replicas
+            .iter()
+            .map(|&r| (r, topo::snapshot_fences(r, &served, cluster)))
+            .collect();
+        let new = self.topology().wait_for_new_master(old);
+        let promoted_ms = killed.elapsed().as_millis();
+        let promoted = snapshots
+            .iter()
+            .find(|(r, _)| *r == new)
+            .and_then(|(_, s)| s.clone());
+        let mut detail = format!("new={new} promoted_after_ms={promoted_ms}");
+        match &promoted {
+            Some(fences) => {
+                detail.push_str(" snapshot=ok");
+                for (l, f) in fences {
+                    detail.push_str(&format!(" fence:{l}={f}"));
+                }
+            }
+            None => detail.push_str(" snapshot=missing"),
+        }
+        self.log(&format!(
+            "LOG kill-master {id}: replicas' fencing counters after the kill: {snapshots:?}"
+        ));
+        self.topology().restart(old);
+        self.fault_end(id, kind, &detail);
+    }
+
+    /// A graceful failover of the master of a lock, until the old master is a linked replica.
+    fn graceful_failover(&mut self) {
+        let kind = FaultKind::Failover;
+        let lock = self.locks[self.rng.range(0, self.locks.len() as u64 - 1) as usize].clone();
+        let id = self.fault_start(kind, None, &format!("lock={lock}"));
+        let started = Instant::now();
+        let (old, new, switched) = self.topology().graceful_failover(&lock);
+        self.fault_end(
+            id,
+            kind,
+            &format!(
+                "old={old} new={new} switched_after_ms={} took_ms={}",
+                switched.as_millis(),
+                started.elapsed().as_millis()
+            ),
+        );
     }
 
     fn sigstop(&mut self) {
@@ -590,12 +801,13 @@ impl Run<'_> {
         };
         let mut caught = false;
         for patterns in plans {
-            self.proxy.arm(&patterns, trap);
+            let proxy = &self.direct().proxy;
+            proxy.arm(&patterns, trap);
             let armed = Instant::now();
-            while !self.proxy.sprung() && armed.elapsed() < Duration::from_millis(1500) {
+            while !proxy.sprung() && armed.elapsed() < Duration::from_millis(1500) {
                 thread::sleep(Duration::from_millis(5));
             }
-            if !self.proxy.disarm() {
+            if !proxy.disarm() {
                 caught = true;
                 break;
             }
@@ -607,7 +819,7 @@ impl Run<'_> {
         let waited = Instant::now();
         let bound = max_wait + delay + Duration::from_secs(2);
         let report = loop {
-            if let Some(r) = self.proxy.take_report() {
+            if let Some(r) = self.direct().proxy.take_report() {
                 break Some(r);
             }
             if waited.elapsed() > bound {
@@ -674,8 +886,8 @@ impl Run<'_> {
                     .script;
                 let _ = script.load(&mut c);
             }
-            let name = LOCKS[self.rng.range(0, LOCKS.len() as u64 - 1) as usize];
-            let lock = self.operator.lock(name).expect("lock name");
+            let name = self.locks[self.rng.range(0, self.locks.len() as u64 - 1) as usize].clone();
+            let lock = self.direct().operator.lock(&name).expect("lock name");
             let holder = match lock.status() {
                 Ok(s) => s.holder,
                 Err(e) => {
@@ -696,14 +908,15 @@ impl Run<'_> {
             );
             // only force_unlock carries the token: forward it, swallow the reply, cut
             let token_text = token.to_string();
-            self.op_proxy.arm(&[token_text.as_bytes()], Trap::LoseReply);
+            let op_proxy = &self.direct().op_proxy;
+            op_proxy.arm(&[token_text.as_bytes()], Trap::LoseReply);
             let lib = lock.force_unlock_hold(&owner, token);
-            let report = if self.op_proxy.disarm() {
+            let report = if op_proxy.disarm() {
                 None // not trapped: the call went through (or never reached the proxy)
             } else {
                 let t = Instant::now();
                 loop {
-                    match self.op_proxy.take_report() {
+                    match op_proxy.take_report() {
                         Some(r) => break Some(r),
                         None if t.elapsed() < Duration::from_secs(1) => {
                             thread::sleep(Duration::from_millis(5))
@@ -762,7 +975,7 @@ impl Run<'_> {
             self.rng.range(20, MAX_FORWARD_STEP.as_millis() as u64) as i64
         };
         let id = self.fault_start(kind, None, &format!("delta_ms={delta}"));
-        let offset = self.server.step_clock(delta);
+        let offset = self.direct_mut().server.step_clock(delta);
         self.fault_end(id, kind, &format!("offset_ms={offset}"));
     }
 
@@ -809,35 +1022,18 @@ impl Run<'_> {
         let stopped = Instant::now();
         thread::sleep(Duration::from_millis(1500));
         let mut allowed: Vec<String> = Vec::new();
-        for name in LOCKS {
+        for name in &self.locks {
             allowed.push(workload::counter_key(name));
             allowed.push(workload::resource_key(name));
         }
         loop {
-            let Some(mut c) = self.conn() else {
-                end.leftover_keys.push(("<redis unreachable>".into(), 0));
-                return None;
-            };
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg("*")
-                .query(&mut c)
-                .unwrap_or_default();
             let mut bad = Vec::new();
-            for key in keys {
-                if allowed.contains(&key) {
-                    continue;
-                }
-                let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c).unwrap_or(-2);
-                // every key of the lock has a TTL now, the fence too (7 days by default)
-                let ok = LOCKS.iter().any(|n| {
-                    (key == format!("fairlock:{{{n}}}:fence") && pttl > 0)
-                        || (key == format!("fairlock:{{{n}}}")
-                            && (0..=workload::LEASE.as_millis() as i64).contains(&pttl)
-                            && is_tombstone(&mut c, &key))
-                });
-                if !ok && pttl != -2 {
-                    bad.push((key, pttl));
-                }
+            for c in self.master_conns() {
+                let Some(mut c) = c else {
+                    end.leftover_keys.push(("<redis unreachable>".into(), 0));
+                    return None;
+                };
+                bad.extend(self.bad_keys(&mut c, &allowed));
             }
             if bad.is_empty() {
                 return Some(stopped.elapsed());
@@ -848,6 +1044,29 @@ impl Run<'_> {
             }
             thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The keys on the node of `c` that should not be there (with their PTTL).
+    fn bad_keys(&self, c: &mut redis::Connection, allowed: &[String]) -> Vec<(String, i64)> {
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(c).unwrap_or_default();
+        let mut bad = Vec::new();
+        for key in keys {
+            if allowed.contains(&key) {
+                continue;
+            }
+            let pttl: i64 = redis::cmd("PTTL").arg(&key).query(c).unwrap_or(-2);
+            // every key of the lock has a TTL now, the fence too (7 days by default)
+            let ok = self.locks.iter().any(|n| {
+                (key == format!("fairlock:{{{n}}}:fence") && pttl > 0)
+                    || (key == format!("fairlock:{{{n}}}")
+                        && (0..=workload::LEASE.as_millis() as i64).contains(&pttl)
+                        && is_tombstone(c, &key))
+            });
+            if !ok && pttl != -2 {
+                bad.push((key, pttl));
+            }
+        }
+        bad
     }
 }
 

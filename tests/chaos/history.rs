@@ -92,10 +92,17 @@ pub enum FaultKind {
     /// redis-server's wall clock steps (libfaketime): back by up to 5 s, or forward by less
     /// than a quarter of the lease.
     ClockStep,
+    /// Sentinel and Cluster modes: SIGKILL of a master; a replica is promoted (asynchronous
+    /// replication: it may lack the master's last writes), then the killed node is started
+    /// again and rejoins as a replica. The fault lasts from the kill to the rejoin.
+    KillMaster,
+    /// Sentinel and Cluster modes: a graceful failover (`SENTINEL FAILOVER`, or `CLUSTER
+    /// FAILOVER` sent to a replica), until the old master is a linked replica again.
+    Failover,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::SigkillHolder,
         FaultKind::SigkillWaiter,
         FaultKind::Sigstop,
@@ -108,6 +115,8 @@ impl FaultKind {
         FaultKind::LateDelivery,
         FaultKind::ForceUnlock,
         FaultKind::ClockStep,
+        FaultKind::KillMaster,
+        FaultKind::Failover,
     ];
 
     pub fn name(self) -> &'static str {
@@ -124,6 +133,8 @@ impl FaultKind {
             FaultKind::LateDelivery => "late-delivery",
             FaultKind::ForceUnlock => "force-unlock",
             FaultKind::ClockStep => "clock-step",
+            FaultKind::KillMaster => "kill-master",
+            FaultKind::Failover => "failover",
         }
     }
 
@@ -141,6 +152,11 @@ impl FaultKind {
 
     pub fn is_restart(self) -> bool {
         matches!(self, FaultKind::RestartAof | FaultKind::RestartVolatile)
+    }
+
+    /// A change of master (Sentinel and Cluster modes): killed or graceful.
+    pub fn is_failover(self) -> bool {
+        matches!(self, FaultKind::KillMaster | FaultKind::Failover)
     }
 
     /// The network faults that hold back or cut *every* connection's traffic.

@@ -2,6 +2,11 @@
 //! each critical section, do a read-modify-write on the lock's counter (GET, sleep, SET: not
 //! INCR, so a second owner loses updates) and a fenced write on the lock's resource.
 //! Library errors are recorded, never fatal. The parent stops the worker by closing its stdin.
+//!
+//! In the Sentinel and Cluster modes the locks live on the topology (`redis+sentinel://` or
+//! `redis+cluster://`) and the counter and the fenced resource on a redis-server of their own
+//! that no fault touches, as a database would be: a failover that loses writes then loses lock
+//! state only, and a lost update or a stale token accepted is the lock's doing.
 
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +21,8 @@ pub const ENV_HISTORY: &str = "FAIRLOCK_CHAOS_HISTORY";
 pub const ENV_THREADS: &str = "FAIRLOCK_CHAOS_THREADS";
 pub const ENV_LOCKS: &str = "FAIRLOCK_CHAOS_LOCKS";
 pub const ENV_LIMIT: &str = "FAIRLOCK_CHAOS_LIMIT_SECS";
+/// Where the counter and the fenced resource live (default: `ENV_URL`).
+pub const ENV_RESOURCE_URL: &str = "FAIRLOCK_CHAOS_RESOURCE_URL";
 
 /// The workload's settings (the parent's checker uses the same).
 pub const LEASE: Duration = Duration::from_secs(1);
@@ -24,6 +31,9 @@ pub const JANITOR: Duration = Duration::from_millis(200);
 /// connection is dropped and the thread moves on while the request is still on its way.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Through Sentinel or on a Cluster: how long a call rides out a failover (about 2 to 6 s
+/// here). No effect on one node.
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
 const ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 /// The resource side of fencing (README, "Fencing"), plus what the checker needs: a sequence
@@ -113,6 +123,7 @@ pub fn run() -> ! {
         .map(str::to_string)
         .collect();
     let limit = Duration::from_secs(env(ENV_LIMIT));
+    let resource_url = std::env::var(ENV_RESOURCE_URL).unwrap_or_else(|_| url.clone());
     thread::spawn(move || {
         thread::sleep(limit);
         eprintln!(
@@ -146,6 +157,7 @@ pub fn run() -> ! {
             .janitor_interval(JANITOR)
             .connect_timeout(CONNECT_TIMEOUT)
             .read_timeout(READ_TIMEOUT)
+            .failover_timeout(FAILOVER_TIMEOUT)
             .build()
         {
             Ok(c) => break c,
@@ -163,7 +175,7 @@ pub fn run() -> ! {
         let history = history.clone();
         let locks = locks.clone();
         let stop = stop.clone();
-        let url = url.clone();
+        let url = resource_url.clone();
         let done = done_tx.clone();
         thread::Builder::new()
             .name(format!("w{i}"))
@@ -197,7 +209,8 @@ pub fn run() -> ! {
     std::process::exit(0);
 }
 
-/// A plain connection (through the proxy) for the counter and the resource.
+/// A plain connection (through the proxy, or to the resource's own server) for the counter and
+/// the resource.
 fn resource_conn(url: &str) -> redis::RedisResult<redis::Connection> {
     let c = redis::Client::open(url)?.get_connection_with_timeout(CONNECT_TIMEOUT)?;
     c.set_read_timeout(Some(READ_TIMEOUT))?;

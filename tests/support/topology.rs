@@ -1126,3 +1126,74 @@ fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
         std::thread::sleep(POLL);
     }
 }
+
+/// Added for the chaos suite's Cluster mode (tests/chaos): a graceful failover, and the wait for
+/// every node that owns no slots to be a linked replica.
+impl RedisCluster {
+    /// A graceful failover (`CLUSTER FAILOVER` sent to the replica on `replica_port`: its master
+    /// stops its clients until the replica has caught up, then the replica takes over). Waits
+    /// (30 s) until the replica owns its former master's slots, says `ROLE` master, and every
+    /// running node agrees, then [`RedisCluster::wait_for_replicas`] (30 s). Returns the former
+    /// master's port.
+    pub fn failover_to(&self, replica_port: u16) -> u16 {
+        let Some(Role::Replica { master_port, .. }) = role(replica_port) else {
+            self.fail(&format!("{replica_port} is not a replica"));
+        };
+        let ranges: Vec<(u16, u16)> = self
+            .slot_map()
+            .iter()
+            .filter(|&&(_, _, p)| p == master_port)
+            .map(|&(first, last, _)| (first, last))
+            .collect();
+        let reply: RedisResult<String> = query(replica_port, redis::cmd("CLUSTER").arg("FAILOVER"));
+        if let Err(e) = reply {
+            self.fail(&format!("CLUSTER FAILOVER on {replica_port}: {e}"));
+        }
+        let timeout = Duration::from_secs(30);
+        let mut last = String::new();
+        let done = poll(timeout, || {
+            let map = self.agreement(&mut last)?;
+            let all = ranges
+                .iter()
+                .all(|&(first, end)| (first..=end).all(|s| owner(&map, s) == Some(replica_port)));
+            (all && role(replica_port) == Some(Role::Master)).then_some(())
+        });
+        if done.is_none() {
+            self.fail(&format!(
+                "the replica {replica_port} did not take over the slots {ranges:?} of \
+                 {master_port} within {timeout:?} (last seen: {last})"
+            ));
+        }
+        self.wait_for_replicas(timeout);
+        master_port
+    }
+
+    /// Wait until every running node agrees on the slots with `cluster_state:ok` and every
+    /// running node that owns none says `ROLE` replica of a slot owner with the link up.
+    pub fn wait_for_replicas(&self, timeout: Duration) {
+        let mut last = String::new();
+        let ok = poll(timeout, || {
+            let map = self.agreement(&mut last)?;
+            let owners: BTreeSet<u16> = map.iter().map(|&(_, _, p)| p).collect();
+            let roles: Vec<(u16, Option<Role>)> = self
+                .running()
+                .filter(|n| !owners.contains(&n.port))
+                .map(|n| (n.port, role(n.port)))
+                .collect();
+            let _ = write!(last, "; ROLE of the others {roles:?}");
+            roles
+                .iter()
+                .all(|(_, r)| {
+                    matches!(r, Some(Role::Replica { master_port, connected: true })
+                        if owners.contains(master_port))
+                })
+                .then_some(())
+        });
+        if ok.is_none() {
+            self.fail(&format!(
+                "the running nodes that own no slots did not all become linked replicas of a \
+                 slot owner within {timeout:?} (last seen: {last})"
+            ));
+        }
+    }
+}
