@@ -42,6 +42,10 @@
 //!   slot that moved (`MOVED`, `ASK`) or a failover ends the wait like a dropped connection, the
 //!   waiting threads re-check through the pool (which follows redirects), and the next BLPOP goes
 //!   on a fresh connection that has learnt where the slot is now.
+//! - **A connection per thread**, when asked for (`WaitMode::PerThread`): each waiting thread
+//!   has a waker of its own, so it always leads and no message hops between threads; its owner
+//!   id (`<client id>.<n>:<n>`) gives it a wake list of its own too. It trades connections for
+//!   hand-off latency when many threads of one process wait.
 
 use std::collections::HashMap;
 use std::sync::Arc;
