@@ -1,7 +1,11 @@
--- common.lua: helpers prepended to every fairlock script (Redis 6.2 has no function libraries);
--- the scripts that change the queue or take the lock also get state.lua after it. Every helper
--- is created anew on every run of a script (a few us each on this kind of machine), which is why
--- the short scripts (reenter, renew) do without state.lua's.
+-- common.lua: helpers of every fairlock script; the scripts that change the queue or take the
+-- lock also use state.lua's. On Redis 7 and later the helpers, state.lua's and every script are
+-- one function library (`FUNCTION LOAD`, called with `FCALL`), so Lua creates each helper once,
+-- when the library loads; each script's body is registered as a function that starts with
+-- `reset(KEYS, ARGV)` (and `reset_state()` where it uses state.lua). On Redis 6.2 every script
+-- is these files followed by its own (`EVALSHA`), and every helper is created anew on each run
+-- (a few us each on this kind of machine), which is why the short scripts (reenter, renew) go
+-- without state.lua there.
 --
 -- The keys of one lock named N under prefix P (all share the hash tag {N}, so one slot):
 --   P:{N}             HASH    owner, attempt, count, token, lease, since, meta,   TTL = the lease
@@ -71,23 +75,32 @@
 -- ARGV of every script: [1] fence ttl ms [2] waiter timeout ms; the script's own from [3].
 -- Every number that goes into a string is formatted with %.0f (Lua's tostring gives 1.7e+15).
 
-local k = { lock = KEYS[1], fence = KEYS[2], queue = KEYS[3], waiters = KEYS[4] }
-local FENCE_TTL = tonumber(ARGV[1])
-local WAITER_TTL = tonumber(ARGV[2])
-local CAP = math.floor(WAITER_TTL / 3)
--- the queue outlives a forward clock step of up to 10 minutes (its entries' own deadlines are
--- virtual); it is deleted as soon as it is empty
-local QUEUE_TTL = math.max(2 * WAITER_TTL, 600000)
 -- how many fully released tokens a lock's hash remembers for retried releases
 local RECEIPTS = 8
+
+-- What one run of a script works on, set by `reset` before anything else runs: its keys, its
+-- settings, what it expects at each key, and the server time it read (once a run). They are
+-- the library's upvalues on Redis 7, so a run must never see the previous run's: `reset`
+-- writes every one of them.
+local k, FENCE_TTL, WAITER_TTL, CAP, QUEUE_TTL, EXPECTED, clock
+
+local function reset(keys, argv)
+  k = { lock = keys[1], fence = keys[2], queue = keys[3], waiters = keys[4] }
+  FENCE_TTL = tonumber(argv[1])
+  WAITER_TTL = tonumber(argv[2])
+  CAP = math.floor(WAITER_TTL / 3)
+  -- the queue outlives a forward clock step of up to 10 minutes (its entries' own deadlines
+  -- are virtual); it is deleted as soon as it is empty
+  QUEUE_TTL = math.max(2 * WAITER_TTL, 600000)
+  EXPECTED = { [k.lock] = 'hash', [k.fence] = 'string', [k.queue] = 'zset', [k.waiters] = 'hash' }
+  clock = nil
+end
 
 local function fmt(n)
   return string.format('%.0f', n)
 end
 
 -- ---- foreign data ---------------------------------------------------------------------------
-
-local EXPECTED = { [k.lock] = 'hash', [k.fence] = 'string', [k.queue] = 'zset', [k.waiters] = 'hash' }
 
 local function refuse(key, what)
   error({ foreign = 'FOREIGN key ' .. key .. ' holds ' .. what ..
@@ -119,7 +132,6 @@ end
 -- ---- time -----------------------------------------------------------------------------------
 
 -- One TIME per script (it does not change within a script anyway), and only when needed.
-local clock = nil
 local function now_us()
   if not clock then
     local t = redis.call('TIME')

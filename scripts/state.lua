@@ -124,9 +124,16 @@ local function parse_waiter(v)
            meta = meta }
 end
 
--- The waiters hash as this script sees it: its virtual clock now, the last score given out, and
--- the entries read so far (owner -> entry or false).
-local W = { now = nil, tail = 0, existed = false, entries = {} }
+-- What one run has read and written of the waiters hash and the queue, set by `reset_state`
+-- at the start of every run that uses these helpers (see `reset` in common.lua).
+-- W: the waiters hash as this run sees it: its virtual clock now, the last score given out,
+-- and the entries read so far (owner -> entry or false). Q: the first two queue members.
+local W, Q
+
+local function reset_state()
+  W = { now = nil, tail = 0, existed = false, entries = {} }
+  Q = nil
+end
 
 -- The waiters entry of `owner` (nil if none). The first read also reads the hash's clock.
 local function waiter_entry(owner)
@@ -157,7 +164,6 @@ local function write_waiter(owner, attempt, deadline, lease, meta, ...)
 end
 
 -- The first two members of the queue, read once a script (kept up to date by its own changes).
-local Q = nil
 local function front()
   if not Q then Q = read(k.queue, 'ZRANGE', 0, 1) end
   return Q

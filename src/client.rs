@@ -282,7 +282,8 @@ impl LockClientBuilder {
                 c.failover_timeout,
             )
         };
-        manager()?.check_server()?;
+        let version = manager()?.check_server()?;
+        let runner = choose_runner(&manager()?, version)?;
         let pool = Pool::new(manager()?, c.pool_size, c.connect_timeout);
         let id = uuid::Uuid::new_v4().simple().to_string();
         let acks = (c.replica_acks > 0).then_some((c.replica_acks, c.replica_ack_timeout));
@@ -307,6 +308,7 @@ impl LockClientBuilder {
         let protocol = raw::Settings {
             fence_ttl: c.fence_ttl,
             waiter_timeout: c.waiter_timeout(),
+            runner,
         };
         Ok(LockClient {
             inner: Arc::new(ClientInner {
@@ -324,6 +326,26 @@ impl LockClientBuilder {
                 waiting: Mutex::new(HashMap::new()),
             }),
         })
+    }
+}
+
+/// How this client's calls will reach the scripts: the function library where the server has
+/// functions (Redis 7+) and lets this user load them, loaded now; `EVALSHA` otherwise (Redis
+/// 6.2, or a managed server whose ACLs refuse `FUNCTION LOAD`).
+fn choose_runner(manager: &Manager, version: (u32, u32)) -> Result<raw::Runner> {
+    if raw::Runner::for_version(version) == raw::Runner::Eval {
+        return Ok(raw::Runner::Eval);
+    }
+    let mut conn = manager
+        .open()
+        .map_err(|e| Error::from_redis("connecting", e))?;
+    match raw::load_library(&mut conn) {
+        Ok(()) => Ok(raw::Runner::Functions),
+        Err(e) if e.is_connection() => Err(e),
+        Err(e) => {
+            log::warn!("fairlock: cannot load its function library ({e}); using EVALSHA");
+            Ok(raw::Runner::Eval)
+        }
     }
 }
 

@@ -454,8 +454,9 @@ impl Manager {
         })
     }
 
-    /// Connect once and check that the server is a Redis of a supported version.
-    pub fn check_server(&self) -> Result<()> {
+    /// Connect once and check that the server is a Redis of a supported version; returns the
+    /// lowest version (major, minor) of its masters.
+    pub fn check_server(&self) -> Result<(u32, u32)> {
         let mut conn = self
             .open()
             .map_err(|e| Error::from_redis("connecting", e))?;
@@ -469,6 +470,7 @@ impl Manager {
                     other => other,
                 },
             )?;
+        let mut lowest = (u32::MAX, u32::MAX);
         for (node, info) in infos {
             let info = text_of(&info);
             let version = info
@@ -478,11 +480,14 @@ impl Manager {
                 .ok_or_else(|| Error::NotRedis {
                     detail: format!("INFO server{} has no redis_version", at_node(&node)),
                 })?;
-            if parse_version(&version) < MIN_VERSION {
+            let parsed = parse_version(&version);
+            if parsed < MIN_VERSION {
                 return Err(Error::UnsupportedServer { version });
             }
+            lowest = lowest.min(parsed);
         }
-        check_memory(&mut conn)
+        check_memory(&mut conn)?;
+        Ok(lowest)
     }
 
     /// Check (again) that the server never evicts keys: the janitor calls this now and then, so

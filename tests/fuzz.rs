@@ -8,7 +8,7 @@
 //! claim/pass), of a client (heartbeat), of an operator (status + force-unlock), or a fault:
 //! a lost reply, a late delivery, a lost request, a connection-layer retry, a stray duplicate
 //! of a thread's last command, a crash, a pause longer than the waiter timeout, time passing,
-//! an evicted key, data loss (FLUSHALL + SCRIPT FLUSH), a server clock step. Threads react to
+//! an evicted key, data loss (FLUSHALL + SCRIPT FLUSH + FUNCTION FLUSH), a server clock step. Threads react to
 //! replies and errors as the real client does (`src/lock.rs`, `guard.rs`, the janitor and the
 //! watchdog): see `fuzz/actions.rs`; requests and their network faults go through
 //! `fuzz/world.rs`, the other faults are in `fuzz/faults.rs`.

@@ -30,11 +30,11 @@
 //!   was still waiting (`req_j < req_i` and `got_j > got_i`, or j never got the lock);
 //! - Redis commands per acquisition are `INFO commandstats` deltas over a window in the middle
 //!   of a run, divided by the grants in that window; "round trips" counts the commands a client
-//!   sends (EVALSHA, BLPOP, SET, ...), "all" adds the commands scripts run inside;
+//!   sends (FCALL, BLPOP, SET, ...), "all" adds the commands scripts run inside;
 //! - Redis CPU per acquisition is the redis-server process's CPU time (`INFO cpu`:
 //!   used_cpu_sys + used_cpu_user) over the same window, divided the same way;
 //! - the per-script breakdown follows `MONITOR`, which shows the commands a script runs right
-//!   after the EVALSHA that ran it, and counts the lines on the lock's keys.
+//!   after the FCALL that ran it, and counts the lines on the lock's keys.
 
 #[path = "../locks/mod.rs"]
 mod locks;

@@ -129,12 +129,22 @@ fn from_script(text: &str) -> bool {
         .is_some_and(|(source, _)| source.ends_with(" lua"))
 }
 
-/// The script of `fairlock::raw` that EVALSHA names by `sha`.
-fn script_name(sha: &str) -> Option<&'static str> {
+/// The script of `fairlock::raw` that a client command names: `FCALL` by its function name,
+/// `EVALSHA` by its SHA1.
+fn script_name(cmd: &str, name: &str) -> Option<&'static str> {
     fairlock::raw::scripts()
         .into_iter()
-        .find(|s| s.sha().eq_ignore_ascii_case(sha))
+        .find(|s| match cmd {
+            "FCALL" => s.function() == name,
+            "EVALSHA" => s.sha().eq_ignore_ascii_case(name),
+            _ => false,
+        })
         .map(|s| s.name())
+}
+
+/// Whether a client command runs a script (whose commands MONITOR shows after it).
+fn runs_script(cmd: &str) -> bool {
+    cmd.starts_with("EVAL") || cmd.starts_with("FCALL")
 }
 
 /// Follow `MONITOR` and collect the owner flag of every acquire script call on lock `name`, in
@@ -145,15 +155,13 @@ pub fn watch_acquires(url: &str, name: &str) -> Monitor<String> {
 }
 
 /// The owner flag of an acquire call in a MONITOR line (see `raw::RawLock::acquire`):
-/// `EVALSHA sha numkeys key... fence-ttl waiter-ttl owner attempt lease mode meta`, the keys
+/// `FCALL function numkeys key... fence-ttl waiter-ttl owner attempt lease mode meta` (or
+/// `EVALSHA sha ...`), the keys
 /// first (the first one names the lock), then the two arguments every script takes, then the
 /// script's own.
 fn acquire_flag(line: &str, tag: &str) -> Option<String> {
     let head = monitor_tokens(line, 3);
-    if head.len() < 3
-        || !head[0].eq_ignore_ascii_case("evalsha")
-        || script_name(&head[1]) != Some("acquire")
-    {
+    if head.len() < 3 || script_name(&head[0].to_ascii_uppercase(), &head[1]) != Some("acquire") {
         return None;
     }
     let numkeys: usize = head[2].parse().ok()?;
@@ -168,14 +176,15 @@ fn acquire_flag(line: &str, tag: &str) -> Option<String> {
 
 /// A command of one lock's traffic, as MONITOR showed it.
 pub enum Seen {
-    /// a command a client sent: "EVALSHA <script>", "BLPOP", ...
+    /// a command a client sent: "FCALL <script>", "BLPOP", ...
     Client(String),
     /// a command the script of the last `Client` line ran
     Inner(String),
 }
 
 /// Keeps the MONITOR lines of lock `name`'s traffic: client commands on its keys, and the
-/// commands run by its scripts (the lines after their EVALSHA: a script runs atomically).
+/// commands run by its scripts (the lines after their FCALL or EVALSHA: a script runs
+/// atomically).
 /// Everything else (other connections, MONITOR's own, PING, INFO) is left out.
 pub fn lock_traffic(name: &str) -> impl FnMut(&str) -> Option<Seen> + Send + 'static {
     let tag = format!("{{{name}}}");
@@ -187,14 +196,14 @@ pub fn lock_traffic(name: &str) -> impl FnMut(&str) -> Option<Seen> + Send + 'st
             return in_our_script.then_some(Seen::Inner(cmd));
         }
         let ours = tokens[1..].iter().any(|t| t.contains(&tag));
-        in_our_script = ours && cmd.starts_with("EVAL");
+        in_our_script = ours && runs_script(&cmd);
         if !ours {
             return None;
         }
-        Some(Seen::Client(match (cmd.as_str(), tokens.get(1)) {
-            ("EVALSHA", Some(sha)) => match script_name(sha) {
-                Some(script) => format!("EVALSHA {script}"),
-                None => format!("EVALSHA {}…", &sha[..sha.len().min(8)]),
+        Some(Seen::Client(match tokens.get(1) {
+            Some(name) if runs_script(&cmd) => match script_name(&cmd, name) {
+                Some(script) => format!("{cmd} {script}"),
+                None => format!("{cmd} {}…", &name[..name.len().min(8)]),
             },
             _ => cmd,
         }))

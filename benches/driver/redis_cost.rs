@@ -68,6 +68,7 @@ const CLIENT_COMMANDS: &[&str] = &[
     "evalsha_ro",
     "eval_ro",
     "fcall",
+    "fcall_ro",
     "blpop",
     "brpop",
     "set",

@@ -292,7 +292,7 @@ fn targets_cost(j: &Results) -> Targets {
         f.zip(n).map(|(f, n)| f / n.max(0.001))
     };
     t.at_most(
-        "Redis calls per uncontended acquire + release (EVALSHAs included)",
+        "Redis calls per uncontended acquire + release (FCALLs included)",
         12.0,
         micro_cost("fairlock").map(|c| c.redis_cmds),
     );

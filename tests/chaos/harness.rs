@@ -769,7 +769,7 @@ impl Run<'_> {
     /// and have it delivered 0.5-3 s later. The fault's window is from the catch to the delivery.
     fn late_delivery(&mut self) {
         let kind = FaultKind::LateDelivery;
-        // a script of the protocol, by weight, if Redis knows it by the SHA1 computed here
+        // a function of the protocol, by weight, if Redis has the library it is in
         let total: u64 = self.scripts.iter().map(|s| s.weight).sum();
         let mut x = self.rng.range(0, total - 1);
         let mut chosen = 0;
@@ -780,22 +780,23 @@ impl Run<'_> {
             }
             x -= s.weight;
         }
-        let sha = self.scripts[chosen].script.sha().to_string();
+        let function = self.scripts[chosen].script.function().to_string();
         let known = self.conn().is_some_and(|mut c| {
-            redis::cmd("SCRIPT")
-                .arg("EXISTS")
-                .arg(&sha)
-                .query::<Vec<i64>>(&mut c)
-                .is_ok_and(|v| v == [1])
+            redis::cmd("FUNCTION")
+                .arg("LIST")
+                .arg("LIBRARYNAME")
+                .arg(fairlock::raw::library_name())
+                .query::<Vec<redis::Value>>(&mut c)
+                .is_ok_and(|v| !v.is_empty())
         });
         let delay = Duration::from_millis(self.rng.range(500, 3000));
         // the workers time out after READ_TIMEOUT; a client that never gives up (a blocked
         // wait) gets its request after this long anyway
         let max_wait = workload::READ_TIMEOUT + Duration::from_millis(1500);
         let trap = Trap::Late { delay, max_wait };
-        let any: Vec<&[u8]> = vec![b"EVALSHA", b"fairlock:{"];
+        let any: Vec<&[u8]> = vec![b"FCALL", b"fairlock:{"];
         let plans: Vec<Vec<&[u8]>> = if known {
-            vec![vec![sha.as_bytes()], any]
+            vec![vec![function.as_bytes()], any]
         } else {
             vec![any]
         };
@@ -837,7 +838,7 @@ impl Run<'_> {
         let mut names: Vec<&str> = self
             .scripts
             .iter()
-            .filter(|s| r.request.contains(s.script.sha()))
+            .filter(|s| r.request.contains(s.script.function()))
             .map(|s| s.script.name())
             .collect();
         if names.is_empty() {
@@ -875,16 +876,10 @@ impl Run<'_> {
     fn force_unlock(&mut self) {
         let kind = FaultKind::ForceUnlock;
         for _ in 0..10 {
-            // Redis must know the script, or the lost reply is a NOSCRIPT (after a restart
-            // without persistence, or before any force-unlock) and only the retry runs it
+            // Redis must have the function library, or the lost reply is a "Function not
+            // found" (after a restart without persistence) and only the retry runs it
             if let Some(mut c) = self.conn() {
-                let script = self
-                    .scripts
-                    .iter()
-                    .find(|s| s.script.name() == "force_unlock")
-                    .unwrap()
-                    .script;
-                let _ = script.load(&mut c);
+                let _ = fairlock::raw::load_library(&mut c);
             }
             let name = self.locks[self.rng.range(0, self.locks.len() as u64 - 1) as usize].clone();
             let lock = self.direct().operator.lock(&name).expect("lock name");
@@ -929,7 +924,12 @@ impl Run<'_> {
                 None => "not-trapped",
                 Some(r) if r.swallowed_reply.contains("not_held") => "not_held",
                 Some(r) if r.swallowed_reply.contains("released") => "released",
-                Some(r) if r.swallowed_reply.contains("NOSCRIPT") => "noscript",
+                Some(r)
+                    if r.swallowed_reply.contains("NOSCRIPT")
+                        || r.swallowed_reply.contains("Function not found") =>
+                {
+                    "noscript"
+                }
                 Some(_) => "unknown",
             };
             // the operator's own retry, when the next holder likely holds

@@ -216,8 +216,9 @@ impl World {
         let conn = &mut self.conns[0];
         let _: redis::RedisResult<()> = redis::cmd("FLUSHALL").query(conn);
         let _: redis::RedisResult<()> = redis::cmd("SCRIPT").arg("FLUSH").query(conn);
+        let _: redis::RedisResult<()> = redis::cmd("FUNCTION").arg("FLUSH").query(conn);
         self.after_call(None, self.clock.fz());
-        self.say("data loss: FLUSHALL + SCRIPT FLUSH");
+        self.say("data loss: FLUSHALL + SCRIPT FLUSH + FUNCTION FLUSH");
         self.stats.add("fault: data loss", 1);
         true
     }

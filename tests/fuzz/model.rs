@@ -5,6 +5,8 @@ use std::fmt;
 use std::rc::Rc;
 use std::time::Instant;
 
+use fairlock::raw::Runner;
+
 use crate::rng::{mix, Rng};
 use crate::world::Resend;
 
@@ -24,6 +26,9 @@ pub struct Config {
     /// Turn Redis's active expiry off, so an expired key stays until it is touched (and a
     /// backward clock step revives it): what a busy or unlucky server shows now and then.
     pub lazy_expiry_only: bool,
+    /// How the calls reach the scripts: every fourth seed (3, 7, ...) sends them whole
+    /// (`EVALSHA`, Redis 6.2's way), the others call the function library (`FCALL`).
+    pub runner: Runner,
 }
 
 impl Config {
@@ -38,6 +43,11 @@ impl Config {
             waiter_timeout_ms: 600,
             cap_pttl_at_lease: true,
             lazy_expiry_only: false,
+            runner: if seed % 4 == 3 {
+                Runner::Eval
+            } else {
+                Runner::Functions
+            },
         }
     }
 
@@ -51,14 +61,15 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "seed={} locks={} clients={} threads={} lease={}..{}ms waiter_timeout={}ms",
+            "seed={} locks={} clients={} threads={} lease={}..{}ms waiter_timeout={}ms runner={:?}",
             self.seed,
             self.locks,
             self.clients,
             self.threads,
             self.lease_ms.0,
             self.lease_ms.1,
-            self.waiter_timeout_ms
+            self.waiter_timeout_ms,
+            self.runner
         )
     }
 }

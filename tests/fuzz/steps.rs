@@ -220,7 +220,7 @@ impl fmt::Display for Step {
             Step::Pause { c, ms } => write!(f, "c{c} pauses for {ms}ms"),
             Step::Sleep { ms } => write!(f, "time passes: {ms}ms"),
             Step::Evict { lock, key } => write!(f, "evict lock={lock} {key:?}"),
-            Step::DataLoss => write!(f, "data loss (FLUSHALL, SCRIPT FLUSH)"),
+            Step::DataLoss => write!(f, "data loss (FLUSHALL, SCRIPT FLUSH, FUNCTION FLUSH)"),
             Step::Clock { ms } => write!(f, "server clock steps {ms:+}ms"),
         }
     }

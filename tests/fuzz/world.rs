@@ -128,6 +128,7 @@ impl World {
         let settings = Settings {
             fence_ttl: Duration::from_secs(3600),
             waiter_timeout: Duration::from_millis(cfg.waiter_timeout_ms),
+            runner: cfg.runner,
         };
         let locks = (0..cfg.locks)
             .map(|i| RawLock::new("fz", &format!("L{i}"), settings).expect("lock name"))
