@@ -22,6 +22,7 @@ sections=${4:-handoff,scaling}
 ensure_redis_server
 root=target/bench-ab
 mkdir -p "$root"
+shared_target=$(pwd)/$root/target
 
 # build_driver REV: a worktree of REV with its driver built; prints the driver's path
 build_driver() {
@@ -32,9 +33,11 @@ build_driver() {
     git worktree add --detach -q "$dir" "$sha"
   fi
   echo "== building the driver of $rev ($sha)" >&2
-  (cd "$dir" && cargo bench --quiet --no-run --bench driver >&2)
-  find "$dir/target/release/deps" -maxdepth 1 -type f -name 'driver-*' ! -name '*.d' \
-    -printf '%T@ %p\n' | sort -n | tail -n1 | cut -d' ' -f2
+  # one target dir for every revision: the dependencies build once, only fairlock again
+  (cd "$dir" && CARGO_TARGET_DIR="$shared_target" cargo bench --quiet --no-run --bench driver >&2)
+  cp "$(find "$shared_target/release/deps" -maxdepth 1 -type f -name 'driver-*' ! -name '*.d' \
+    -printf '%T@ %p\n' | sort -n | tail -n1 | cut -d' ' -f2)" "$dir/driver"
+  echo "$dir/driver"
 }
 
 driver_a=$(build_driver "$a")

@@ -209,6 +209,11 @@ impl Script {
         &self.sha
     }
 
+    /// The script as `EVALSHA` runs it (helpers, `reset`, then the transition's own file).
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+
     /// The name that `FCALL` calls the script by (`fairlock_<library hash>_<name>`).
     pub fn function(&self) -> &str {
         &self.function

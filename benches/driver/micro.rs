@@ -1,6 +1,9 @@
 //! Uncontended and re-entrant cost, one thread, each iteration next to a PING.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+use fairlock::raw::{Acquire, Mode, RawLock, Runner, Settings};
 
 use serde::Serialize;
 
@@ -170,6 +173,60 @@ pub fn micro(b: &mut Bench) {
                 d,
                 rtt,
                 criterion,
+                cost,
+            });
+        }
+    }
+
+    // The same pair through the raw layer, once per runner, in alternating blocks: what the
+    // function library saves the server against scripts sent whole (EVALSHA, Redis 6.2's way).
+    let mut raw_conn = connect(&b.url);
+    let mut attempt = 0;
+    let mut raw_rows: Vec<(Runner, Vec<(Dist, Option<Cost>, f64)>)> =
+        vec![(Runner::Functions, vec![]), (Runner::Eval, vec![])];
+    for _block in 0..2 {
+        for (runner, blocks) in raw_rows.iter_mut() {
+            let settings = Settings {
+                runner: *runner,
+                ..Settings::default()
+            };
+            let lock = RawLock::new("fairlock", &b.name("raw"), settings).expect("raw lock");
+            let (d, _, _, cost, rtt) = measure(n / 2, true, ping_cpu, &mut || {
+                attempt += 1;
+                let grant = match lock
+                    .acquire(
+                        "bench:1",
+                        attempt,
+                        Duration::from_secs(30),
+                        Mode::Try,
+                        "bench",
+                    )
+                    .run(&mut raw_conn)
+                    .expect("raw acquire")
+                {
+                    Acquire::Granted(g) => g,
+                    other => panic!("an uncontended raw acquire: {other:?}"),
+                };
+                let mid = mono_ns();
+                lock.release("bench:1", grant.token, 1)
+                    .run(&mut raw_conn)
+                    .expect("raw release");
+                mid
+            });
+            blocks.push((d, cost, rtt));
+        }
+    }
+    for (runner, blocks) in raw_rows {
+        for (d, cost, rtt) in blocks {
+            rows.push(Row {
+                figure: "uncontended acquire + release, raw layer",
+                lock: match runner {
+                    Runner::Functions => "fairlock FCALL",
+                    Runner::Eval => "fairlock EVALSHA",
+                },
+                d,
+                rtt,
+                criterion: "",
                 cost,
             });
         }
