@@ -182,12 +182,13 @@ pub fn micro(b: &mut Bench) {
     // function library saves the server against scripts sent whole (EVALSHA, Redis 6.2's way).
     let mut raw_conn = connect(&b.url);
     let mut attempt = 0;
-    let mut raw_rows: Vec<(Runner, Vec<(Dist, Option<Cost>, f64)>)> =
-        vec![(Runner::Functions, vec![]), (Runner::Eval, vec![])];
     for _block in 0..2 {
-        for (runner, blocks) in raw_rows.iter_mut() {
+        for (runner, label) in [
+            (Runner::Functions, "fairlock FCALL"),
+            (Runner::Eval, "fairlock EVALSHA"),
+        ] {
             let settings = Settings {
-                runner: *runner,
+                runner,
                 ..Settings::default()
             };
             let lock = RawLock::new("fairlock", &b.name("raw"), settings).expect("raw lock");
@@ -213,17 +214,9 @@ pub fn micro(b: &mut Bench) {
                     .expect("raw release");
                 mid
             });
-            blocks.push((d, cost, rtt));
-        }
-    }
-    for (runner, blocks) in raw_rows {
-        for (d, cost, rtt) in blocks {
             rows.push(Row {
                 figure: "uncontended acquire + release, raw layer",
-                lock: match runner {
-                    Runner::Functions => "fairlock FCALL",
-                    Runner::Eval => "fairlock EVALSHA",
-                },
+                lock: label,
                 d,
                 rtt,
                 criterion: "",
