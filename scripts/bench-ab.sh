@@ -8,7 +8,7 @@
 # ROUNDS defaults to 2; SECTIONS to handoff,scaling (the driver's --only list). Prints each
 # round's Markdown tables; the figures move with the machine's load, so compare rows of the
 # same round. Example: scripts/bench-ab.sh dc1aca5 HEAD
-# The worktrees stay, so a second run builds nothing new; remove them with
+# The worktrees (each with its driver) stay, so a second run builds nothing new; remove them with
 # `rm -rf target/bench-ab && git worktree prune`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,11 +32,16 @@ build_driver() {
   if [ ! -d "$dir" ]; then
     git worktree add --detach -q "$dir" "$sha"
   fi
-  echo "== building the driver of $rev ($sha)" >&2
-  # one target dir for every revision: the dependencies build once, only fairlock again
-  (cd "$dir" && CARGO_TARGET_DIR="$shared_target" cargo bench --quiet --no-run --bench driver >&2)
-  cp "$(find "$shared_target/release/deps" -maxdepth 1 -type f -name 'driver-*' ! -name '*.d' \
-    -printf '%T@ %p\n' | sort -n | tail -n1 | cut -d' ' -f2)" "$dir/driver"
+  if [ ! -x "$dir/driver" ]; then
+    echo "== building the driver of $rev ($sha)" >&2
+    # One target dir for every revision: the dependencies build once. Cargo may take another
+    # revision's fairlock for fresh there, so its fingerprints go first, and the driver is
+    # kept in the worktree.
+    rm -rf "$shared_target"/release/.fingerprint/fairlock-*
+    (cd "$dir" && CARGO_TARGET_DIR="$shared_target" cargo bench --quiet --no-run --bench driver >&2)
+    cp "$(find "$shared_target/release/deps" -maxdepth 1 -type f -name 'driver-*' ! -name '*.d' \
+      -printf '%T@ %p\n' | sort -n | tail -n1 | cut -d' ' -f2)" "$dir/driver"
+  fi
   echo "$dir/driver"
 }
 

@@ -97,7 +97,8 @@ fn proxied_client(proxy: &Proxy) -> fairlock::LockClient {
         .read_timeout(Duration::from_secs(5))
         .build()
         .expect("connect through the proxy");
-    // load every script first, so a cut reply is a script's own reply and not a NOSCRIPT
+    // run every script first (the library is loaded at connect; with EVALSHA each script is
+    // loaded on first use), so a cut reply is a script's own reply and not a "not found"
     let warm = client.lock("warm-up").unwrap();
     let g = warm.lock().unwrap();
     let inner = warm.lock().unwrap();

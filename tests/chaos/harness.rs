@@ -54,9 +54,10 @@ pub const MAX_FORWARD_STEP: Duration =
 /// The largest backward step of the server clock.
 pub const MAX_BACKWARD_STEP: Duration = Duration::from_secs(5);
 
-/// How often a late delivery traps each of the protocol's scripts (known by their SHA1 from
-/// `fairlock::raw::scripts()`); weight 0: never chosen, only named in reports. A request Redis
-/// does not know by that SHA1 falls back to any script call of the lock protocol.
+/// How often a late delivery traps each of the protocol's scripts (known by their function
+/// names from `fairlock::raw::scripts()`); weight 0: never chosen, only named in reports. While
+/// Redis lacks the function library (after a restart), any script call of the lock protocol is
+/// trapped instead.
 const TRAP_WEIGHTS: [(&str, u64); 5] = [
     ("acquire", 4),
     ("release", 4),
