@@ -7,6 +7,10 @@
 #
 #   scripts/lua-cost.sh [ROUNDS]
 #
+# Then the floor of the design: the very Redis calls of an uncontended acquire and release (as
+# the bench's per-script table lists them), in two functions that do nothing else, next to the
+# naive lock's pair (SET NX PX, then a GET + DEL script).
+#
 # The figures show where the script time of an acquisition goes (README: Benchmarks); they move
 # with the machine's load like every timing here, so compare rows of one round.
 set -euo pipefail
@@ -57,4 +61,39 @@ for round in $(seq 1 "$rounds"); do
   row 'release by a non-owner' release me:1 123 1
   row 'reenter by a non-owner' reenter me:1 123 1
   row 'renew by a non-owner' renew me:1 123 30000
+done
+
+# The floor: an uncontended pair's calls with no logic around them.
+floor='#!lua name=fairlock_floor
+redis.register_function("floor_acquire", function(KEYS, ARGV)
+  redis.call("HMGET", KEYS[1], "owner", "attempt", "token", "lease", "released", "wdl", "vc")
+  redis.call("EXISTS", KEYS[3], KEYS[4])
+  redis.call("TIME")
+  redis.call("SET", KEYS[2], "1795601210931211", "PX", ARGV[1], "GET")
+  redis.call("HSET", KEYS[1], "owner", "me:1", "attempt", "1", "count", 1, "token",
+    "1795601210931211", "lease", "30000", "since", "1795601210931", "meta", "h|1|1", "wdl", "")
+  redis.call("PEXPIRE", KEYS[1], 30000)
+  return 1
+end)
+redis.register_function("floor_release", function(KEYS, ARGV)
+  redis.call("HMGET", KEYS[1], "owner", "attempt", "token", "lease", "released", "wdl", "vc")
+  redis.call("EXISTS", KEYS[3], KEYS[4])
+  redis.call("HSET", KEYS[1], "owner", "", "released", "1795601210931211")
+  return 1
+end)'
+cli FUNCTION LOAD REPLACE "$floor" >/dev/null
+floor_keys=(4 '{f}' '{f}:fence' '{f}:queue' '{f}:waiters' 604800000 3000)
+naive_del=$(cli SCRIPT LOAD "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0")
+echo
+echo "| round | the design's floor, and the naive lock | server µs per call |"
+echo "|---:|---|---:|"
+for round in $(seq 1 "$rounds"); do
+  printf '| %s | floor acquire (HMGET, EXISTS, TIME, SET GET, HSET, PEXPIRE) | %s |\n' "$round" \
+    "$(usec FCALL floor_acquire "${floor_keys[@]}")"
+  printf '| %s | floor release (HMGET, EXISTS, HSET) | %s |\n' "$round" \
+    "$(usec FCALL floor_release "${floor_keys[@]}")"
+  printf '| %s | naive acquire (SET NX PX) | %s |\n' "$round" \
+    "$(usec SET '{n}' me NX PX 30000)"
+  printf '| %s | naive release (EVALSHA: GET, DEL) | %s |\n' "$round" \
+    "$(usec EVALSHA "$naive_del" 1 '{n}' me)"
 done
