@@ -12,6 +12,15 @@ use support::RedisServer;
 
 const SECS_5: Duration = Duration::from_secs(5);
 
+/// A thread queued behind the holder, returning its token once served.
+fn one_waiter(lock: &fairlock::FairLock) -> thread::JoinHandle<fairlock::Result<u64>> {
+    let mut waiters = support::spawn_queued(lock, 1, SECS_5, |_| {
+        let lock = lock.clone();
+        move || lock.lock().map(|g| g.fencing_token())
+    });
+    waiters.pop().expect("one waiter")
+}
+
 fn script_calls(server: &RedisServer) -> (u64, u64) {
     (
         server.command_calls("fcall"),
@@ -56,11 +65,7 @@ fn a_server_that_lost_the_library_gets_it_again_and_nothing_is_lost() {
         .arg("FLUSH")
         .query(&mut server.conn())
         .unwrap();
-    let waiter = {
-        let lock = lock.clone();
-        thread::spawn(move || lock.lock().map(|g| g.fencing_token()))
-    };
-    assert!(support::queued(&lock, 1, SECS_5));
+    let waiter = one_waiter(&lock);
     let _: () = redis::cmd("FUNCTION")
         .arg("FLUSH")
         .query(&mut server.conn())
@@ -94,11 +99,7 @@ fn a_user_who_may_not_load_functions_gets_evalsha() {
     let client = fairlock::LockClient::connect(&url).expect("connects without FUNCTION LOAD");
     let lock = client.lock("eval").unwrap();
     let g = lock.lock().unwrap();
-    let waiter = {
-        let lock = lock.clone();
-        thread::spawn(move || lock.lock().map(|g| g.fencing_token()))
-    };
-    assert!(support::queued(&lock, 1, SECS_5));
+    let waiter = one_waiter(&lock);
     let held = g.fencing_token();
     g.unlock().unwrap();
     assert!(waiter.join().unwrap().expect("served") > held);
