@@ -69,7 +69,10 @@
 --
 -- Network: these helpers only run inside a script, atomically; why a lost reply, a late delivery
 -- and a repeat are safe is said per script, in its own header (every one acts only on the
--- attempt or the token it was sent for).
+-- attempt or the token it was sent for). In the function library a run's state lives in
+-- upvalues shared by every call, and `reset` (with `reset_state`) rewrites all of it before
+-- anything else runs, so a repeated or late call, or one after a call that failed midway,
+-- starts from its own keys and arguments only, as a script sent whole does.
 --
 -- KEYS of every script: [1] lock hash [2] fence [3] queue [4] waiters.
 -- ARGV of every script: [1] fence ttl ms [2] waiter timeout ms; the script's own from [3].

@@ -293,11 +293,6 @@ impl<T> Call<T> {
         self.script
     }
 
-    /// How the call reaches its script (`FCALL` or `EVALSHA`).
-    pub fn runner(&self) -> Runner {
-        self.runner
-    }
-
     /// Load what the call needs on a server that lacks it (a new, restarted or flushed server):
     /// its script, or the function library.
     ///
@@ -414,7 +409,7 @@ fn is_missing(kind: Option<redis::ServerErrorKind>, details: Option<&str>) -> bo
         || details.is_some_and(|d| d.starts_with("Function not found"))
 }
 
-pub(crate) fn is_missing_script(e: &redis::RedisError) -> bool {
+fn is_missing_script(e: &redis::RedisError) -> bool {
     match e.kind() {
         redis::ErrorKind::Server(kind) => is_missing(Some(kind), e.detail()),
         _ => false,
