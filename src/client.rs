@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::janitor::Janitor;
 use crate::keys;
 use crate::limits::{DEFAULT_LEASE, MAX_LEASE, MIN_LEASE};
+use crate::master_watch::MasterWatch;
 use crate::raw;
 use crate::waker::Wakers;
 use crate::watchdog::Watchdog;
@@ -274,23 +275,23 @@ impl LockClientBuilder {
             });
         }
 
-        let manager = || {
-            Manager::new(
-                &self.url,
-                c.connect_timeout,
-                c.read_timeout,
-                c.failover_timeout,
-            )
-        };
-        let version = manager()?.check_server()?;
-        let runner = choose_runner(&manager()?, version)?;
-        let pool = Pool::new(manager()?, c.pool_size, c.connect_timeout);
+        // one manager for the pool, the wakers, the checks and the master watch: through a
+        // Sentinel group, they all follow the same master
+        let manager = Arc::new(Manager::new(
+            &self.url,
+            c.connect_timeout,
+            c.read_timeout,
+            c.failover_timeout,
+        )?);
+        let version = manager.check_server()?;
+        let runner = choose_runner(&manager, version)?;
+        let pool = Pool::new(Arc::clone(&manager), c.pool_size, c.connect_timeout);
         let id = uuid::Uuid::new_v4().simple().to_string();
         let acks = (c.replica_acks > 0).then_some((c.replica_acks, c.replica_ack_timeout));
         let cluster = self.url.starts_with(CLUSTER_SCHEME);
         let per_thread = c.wait_mode == WaitMode::PerThread;
         let wakers = Wakers::new(
-            manager()?,
+            Arc::clone(&manager),
             cluster,
             per_thread,
             pool.clone(),
@@ -298,7 +299,8 @@ impl LockClientBuilder {
             acks,
         );
         let watchdog = Watchdog::start(pool.clone(), &id, c.lease)?;
-        let checker = manager()?;
+        let master_watch = MasterWatch::start(Arc::clone(&manager), &id)?;
+        let checker = manager;
         let janitor = Janitor::start(
             pool.clone(),
             &id,
@@ -322,6 +324,7 @@ impl LockClientBuilder {
                 wakers,
                 watchdog,
                 janitor,
+                _master_watch: master_watch,
                 next_attempt: AtomicU64::new(1),
                 waiting: Mutex::new(HashMap::new()),
             }),
@@ -395,6 +398,8 @@ pub(crate) struct ClientInner {
     pub wakers: Wakers,
     pub watchdog: Watchdog,
     pub janitor: Janitor,
+    /// Through a Sentinel group: follows the master the sentinels name (see `master_watch`).
+    _master_watch: Option<MasterWatch>,
     pub host: String,
     pub pid: u32,
 }

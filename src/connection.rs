@@ -7,6 +7,8 @@
 //! server may still answer the abandoned request later (for a BLPOP: with a grant). Our
 //! [`Conn`] is marked broken on any I/O error or timeout, and r2d2 then drops it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -29,6 +31,8 @@ pub(crate) struct Conn {
     inner: Inner,
     broken: bool,
     dropped: bool,
+    /// The master generation it was opened in (see [`Manager::follow_master`]).
+    generation: u64,
 }
 
 /// One node's connection, or a Cluster's (a connection to each node it routes to).
@@ -210,24 +214,41 @@ pub(crate) fn with_pooled<T>(
 /// a call through it rides out a failover.
 #[derive(Clone)]
 pub(crate) struct Pool {
-    pool: r2d2::Pool<Manager>,
+    pool: r2d2::Pool<Pooled>,
+    manager: Arc<Manager>,
     patience: Duration,
 }
 
+/// The manager as r2d2 holds it: shared with the waker and the master watch (a Sentinel
+/// group's master generation is one for all of a client's connections).
+pub(crate) struct Pooled(Arc<Manager>);
+
 impl Pool {
     /// A pool of at most `size` connections; waits at most `checkout_timeout` for one.
-    pub fn new(manager: Manager, size: u32, checkout_timeout: Duration) -> Pool {
+    pub fn new(manager: Arc<Manager>, size: u32, checkout_timeout: Duration) -> Pool {
         let patience = manager.patience;
+        let pooled = Pooled(Arc::clone(&manager));
         let pool = r2d2::Pool::builder()
             .max_size(size)
             .min_idle(Some(0))
             .test_on_check_out(false)
             .connection_timeout(checkout_timeout)
             .error_handler(Box::new(r2d2::NopErrorHandler))
-            .build_unchecked(manager);
-        Pool { pool, patience }
+            .build_unchecked(pooled);
+        Pool {
+            pool,
+            manager,
+            patience,
+        }
     }
 }
+
+/// How often a client asks the sentinels which master they name (see
+/// [`Manager::follow_master`]).
+pub(crate) const MASTER_WATCH_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The longest BLPOP through a Sentinel group (see [`Manager::longest_block`]).
+const SENTINEL_BLOCK: Duration = Duration::from_secs(1);
 
 /// Pauses between calls repeated during a failover: the first, and the longest.
 const FAILOVER_PAUSE: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
@@ -238,12 +259,21 @@ fn once_pooled<T>(
     f: &mut impl FnMut(&mut Conn) -> Result<T>,
 ) -> Result<T> {
     let mut attempts = pool.pool.max_size() + 1;
+    let mut retired = 0;
     loop {
         let mut conn = pool.pool.get().map_err(|e| Error::Connection {
             during,
             detail: format!("no connection available: {e}"),
             source: Some(Box::new(e)),
         })?;
+        if pool.manager.is_retired(&conn) {
+            // idle since before the Sentinel group named another master: r2d2 drops it
+            conn.broken = true;
+            if retired < pool.pool.max_size() {
+                retired += 1;
+                continue;
+            }
+        }
         match f(&mut conn) {
             Err(e) if attempts > 1 && conn.was_dropped() => {
                 log::debug!("fairlock: stale connection while {during} ({e}); retrying");
@@ -272,8 +302,9 @@ pub(crate) fn is_connection_error(e: &redis::RedisError) -> bool {
 enum Target {
     /// One node.
     Node(redis::Client),
-    /// The master that a Sentinel group names, looked up for every new connection.
-    Sentinel(Mutex<SentinelClient>),
+    /// The master that a Sentinel group names, looked up for every new connection and watched
+    /// (see [`Manager::follow_master`]).
+    Sentinel(Box<SentinelTarget>),
     /// A Redis Cluster: `commands` for the pool, whose connections follow redirects and repeat
     /// a request after a failure (safe: see the scripts' headers); `blocking` for the waker's
     /// BLPOP, which must never be repeated behind our back (its reply, a grant, would be lost
@@ -282,6 +313,19 @@ enum Target {
         commands: Box<ClusterClient>,
         blocking: Box<ClusterClient>,
     },
+}
+
+/// A Sentinel group: the redis crate's client, which finds the master (and checks its `ROLE`)
+/// for each new connection, and what [`Manager::follow_master`] watches.
+struct SentinelTarget {
+    client: Mutex<SentinelClient>,
+    /// `redis://host:port/` of each sentinel, in the order given.
+    sentinels: Vec<String>,
+    master_name: String,
+    /// The connection to the sentinel that answered last, kept for the next look.
+    asked: Mutex<Option<redis::Connection>>,
+    /// `host:port` of the master that new connections went to last.
+    master: Mutex<Option<String>>,
 }
 
 /// The scheme of a URL that names a Sentinel group: `redis+sentinel://host:port[,host:port...]/
@@ -304,6 +348,9 @@ pub(crate) struct Manager {
     /// How long a call keeps trying while there is no master to reach (see `with_pooled`):
     /// zero for one node.
     patience: Duration,
+    /// Counts the masters a Sentinel group named: a connection of an older generation goes to
+    /// a master that was replaced, and is dropped (see [`Manager::follow_master`]).
+    generation: AtomicU64,
 }
 
 impl std::fmt::Debug for Manager {
@@ -356,13 +403,20 @@ impl Manager {
                     return Err(invalid("no sentinel address".into()));
                 }
                 let client = SentinelClient::build(
-                    sentinels,
+                    sentinels.clone(),
                     name.to_string(),
                     None,
                     SentinelServerType::Master,
                 )
                 .map_err(|e| invalid(e.to_string()))?;
-                (Target::Sentinel(Mutex::new(client)), failover_timeout)
+                let target = SentinelTarget {
+                    client: Mutex::new(client),
+                    sentinels,
+                    master_name: name.to_string(),
+                    asked: Mutex::new(None),
+                    master: Mutex::new(None),
+                };
+                (Target::Sentinel(Box::new(target)), failover_timeout)
             }
             None => match url.strip_prefix(CLUSTER_SCHEME) {
                 Some(rest) => {
@@ -413,7 +467,84 @@ impl Manager {
             connect_timeout,
             read_timeout,
             patience,
+            generation: AtomicU64::new(0),
         })
+    }
+
+    /// Whether this is a Sentinel group's manager, whose master [`Manager::follow_master`]
+    /// watches.
+    pub fn is_sentinel(&self) -> bool {
+        matches!(self.target, Target::Sentinel(_))
+    }
+
+    /// Whether `conn` goes to a master the Sentinel group has replaced since it was opened.
+    pub fn is_retired(&self, conn: &Conn) -> bool {
+        conn.generation != self.generation.load(Ordering::SeqCst)
+    }
+
+    /// The longest a BLPOP may block: through a Sentinel group, short enough that waiting
+    /// threads follow a new master soon (a blocking connection to a replaced master is only
+    /// dropped when its BLPOP returns).
+    pub fn longest_block(&self) -> Duration {
+        match self.target {
+            Target::Sentinel(_) => SENTINEL_BLOCK,
+            _ => Duration::MAX,
+        }
+    }
+
+    /// Through a Sentinel group: ask a sentinel which master it names now, and when that is not
+    /// the one connections go to, retire them all (pooled ones are dropped when next taken or
+    /// given back, the waker's when its BLPOP returns; new ones go to the master the sentinels
+    /// name). A no-op for one node or a Cluster.
+    ///
+    /// Why: in a failover the old master can stay up and writable for seconds after the
+    /// sentinels named the new one (after `SENTINEL FAILOVER`, until they make it a replica,
+    /// about 8 s later), and a connection that stays with it takes grants that the new master
+    /// never sees. Asking here, every [`MASTER_WATCH_INTERVAL`], bounds that to the interval
+    /// plus the sentinels' own delay in naming the new master.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when no sentinel answers with an address for the master.
+    pub fn follow_master(&self) -> Result<()> {
+        let Target::Sentinel(target) = &self.target else {
+            return Ok(());
+        };
+        // a cheap look first (one command on a kept connection to a sentinel)...
+        let named = target.named_master(self.connect_timeout, self.read_timeout)?;
+        if target.master.lock().as_deref() == Some(named.as_str()) {
+            return Ok(());
+        }
+        // ...then the master a new connection would get (the redis crate asks the sentinels in
+        // order and checks the node's ROLE): connections move only when that changed, so the
+        // watch and new connections never disagree
+        let client = target
+            .client
+            .lock()
+            .get_client()
+            .map_err(|e| Error::from_redis("asking the sentinels for the master", e))?;
+        self.note_master(target, client.get_connection_info().addr().to_string());
+        Ok(())
+    }
+
+    /// `addr` is the master new connections go to: when it is another one than before, retire
+    /// the connections to the old one. Returns the generation of connections to `addr`.
+    fn note_master(&self, target: &SentinelTarget, addr: String) -> u64 {
+        let mut master = target.master.lock();
+        if master.as_deref() == Some(addr.as_str()) {
+            return self.generation.load(Ordering::SeqCst);
+        }
+        let generation = match master.as_deref() {
+            None => self.generation.load(Ordering::SeqCst),
+            Some(old) => {
+                log::info!(
+                    "fairlock: the sentinels name {addr} as master {} now (was {old}); connections move there",
+                    target.master_name
+                );
+                self.generation.fetch_add(1, Ordering::SeqCst) + 1
+            }
+        };
+        *master = Some(addr);
+        generation
     }
 
     /// A connection for commands.
@@ -428,10 +559,16 @@ impl Manager {
     }
 
     fn open_for(&self, blocking_use: bool) -> redis::RedisResult<Conn> {
+        let mut generation = self.generation.load(Ordering::SeqCst);
         let client = match &self.target {
             Target::Node(client) => client.clone(),
-            // asks the sentinels for the master (they check that it is up)
-            Target::Sentinel(sentinel) => sentinel.lock().get_client()?,
+            // asks the sentinels for the master (and checks that it says it is one)
+            Target::Sentinel(target) => {
+                let client = target.client.lock().get_client()?;
+                generation =
+                    self.note_master(target, client.get_connection_info().addr().to_string());
+                client
+            }
             Target::Cluster { commands, blocking } => {
                 let client = if blocking_use { blocking } else { commands };
                 let inner = client.get_connection()?;
@@ -441,6 +578,7 @@ impl Manager {
                     inner: Inner::Cluster(Box::new(inner)),
                     broken: false,
                     dropped: false,
+                    generation,
                 });
             }
         };
@@ -451,6 +589,7 @@ impl Manager {
             inner: Inner::Node(inner),
             broken: false,
             dropped: false,
+            generation,
         })
     }
 
@@ -546,12 +685,56 @@ fn parse_version(v: &str) -> (u32, u32) {
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
-impl r2d2::ManageConnection for Manager {
+impl SentinelTarget {
+    /// `host:port` of the master the sentinels name (`SENTINEL get-master-addr-by-name`): the
+    /// sentinel asked last first, then each in order.
+    fn named_master(&self, connect_timeout: Duration, read_timeout: Duration) -> Result<String> {
+        let mut asked = self.asked.lock();
+        let ask = |conn: &mut redis::Connection| -> redis::RedisResult<Option<(String, String)>> {
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(&self.master_name)
+                .query(conn)
+        };
+        if let Some(conn) = asked.as_mut() {
+            if let Ok(Some((host, port))) = ask(conn) {
+                return Ok(format!("{host}:{port}"));
+            }
+        }
+        *asked = None;
+        let mut last = String::from("no sentinel answered");
+        for url in &self.sentinels {
+            let reply = redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection_with_timeout(connect_timeout))
+                .and_then(|conn| {
+                    conn.set_read_timeout(Some(read_timeout))?;
+                    conn.set_write_timeout(Some(read_timeout))?;
+                    Ok(conn)
+                })
+                .and_then(|mut conn| Ok((ask(&mut conn)?, conn)));
+            match reply {
+                Ok((Some((host, port)), conn)) => {
+                    *asked = Some(conn);
+                    return Ok(format!("{host}:{port}"));
+                }
+                Ok((None, _)) => last = format!("{url} does not know master {}", self.master_name),
+                Err(e) => last = format!("{url}: {e}"),
+            }
+        }
+        Err(Error::Connection {
+            during: "asking the sentinels for the master",
+            detail: last,
+            source: None,
+        })
+    }
+}
+
+impl r2d2::ManageConnection for Pooled {
     type Connection = Conn;
     type Error = redis::RedisError;
 
     fn connect(&self) -> redis::RedisResult<Conn> {
-        self.open()
+        self.0.open()
     }
 
     fn is_valid(&self, conn: &mut Conn) -> redis::RedisResult<()> {
@@ -559,7 +742,7 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
-        conn.broken || !conn.inner.as_ref_like().is_open()
+        conn.broken || !conn.inner.as_ref_like().is_open() || self.0.is_retired(conn)
     }
 }
 

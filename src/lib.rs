@@ -31,8 +31,8 @@
 //! 3. [`raw`]: the protocol, `scripts/*.lua` with one typed call per transition;
 //! 4. `hold`: the per-thread record of holds, and the state a hold shares with the watchdog;
 //! 5. `watchdog` (lease renewal) and `janitor` (waiter heartbeats and crash repair), one thread
-//!    each per client, fed plain data, and `waker` (the one BLPOP all waiting threads of a
-//!    client take turns on);
+//!    each per client, fed plain data, `waker` (the one BLPOP all waiting threads of a
+//!    client take turns on) and `master_watch` (through a Sentinel group: follow its master);
 //! 6. `client`: [`LockClient`], its settings, pools and background threads;
 //! 7. `status`, then [`FairLock`] (`lock`) and [`LockGuard`] (`guard`), the handle and its
 //!    guard, which refer to each other as `lock_api`'s `Mutex` and `MutexGuard` do, with
@@ -51,6 +51,7 @@ mod janitor;
 mod keys;
 mod limits;
 mod lock;
+mod master_watch;
 pub mod raw;
 mod server_check;
 mod status;

@@ -168,6 +168,15 @@ impl State {
         event()
     }
 
+    /// The Sentinel group named another master (see `Manager::follow_master`): the blocking
+    /// connection went to the old one. Like a dropped connection, every waiting thread runs
+    /// acquire again (on the new master), without that counting as a failure.
+    fn master_moved(&mut self, me: u64) -> Event {
+        self.tell_waiting(me, || Event::Dropped);
+        self.resign(me);
+        Event::Dropped
+    }
+
     /// If `attempt` leads, make the longest-waiting other thread in `next` the leader.
     fn resign(&mut self, attempt: u64) {
         if self.leader != Some(attempt) {
@@ -370,6 +379,11 @@ impl Waker {
             (state.blocking.take(), state.reconnect_at)
         };
         let mut blocking = match taken {
+            Some(b) if self.manager.is_retired(&b.conn) => {
+                // the Sentinel group named another master: re-check there
+                let mut state = self.state.lock();
+                return Some(state.master_moved(me));
+            }
             Some(b) => b,
             None => match self.connect(reconnect_at, block) {
                 Ok(b) => b,
@@ -423,6 +437,15 @@ impl Waker {
         let mut state = self.state.lock();
         state.in_flight = None;
         match reply {
+            Ok(_) if self.manager.is_retired(&blocking.conn) => {
+                // the Sentinel group named another master while this BLPOP blocked on the old
+                // one: what it popped there (a grant the new master never saw, or nothing) is
+                // let go, and every waiting thread re-checks its place on the new master
+                if popped.is_some() {
+                    log::info!("fairlock: let go of a wake-up popped from a replaced master; the waiting threads re-check on the new one");
+                }
+                Some(state.master_moved(me))
+            }
             Ok(_) => {
                 if blocking.conn.is_open() {
                     state.blocking = Some(blocking);
@@ -495,14 +518,13 @@ impl Wakers {
     /// `per_lock`: whether the server is a Cluster; `per_thread`: a connection per waiting
     /// thread.
     pub fn new(
-        manager: Manager,
+        manager: Arc<Manager>,
         per_lock: bool,
         per_thread: bool,
         pool: Pool,
         read_timeout: Duration,
         acks: Option<(u32, Duration)>,
     ) -> Wakers {
-        let manager = Arc::new(manager);
         let shared = (!per_lock && !per_thread).then(|| {
             Arc::new(Waker::new(
                 Arc::clone(&manager),
@@ -599,14 +621,15 @@ impl Registration {
                 state.leader == Some(self.attempt)
             };
             if lead {
+                let longest = MAX_BLOCK.min(self.waker.manager.longest_block());
                 let block = match deadline {
-                    None => MAX_BLOCK,
+                    None => longest,
                     Some(d) => {
                         let left = d.saturating_duration_since(Instant::now());
                         if left < MIN_BLOCK {
                             return None;
                         }
-                        left.min(MAX_BLOCK)
+                        left.min(longest)
                     }
                 };
                 if let Some(event) = self.waker.lead_once(self.attempt, block) {

@@ -14,7 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["connection"],
     &["raw"],
     &["hold"],
-    &["watchdog", "janitor", "waker"],
+    &["watchdog", "janitor", "waker", "master_watch"],
     &["client"],
     &["status"],
     &["lock", "guard", "attempt"],

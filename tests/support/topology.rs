@@ -70,6 +70,12 @@ impl SentinelGroup {
     /// report `master_link_status:up` and every sentinel knows the master, both replicas (not
     /// down) and the 2 other sentinels.
     pub fn start() -> SentinelGroup {
+        SentinelGroup::start_with("")
+    }
+
+    /// [`SentinelGroup::start`], with `master_conf` added to the first master's config file
+    /// (e.g. `rename-command REPLICAOF ""`, so that the sentinels can never make it a replica).
+    pub fn start_with(master_conf: &str) -> SentinelGroup {
         let dir = tempdir("fairlock-sentinel-");
         let root = dir.path().to_path_buf();
         // pushed one by one: a panic drops the group and kills what was started so far
@@ -81,7 +87,7 @@ impl SentinelGroup {
         group
             .nodes
             .push(Node::start(&root, "master", &[], |port, dir| {
-                data_conf(port, dir, "")
+                data_conf(port, dir, master_conf)
             }));
         let master = group.nodes[0].port;
         for i in 1..=2 {
