@@ -245,7 +245,10 @@ impl Pool {
 
 /// How often a client asks the sentinels which master they name (see
 /// [`Manager::follow_master`]).
-pub(crate) const MASTER_WATCH_INTERVAL: Duration = Duration::from_millis(500);
+/// Clients move when they see the switch, so it also bounds how long after each other two
+/// clients move (a hold granted by each master meanwhile gives two owners, without replica
+/// acknowledgements): one command on a sentinel per interval is cheap.
+pub(crate) const MASTER_WATCH_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The longest BLPOP through a Sentinel group (see [`Manager::longest_block`]).
 const SENTINEL_BLOCK: Duration = Duration::from_secs(1);

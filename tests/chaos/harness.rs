@@ -710,16 +710,22 @@ impl Run<'_> {
         let lock = self.locks[self.rng.range(0, self.locks.len() as u64 - 1) as usize].clone();
         let id = self.fault_start(kind, None, &format!("lock={lock}"));
         let started = Instant::now();
-        let (old, new, switched) = self.topology().graceful_failover(&lock);
-        self.fault_end(
-            id,
-            kind,
-            &format!(
-                "old={old} new={new} switched_after_ms={} took_ms={}",
-                switched.as_millis(),
-                started.elapsed().as_millis()
-            ),
+        let locks = self.locks.clone();
+        let f = self.topology().graceful_failover(&lock, &locks);
+        let mut detail = format!(
+            "old={} new={} switched_after_ms={} took_ms={}",
+            f.old,
+            f.new,
+            f.switched.as_millis(),
+            started.elapsed().as_millis()
         );
+        if let Some(p) = &f.promoted {
+            detail.push_str(&format!(" promoted_unix_us={} snapshot=ok", p.unix_us));
+            for (l, fence) in &p.fences {
+                detail.push_str(&format!(" fence:{l}={fence}"));
+            }
+        }
+        self.fault_end(id, kind, &detail);
     }
 
     fn sigstop(&mut self) {

@@ -189,17 +189,27 @@ impl Topology {
     /// again; returns the old master, the new one, and how long after the start the topology
     /// named the new one (Sentinel: the sentinels' switch, about 10 s before they make the old
     /// master a replica; Cluster: the slots moved, after which the old master redirects).
-    pub fn graceful_failover(&self, lock: &str) -> (u16, u16, Duration) {
+    ///
+    /// Sentinel also returns the promotion: when a replica first said `role:master` and the
+    /// fencing counter of each of `locks` it had then (see [`watch_promotion`]).
+    pub fn graceful_failover(&self, lock: &str, locks: &[String]) -> GracefulFailover {
         let started = Instant::now();
         match self {
             Topology::Sentinel(g) => {
                 let old = g.master_port();
+                let promotion = watch_promotion(g.replica_ports(), locks.to_vec());
                 let new = g.failover();
                 let switched = started.elapsed();
+                let promoted = promotion.join().expect("the promotion watch panicked");
                 // until the sentinels convert it, the old master is a master too, and takes
                 // the writes of the clients still connected to it
                 g.wait_for_replicas(Duration::from_secs(40));
-                (old, new, switched)
+                GracefulFailover {
+                    old,
+                    new,
+                    switched,
+                    promoted: promoted.filter(|p| p.port == new),
+                }
             }
             Topology::Cluster(c) => {
                 let (master, replicas) = self.master_and_replicas(lock);
@@ -207,10 +217,94 @@ impl Topology {
                     .first()
                     .unwrap_or_else(|| panic!("the master {master} has no replica"));
                 let old = c.failover_to(replica);
-                (old, replica, started.elapsed())
+                GracefulFailover {
+                    old,
+                    new: replica,
+                    switched: started.elapsed(),
+                    promoted: None,
+                }
             }
         }
     }
+}
+
+/// What [`Topology::graceful_failover`] did.
+pub struct GracefulFailover {
+    pub old: u16,
+    pub new: u16,
+    /// From the start until the topology named the new master.
+    pub switched: Duration,
+    /// Sentinel: the promotion as [`watch_promotion`] saw it.
+    pub promoted: Option<Promotion>,
+}
+
+/// A replica seen promoted.
+pub struct Promotion {
+    pub port: u16,
+    /// The wall clock then, in µs (the scale of fencing tokens).
+    pub unix_us: u128,
+    /// Each lock's fencing counter on it then (see [`watch_promotion`]).
+    pub fences: Fences,
+}
+
+/// Watch `replicas` (every 2 ms, up to 30 s) until one says `role:master`, and read each of
+/// `locks`' fencing counter on it at once. In a `SENTINEL FAILOVER` the promoted replica takes
+/// no more replication from the old master from that moment, and no client writes to it before
+/// a sentinel names it, which takes the sentinels hundreds of ms more: what is read is what
+/// the new master got from the old one. A grant of the old master with a greater token never
+/// reached it (the old master stays writable until the sentinels convert it, seconds later).
+fn watch_promotion(
+    replicas: Vec<u16>,
+    locks: Vec<String>,
+) -> std::thread::JoinHandle<Option<Promotion>> {
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // the promotion kills the replica's client connections (`CLIENT KILL TYPE normal`):
+        // a connection that failed is opened again
+        let mut conns: Vec<(u16, Option<Connection>)> =
+            replicas.iter().map(|&p| (p, try_conn(p))).collect();
+        while Instant::now() < deadline {
+            for (port, conn) in conns.iter_mut() {
+                if conn.is_none() {
+                    *conn = try_conn(*port);
+                }
+                let Some(c) = conn.as_mut() else { continue };
+                let role: Option<String> = match redis::cmd("ROLE").query::<Vec<Value>>(c) {
+                    Ok(r) => match r.first() {
+                        Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into()),
+                        _ => None,
+                    },
+                    Err(_) => {
+                        *conn = None;
+                        continue;
+                    }
+                };
+                if role.as_deref() == Some("master") {
+                    let unix_us = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .expect("the clock is after 1970")
+                        .as_micros();
+                    let fences = locks
+                        .iter()
+                        .map(|l| {
+                            let fence: Option<u64> = redis::cmd("GET")
+                                .arg(format!("{}:fence", lock_key(l)))
+                                .query(c)
+                                .ok()?;
+                            Some((l.clone(), fence.unwrap_or(0)))
+                        })
+                        .collect::<Option<Fences>>()?;
+                    return Some(Promotion {
+                        port: *port,
+                        unix_us,
+                        fences,
+                    });
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        None
+    })
 }
 
 /// `fairlock:{name}`: the lock's hash, whose hash tag all its keys share.

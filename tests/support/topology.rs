@@ -900,11 +900,18 @@ fn fail<'a>(what: &str, nodes: impl IntoIterator<Item = &'a Node>) -> ! {
     panic!("{what}\n{tails}")
 }
 
+/// A topology's directory (configs, logs); kept after the run when `FAIRLOCK_KEEP_TOPOLOGY` is
+/// set, to read the servers' and sentinels' logs afterwards.
 fn tempdir(prefix: &str) -> TempDir {
-    tempfile::Builder::new()
+    let dir = tempfile::Builder::new()
         .prefix(prefix)
+        .disable_cleanup(std::env::var_os("FAIRLOCK_KEEP_TOPOLOGY").is_some())
         .tempdir()
-        .expect("create temp dir")
+        .expect("create temp dir");
+    if std::env::var_os("FAIRLOCK_KEEP_TOPOLOGY").is_some() {
+        eprintln!("topology dir kept: {}", dir.path().display());
+    }
+    dir
 }
 
 /// The config every process shares: loopback only, its own dir and log, in the foreground.
