@@ -417,8 +417,10 @@ impl LockClient {
 
     /// Start configuring a client. `url` names one node (`redis://host:port/`, any URL the
     /// `redis` crate opens), the master of a Sentinel group:
-    /// `redis+sentinel://host:port[,host:port...]/<master name>` (as
-    /// [`builder_sentinel`](Self::builder_sentinel) builds it), or a Redis Cluster by some of
+    /// `redis+sentinel://[user:password@]host:port[,host:port...]/<master name>` (as
+    /// [`builder_sentinel`](Self::builder_sentinel) builds it; the credentials, percent-encoded,
+    /// are the master's and its replicas', the sentinels are reached without), or a Redis
+    /// Cluster by some of
     /// its nodes: `redis+cluster://[user:password@]host:port[,host:port...]/` (as
     /// [`builder_cluster`](Self::builder_cluster) builds it).
     pub fn builder(url: &str) -> LockClientBuilder {
@@ -430,8 +432,11 @@ impl LockClient {
 
     /// Start configuring a client of the master that the Sentinel group at `sentinels`
     /// (`host:port` or `redis://host:port/` each) knows as `master_name`. Every new connection
-    /// goes to the master the sentinels name then, so the client follows a failover; calls made
-    /// while there is no master keep trying for [`Config::failover_timeout`].
+    /// goes to the master the sentinels name then, and a thread asks them every 200 ms, so the
+    /// client follows a failover, even one that leaves the old master up; calls made while
+    /// there is no master keep trying for [`Config::failover_timeout`]. For a master that asks
+    /// for a password, use [`builder`](Self::builder) with
+    /// `redis+sentinel://user:password@host:port,.../<master name>`.
     ///
     /// ```no_run
     /// let client = fairlock::LockClient::builder_sentinel(

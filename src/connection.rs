@@ -16,8 +16,8 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConnection};
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
-use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{ConnectionLike, Value};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{ConnectionLike, IntoConnectionInfo, Value};
 
 use crate::error::{failover_error, Error, Result};
 use crate::server_check::{check_eviction_policy, EvictionCheck, UNKNOWN_POLICY_WARNING};
@@ -331,8 +331,8 @@ struct SentinelTarget {
     master: Mutex<Option<String>>,
 }
 
-/// The scheme of a URL that names a Sentinel group: `redis+sentinel://host:port[,host:port...]/
-/// <master name>`.
+/// The scheme of a URL that names a Sentinel group: `redis+sentinel://[user:password@]host:port
+/// [,host:port...]/<master name>` (the credentials are the master's and its replicas').
 pub(crate) const SENTINEL_SCHEME: &str = "redis+sentinel://";
 
 /// The scheme of a URL that names a Redis Cluster by some of its nodes:
@@ -369,7 +369,8 @@ impl std::fmt::Debug for Manager {
 
 impl Manager {
     /// `url`: `redis://...` (or any URL the redis crate opens) for one node, or
-    /// `redis+sentinel://host:port[,host:port...]/<master name>` for a Sentinel group, or
+    /// `redis+sentinel://[user:password@]host:port[,host:port...]/<master name>` for a Sentinel
+    /// group (the credentials are the data nodes'; the sentinels are reached without), or
     /// `redis+cluster://[user:password@]host:port[,host:port...]/` for a Redis Cluster, whose
     /// calls ride out a
     /// failover for up to `failover_timeout`.
@@ -389,14 +390,28 @@ impl Manager {
                 let name = name.trim_end_matches('/');
                 if name.is_empty() || name.contains('/') {
                     return Err(invalid(
-                        "a Sentinel URL ends with the master's name: redis+sentinel://host:port[,host:port...]/<master name>".into(),
+                        "a Sentinel URL ends with the master's name: redis+sentinel://[user:password@]host:port[,host:port...]/<master name>".into(),
                     ));
                 }
-                if hosts.contains('@') {
-                    return Err(invalid(
-                        "passwords in a Sentinel URL are not supported yet".into(),
-                    ));
-                }
+                // `[user:password@]`: the credentials of the master and its replicas (the
+                // sentinels are reached without), percent-encoded as in a redis:// URL, whose
+                // parser decodes them
+                let (credentials, hosts) = match hosts.rsplit_once('@') {
+                    Some((credentials, hosts)) => (Some(credentials), hosts),
+                    None => (None, hosts),
+                };
+                let nodes = match credentials {
+                    None => None,
+                    Some(credentials) => {
+                        let info = format!("redis://{credentials}@127.0.0.1/")
+                            .into_connection_info()
+                            .map_err(|e| invalid(format!("the credentials: {e}")))?;
+                        Some(
+                            SentinelNodeConnectionInfo::default()
+                                .set_redis_connection_info(info.redis_settings().clone()),
+                        )
+                    }
+                };
                 let sentinels: Vec<String> = hosts
                     .split(',')
                     .filter(|h| !h.is_empty())
@@ -408,7 +423,7 @@ impl Manager {
                 let client = SentinelClient::build(
                     sentinels.clone(),
                     name.to_string(),
-                    None,
+                    nodes,
                     SentinelServerType::Master,
                 )
                 .map_err(|e| invalid(e.to_string()))?;

@@ -317,14 +317,70 @@ fn after_a_graceful_failover_the_client_leaves_the_old_master_while_it_still_tak
     assert_eq!(held_on(&group, new, "follow"), None);
 }
 
+/// A group whose data nodes ask for a password (`requirepass`, with `masterauth` on the
+/// replicas and `auth-pass` on the sentinels; the sentinels themselves ask for none): the
+/// credentials of a `redis+sentinel://` URL reach the master; without them the client is
+/// refused with an error that names authentication.
 #[test]
-fn sentinel_urls_without_a_master_name_or_with_a_password_are_refused() {
+fn a_password_protected_sentinel_group_takes_the_urls_credentials() {
+    let group = SentinelGroup::start();
+    let password = "s3cr/t@pw";
+    for port in group.node_ports() {
+        let mut c = group.conn_to(port);
+        for (setting, value) in [("masterauth", password), ("requirepass", password)] {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(setting)
+                .arg(value)
+                .query(&mut c)
+                .unwrap();
+        }
+    }
+    for port in group.sentinel_ports() {
+        let _: () = redis::cmd("SENTINEL")
+            .arg("SET")
+            .arg("mymaster")
+            .arg("auth-pass")
+            .arg(password)
+            .query(&mut group.conn_to(port))
+            .unwrap();
+    }
+    let hosts: Vec<String> = group
+        .sentinel_ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let hosts = hosts.join(",");
+
+    let client =
+        fairlock::LockClient::connect(&format!("redis+sentinel://:s3cr%2Ft%40pw@{hosts}/mymaster"))
+            .expect("a client with the data nodes' password");
+    let lock = client.lock("secret").unwrap();
+    let g = lock.lock().unwrap();
+    let token = g.fencing_token();
+    g.unlock().unwrap();
+    assert!(lock
+        .try_lock()
+        .unwrap()
+        .is_some_and(|g| g.fencing_token() > token));
+
+    match fairlock::LockClient::connect(&format!("redis+sentinel://{hosts}/mymaster")) {
+        Err(e) => {
+            let text = e.to_string().to_lowercase();
+            assert!(text.contains("auth"), "{e}");
+        }
+        Ok(_) => panic!("a client without the password"),
+    }
+}
+
+#[test]
+fn sentinel_urls_without_a_master_name_are_refused() {
     for url in [
         "redis+sentinel://127.0.0.1:26379",
         "redis+sentinel://127.0.0.1:26379/",
         "redis+sentinel:///mymaster",
         "redis+sentinel://127.0.0.1:26379/mymaster/extra",
-        "redis+sentinel://user:pw@127.0.0.1:26379/mymaster",
+        "redis+sentinel://user:pw@/mymaster",
     ] {
         match fairlock::LockClient::connect(url) {
             Err(fairlock::Error::InvalidUrl { .. }) => {}

@@ -50,8 +50,8 @@ to it; the lock is released once it has exited.";
 #[derive(Parser, Debug)]
 #[command(name = "fairlock", version, propagate_version = true, after_help = EXIT_CODES)]
 struct Cli {
-    /// Redis server URL, redis+sentinel://host:port[,host:port...]/<master name> for the
-    /// master of a Sentinel group, or redis+cluster://[user:password@]host:port[,...]/ for a Redis
+    /// Redis server URL, redis+sentinel://[user:password@]host:port[,host:port...]/<master name>
+    /// for the master of a Sentinel group, or redis+cluster://[user:password@]host:port[,...]/ for a Redis
     /// Cluster [default: $FAIRLOCK_REDIS_URL, then redis://127.0.0.1:6379/]
     #[arg(
         long,
