@@ -89,9 +89,10 @@
 //!    it says `role:master`) was granted in that split, and is counted under
 //!    `holds_lost_sentinel_split`; so is an overlap of two such holds (`holds_overlapped`, and
 //!    the lost update it brings): one master granted each. Only replica acknowledgements from
-//!    every replica prevent them (the README says so; `tests/sentinel.rs` shows it). A master kill also excuses a hold whose
-//!    lease ran out while no master could renew it (`holds_lost_failover`: the guard says so,
-//!    no safety break), and both kinds excuse FIFO order while they run, as every fault does.
+//!    every replica prevent them (the README says so; `tests/sentinel.rs` shows it).
+//!    A master kill also excuses a hold whose lease ran out while no master could renew it
+//!    (`holds_lost_failover`: the guard says so, no safety break), and both kinds excuse FIFO
+//!    order while they run, as every fault does.
 //!    `failovers` in the summary counts the grants each kill lost
 //!    (`grants_lost_by_replication`) and the promotion times.
 
