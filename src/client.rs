@@ -1,4 +1,4 @@
-//! [`LockClient`]: connections, configuration and the two background threads of one client.
+//! [`LockClient`]: connections, configuration and the background threads of one client.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -365,8 +365,9 @@ pub(crate) fn validate_lease(setting: &'static str, lease: Duration) -> Result<(
 /// A connection to one Redis server that hands out [`FairLock`](crate::FairLock) handles. Cheap to clone; all
 /// clones share the pool, the one blocking connection its waiting threads take turns on, and
 /// the two background threads (the watchdog, which renews leases, and the janitor, which keeps
-/// this client's waiters alive and repairs locks that crashes left behind). The threads stop when
-/// the last clone and the last lock handle are dropped.
+/// this client's waiters alive and repairs locks that crashes left behind; through a Sentinel
+/// group a third, the master watch, which follows the master the sentinels name). The threads
+/// stop when the last clone and the last lock handle are dropped.
 ///
 /// ```no_run
 /// let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
