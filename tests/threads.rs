@@ -1,13 +1,15 @@
 //! Type-level and thread-level facts: guards are `!Send` (a lock belongs to a thread), handles
 //! and clients are `Clone + Send + Sync`, and a client runs exactly two background threads
 //! (watchdog and janitor, not one per lock or per waiter: waiting threads take turns on one
-//! blocking connection themselves) that stop when its last handle is dropped.
+//! blocking connection themselves), three through a Sentinel group (the master watch), that
+//! stop when its last handle is dropped.
 
 mod support;
 
 use std::time::Duration;
 
 use static_assertions::{assert_impl_all, assert_not_impl_any};
+use support::topology::SentinelGroup;
 use support::{eventually, RedisServer};
 
 // Checked when this file compiles: handles and clients go to other threads and are shared, a
@@ -32,7 +34,7 @@ fn fairlock_threads() -> Vec<String> {
 
 // The only test in this binary: thread counts of the whole process are exact here.
 #[test]
-fn a_client_runs_two_background_threads_whatever_it_holds_and_stops_them_when_dropped() {
+fn a_client_runs_two_background_threads_three_through_sentinel_and_stops_them_when_dropped() {
     let server = RedisServer::start();
     assert!(fairlock_threads().is_empty(), "{:?}", fairlock_threads());
     let client = support::client_with_url(&server.url(), |b| b.lease(Duration::from_secs(1)));
@@ -71,6 +73,30 @@ fn a_client_runs_two_background_threads_whatever_it_holds_and_stops_them_when_dr
     assert!(
         eventually(Duration::from_secs(5), || fairlock_threads().is_empty()),
         "background threads outlived their client: {:?}",
+        fairlock_threads()
+    );
+
+    // through a Sentinel group a third, the master watch ("fairlock-sentinel-<id>", cut to
+    // 15 bytes by the kernel), which stops with its client too
+    let group = SentinelGroup::start();
+    let urls = group.sentinel_urls();
+    let sentinels: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let client = fairlock::LockClient::builder_sentinel("mymaster", &sentinels)
+        .build()
+        .expect("a client through the sentinels");
+    client.lock("s").unwrap().lock().unwrap().unlock().unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let names = fairlock_threads();
+            names.len() == 3 && names.iter().any(|n| n.starts_with("fairlock-sentin"))
+        }),
+        "{:?}",
+        fairlock_threads()
+    );
+    drop(client);
+    assert!(
+        eventually(Duration::from_secs(5), || fairlock_threads().is_empty()),
+        "background threads outlived their Sentinel client: {:?}",
         fairlock_threads()
     );
 }
