@@ -757,17 +757,8 @@ fn master_kills(faults: &[Fault]) -> Vec<MasterKill> {
                 .filter(|l| !l.is_empty())
                 .map(str::to_string)
                 .collect();
-            let fences = (detail_value(&f.end_detail, "snapshot") == Some("ok"))
-                .then(|| {
-                    locks
-                        .iter()
-                        .map(|l| {
-                            let v = detail_value(&f.end_detail, &format!("fence:{l}"))?;
-                            Some((l.clone(), v.parse().ok()?))
-                        })
-                        .collect::<Option<HashMap<String, u64>>>()
-                })
-                .flatten();
+            let fences = snapshot_fences(&f.end_detail)
+                .filter(|fences| locks.iter().all(|l| fences.contains_key(l)));
             MasterKill {
                 at: f.start,
                 unix_us: detail_value(&f.detail, "unix_us")
@@ -807,25 +798,30 @@ impl SentinelSplit {
     }
 }
 
+/// The fencing counters a fault's end detail gives (`snapshot=ok fence:<lock>=N ...`), by lock;
+/// `None` without a snapshot.
+fn snapshot_fences(end_detail: &str) -> Option<HashMap<String, u64>> {
+    (detail_value(end_detail, "snapshot") == Some("ok")).then(|| {
+        end_detail
+            .split_whitespace()
+            .filter_map(|w| {
+                let (lock, fence) = w.strip_prefix("fence:")?.split_once('=')?;
+                Some((lock.to_string(), fence.parse().ok()?))
+            })
+            .collect()
+    })
+}
+
 /// The graceful Sentinel failovers of the run whose promotion was seen (`snapshot=ok`).
 fn sentinel_splits(faults: &[Fault]) -> Vec<SentinelSplit> {
     faults
         .iter()
-        .filter(|f| {
-            f.kind == FaultKind::Failover && detail_value(&f.end_detail, "snapshot") == Some("ok")
-        })
+        .filter(|f| f.kind == FaultKind::Failover)
         .filter_map(|f| {
+            let fences = snapshot_fences(&f.end_detail)?;
             let switched_ms: u64 = detail_value(&f.end_detail, "switched_after_ms")?
                 .parse()
                 .ok()?;
-            let fences = f
-                .end_detail
-                .split_whitespace()
-                .filter_map(|w| {
-                    let (lock, fence) = w.strip_prefix("fence:")?.split_once('=')?;
-                    Some((lock.to_string(), fence.parse().ok()?))
-                })
-                .collect();
             Some(SentinelSplit {
                 followed_by: f.start + switched_ms * 1_000_000 + SENTINEL_FOLLOW_NS,
                 fences,

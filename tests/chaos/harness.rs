@@ -41,7 +41,7 @@ use super::proxy::{Proxy, Trap};
 use super::server::Server;
 use super::topo::{self, Deployment, Topology};
 use super::workload::{self, Rng};
-use crate::support::{ChildTest, Proc, RedisServer};
+use crate::support::{unix_micros, ChildTest, Proc, RedisServer};
 
 pub const LOCKS: [&str; 2] = ["chaos-a", "chaos-b"];
 
@@ -667,10 +667,7 @@ impl Run<'_> {
         // killed master came before both
         topology.kill(old);
         let (t, killed) = (now_ns(), Instant::now());
-        let unix_us = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("the clock is after 1970")
-            .as_micros();
+        let unix_us = unix_micros();
         let id = self.fault_start_at(
             t,
             kind,
@@ -689,12 +686,7 @@ impl Run<'_> {
             .and_then(|(_, s)| s.clone());
         let mut detail = format!("new={new} promoted_after_ms={promoted_ms}");
         match &promoted {
-            Some(fences) => {
-                detail.push_str(" snapshot=ok");
-                for (l, f) in fences {
-                    detail.push_str(&format!(" fence:{l}={f}"));
-                }
-            }
+            Some(fences) => detail.push_str(&snapshot_detail(fences)),
             None => detail.push_str(" snapshot=missing"),
         }
         self.log(&format!(
@@ -720,10 +712,8 @@ impl Run<'_> {
             started.elapsed().as_millis()
         );
         if let Some(p) = &f.promoted {
-            detail.push_str(&format!(" promoted_unix_us={} snapshot=ok", p.unix_us));
-            for (l, fence) in &p.fences {
-                detail.push_str(&format!(" fence:{l}={fence}"));
-            }
+            detail.push_str(&format!(" promoted_unix_us={}", p.unix_us));
+            detail.push_str(&snapshot_detail(&p.fences));
         }
         self.fault_end(id, kind, &detail);
     }
@@ -1116,4 +1106,14 @@ pub fn print_report(report: &Report) {
     if report.violations.len() > 5 {
         println!("... {} more violations", report.violations.len() - 5);
     }
+}
+
+/// ` snapshot=ok fence:<lock>=N ...`: a promoted replica's fencing counters in a fault's end
+/// detail, as the checker reads them.
+fn snapshot_detail(fences: &topo::Fences) -> String {
+    let mut detail = String::from(" snapshot=ok");
+    for (l, f) in fences {
+        detail.push_str(&format!(" fence:{l}={f}"));
+    }
+    detail
 }

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use redis::{Connection, Value};
 
 use crate::support::topology::{RedisCluster, SentinelGroup, MASTER_NAME};
+use crate::support::unix_micros;
 
 /// Where the locks live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -242,7 +243,7 @@ pub struct GracefulFailover {
 pub struct Promotion {
     pub port: u16,
     /// The wall clock then, in µs (the scale of fencing tokens).
-    pub unix_us: u128,
+    pub unix_us: u64,
     /// Each lock's fencing counter on it then (see [`watch_promotion`]).
     pub fences: Fences,
 }
@@ -280,20 +281,8 @@ fn watch_promotion(
                     }
                 };
                 if role.as_deref() == Some("master") {
-                    let unix_us = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .expect("the clock is after 1970")
-                        .as_micros();
-                    let fences = locks
-                        .iter()
-                        .map(|l| {
-                            let fence: Option<u64> = redis::cmd("GET")
-                                .arg(format!("{}:fence", lock_key(l)))
-                                .query(c)
-                                .ok()?;
-                            Some((l.clone(), fence.unwrap_or(0)))
-                        })
-                        .collect::<Option<Fences>>()?;
+                    let unix_us = unix_micros();
+                    let fences = read_fences(c, &locks)?;
                     return Some(Promotion {
                         port: *port,
                         unix_us,
@@ -341,12 +330,18 @@ pub fn snapshot_fences(port: u16, locks: &[String], cluster: bool) -> Option<Fen
         // a Cluster replica serves reads of its master's slots only after READONLY
         redis::cmd("READONLY").query::<()>(&mut c).ok()?;
     }
+    read_fences(&mut c, locks)
+}
+
+/// The fencing counter of each of `locks` on `c`'s node (0 for a lock without one); `None`
+/// when the node did not answer.
+fn read_fences(c: &mut Connection, locks: &[String]) -> Option<Fences> {
     locks
         .iter()
         .map(|l| {
             let fence: Option<u64> = redis::cmd("GET")
                 .arg(format!("{}:fence", lock_key(l)))
-                .query(&mut c)
+                .query(c)
                 .ok()?;
             Some((l.clone(), fence.unwrap_or(0)))
         })

@@ -903,12 +903,13 @@ fn fail<'a>(what: &str, nodes: impl IntoIterator<Item = &'a Node>) -> ! {
 /// A topology's directory (configs, logs); kept after the run when `FAIRLOCK_KEEP_TOPOLOGY` is
 /// set, to read the servers' and sentinels' logs afterwards.
 fn tempdir(prefix: &str) -> TempDir {
+    let keep = std::env::var_os("FAIRLOCK_KEEP_TOPOLOGY").is_some();
     let dir = tempfile::Builder::new()
         .prefix(prefix)
-        .disable_cleanup(std::env::var_os("FAIRLOCK_KEEP_TOPOLOGY").is_some())
+        .disable_cleanup(keep)
         .tempdir()
         .expect("create temp dir");
-    if std::env::var_os("FAIRLOCK_KEEP_TOPOLOGY").is_some() {
+    if keep {
         eprintln!("topology dir kept: {}", dir.path().display());
     }
     dir
