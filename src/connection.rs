@@ -11,15 +11,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConnection};
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::sentinel::SentinelNodeConnectionInfo;
 use redis::{ConnectionLike, IntoConnectionInfo, Value};
 
 use crate::error::{failover_error, Error, Result};
+use crate::sentinel::SentinelTarget;
 use crate::server_check::{check_eviction_policy, EvictionCheck, UNKNOWN_POLICY_WARNING};
 
 /// Oldest Redis version fairlock supports (BLPOP with sub-second timeouts, HSET with many fields,
@@ -318,19 +318,6 @@ enum Target {
     },
 }
 
-/// A Sentinel group: the redis crate's client, which finds the master (and checks its `ROLE`)
-/// for each new connection, and what [`Manager::follow_master`] watches.
-struct SentinelTarget {
-    client: Mutex<SentinelClient>,
-    /// `redis://host:port/` of each sentinel, in the order given.
-    sentinels: Vec<String>,
-    master_name: String,
-    /// The connection to the sentinel that answered last, kept for the next look.
-    asked: Mutex<Option<redis::Connection>>,
-    /// `host:port` of the master that new connections went to last.
-    master: Mutex<Option<String>>,
-}
-
 /// The scheme of a URL that names a Sentinel group: `redis+sentinel://[user:password@]host:port
 /// [,host:port...]/<master name>` (the credentials are the master's and its replicas').
 pub(crate) const SENTINEL_SCHEME: &str = "redis+sentinel://";
@@ -420,20 +407,8 @@ impl Manager {
                 if sentinels.is_empty() {
                     return Err(invalid("no sentinel address".into()));
                 }
-                let client = SentinelClient::build(
-                    sentinels.clone(),
-                    name.to_string(),
-                    nodes,
-                    SentinelServerType::Master,
-                )
-                .map_err(|e| invalid(e.to_string()))?;
-                let target = SentinelTarget {
-                    client: Mutex::new(client),
-                    sentinels,
-                    master_name: name.to_string(),
-                    asked: Mutex::new(None),
-                    master: Mutex::new(None),
-                };
+                let target = SentinelTarget::new(name, sentinels, nodes)
+                    .map_err(|e| invalid(e.to_string()))?;
                 (Target::Sentinel(Box::new(target)), failover_timeout)
             }
             None => match url.strip_prefix(CLUSTER_SCHEME) {
@@ -510,8 +485,8 @@ impl Manager {
         }
     }
 
-    /// Through a Sentinel group: ask a sentinel which master it names now, and when that is not
-    /// the one connections go to, retire them all (pooled ones are dropped when next taken or
+    /// Through a Sentinel group: ask the sentinels which master more than half of them name now
+    /// (see `sentinel.rs`), and when that is not the one connections go to, retire them all (pooled ones are dropped when next taken or
     /// given back, the waker's when its BLPOP returns; new ones go to the master the sentinels
     /// name). A no-op for one node or a Cluster.
     ///
@@ -522,25 +497,27 @@ impl Manager {
     /// plus the sentinels' own delay in naming the new master.
     ///
     /// # Errors
-    /// [`Error::Connection`] when no sentinel answers with an address for the master.
+    /// [`Error::Connection`] when no master is named by more than half of the sentinels (a
+    /// failover under way, sentinels down or unaware of the master): connections stay where
+    /// they are.
     pub fn follow_master(&self) -> Result<()> {
         let Target::Sentinel(target) = &self.target else {
             return Ok(());
         };
-        // a cheap look first (one command on a kept connection to a sentinel)...
-        let named = target.named_master(self.connect_timeout, self.read_timeout)?;
-        if target.master.lock().as_deref() == Some(named.as_str()) {
+        // a look first (a command on a kept connection to each sentinel, until a majority)...
+        let agreed = target
+            .agreed_master(self.connect_timeout, self.read_timeout)
+            .map_err(|e| Error::from_redis("asking the sentinels for the master", e))?;
+        if target.master.lock().as_deref() == Some(agreed.addr.as_str()) {
             return Ok(());
         }
-        // ...then the master a new connection would get (the redis crate asks the sentinels in
-        // order and checks the node's ROLE): connections move only when that changed, so the
-        // watch and new connections never disagree
-        let client = target
-            .client
-            .lock()
-            .get_client()
+        // ...then the master a new connection would get (through a sentinel that named it, which
+        // checks the node's ROLE): connections move only when that changed, so the watch and
+        // new connections never disagree
+        let (_, addr) = target
+            .client_for(&agreed)
             .map_err(|e| Error::from_redis("asking the sentinels for the master", e))?;
-        self.note_master(target, client.get_connection_info().addr().to_string());
+        self.note_master(target, addr);
         Ok(())
     }
 
@@ -556,7 +533,7 @@ impl Manager {
             Some(old) => {
                 log::info!(
                     "fairlock: the sentinels name {addr} as master {} now (was {old}); connections move there",
-                    target.master_name
+                    target.master_name()
                 );
                 self.generation.fetch_add(1, Ordering::SeqCst) + 1
             }
@@ -580,11 +557,11 @@ impl Manager {
         let mut generation = self.generation.load(Ordering::SeqCst);
         let client = match &self.target {
             Target::Node(client) => client.clone(),
-            // asks the sentinels for the master (and checks that it says it is one)
+            // the master more than half of the sentinels name (and that says it is one)
             Target::Sentinel(target) => {
-                let client = target.client.lock().get_client()?;
-                generation =
-                    self.note_master(target, client.get_connection_info().addr().to_string());
+                let agreed = target.agreed_master(self.connect_timeout, self.read_timeout)?;
+                let (client, addr) = target.client_for(&agreed)?;
+                generation = self.note_master(target, addr);
                 client
             }
             Target::Cluster { commands, blocking } => {
@@ -701,50 +678,6 @@ fn at_node(node: &str) -> String {
 fn parse_version(v: &str) -> (u32, u32) {
     let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
-}
-
-impl SentinelTarget {
-    /// `host:port` of the master the sentinels name (`SENTINEL get-master-addr-by-name`): the
-    /// sentinel asked last first, then each in order.
-    fn named_master(&self, connect_timeout: Duration, read_timeout: Duration) -> Result<String> {
-        let mut asked = self.asked.lock();
-        let ask = |conn: &mut redis::Connection| -> redis::RedisResult<Option<(String, String)>> {
-            redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(&self.master_name)
-                .query(conn)
-        };
-        if let Some(conn) = asked.as_mut() {
-            if let Ok(Some((host, port))) = ask(conn) {
-                return Ok(format!("{host}:{port}"));
-            }
-        }
-        *asked = None;
-        let mut last = String::from("no sentinel answered");
-        for url in &self.sentinels {
-            let reply = redis::Client::open(url.as_str())
-                .and_then(|c| c.get_connection_with_timeout(connect_timeout))
-                .and_then(|conn| {
-                    conn.set_read_timeout(Some(read_timeout))?;
-                    conn.set_write_timeout(Some(read_timeout))?;
-                    Ok(conn)
-                })
-                .and_then(|mut conn| Ok((ask(&mut conn)?, conn)));
-            match reply {
-                Ok((Some((host, port)), conn)) => {
-                    *asked = Some(conn);
-                    return Ok(format!("{host}:{port}"));
-                }
-                Ok((None, _)) => last = format!("{url} does not know master {}", self.master_name),
-                Err(e) => last = format!("{url}: {e}"),
-            }
-        }
-        Err(Error::Connection {
-            during: "asking the sentinels for the master",
-            detail: last,
-            source: None,
-        })
-    }
 }
 
 impl r2d2::ManageConnection for Pooled {

@@ -210,6 +210,18 @@ impl Error {
                 source: Some(Box::new(e)),
             };
         }
+        // Through a Sentinel group, no master named by more than half of the sentinels: a
+        // failover under way, or a URL that names the wrong sentinels or master
+        if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel {
+            return Error::Connection {
+                during,
+                detail: format!(
+                    "{}; a failover may be under way, or the URL names the wrong sentinels or master",
+                    e.detail().unwrap_or("the sentinels name no master")
+                ),
+                source: Some(Box::new(e)),
+            };
+        }
         // A failover in progress: the node was demoted (READONLY, and UNBLOCKED for a blocked
         // command), or a replica lost its master (MASTERDOWN). The master moves on; retry later.
         if let Some(detail) = failover_error(&e) {
@@ -256,7 +268,8 @@ impl Error {
 /// What a server error says about a failover in progress, if it is one: the node was demoted to a
 /// replica (READONLY; UNBLOCKED for a command blocked on it) or lost its master (MASTERDOWN); on
 /// a Cluster, the slot moved or is moving (MOVED, ASK, TRYAGAIN: a blocked BLPOP is answered
-/// MOVED when its slot moves) or the cluster cannot serve it now (CLUSTERDOWN).
+/// MOVED when its slot moves) or the cluster cannot serve it now (CLUSTERDOWN); through a
+/// Sentinel group, no master is named by more than half of the sentinels.
 pub(crate) fn failover_error(e: &redis::RedisError) -> Option<&'static str> {
     use redis::{ErrorKind, ServerErrorKind};
     match e.kind() {
@@ -272,6 +285,10 @@ pub(crate) fn failover_error(e: &redis::RedisError) -> Option<&'static str> {
             Some("the cluster cannot serve the lock's hash slot now (CLUSTERDOWN)")
         }
         _ if e.code() == Some("UNBLOCKED") => Some("the node changed role under a blocked command"),
+        // no master named by a majority of the sentinels (see `sentinel.rs`)
+        ErrorKind::MasterNameNotFoundBySentinel => {
+            Some("the sentinels name no master that a majority of them agree on")
+        }
         _ => None,
     }
 }

@@ -53,6 +53,7 @@ mod limits;
 mod lock;
 mod master_watch;
 pub mod raw;
+mod sentinel;
 mod server_check;
 mod status;
 mod waker;

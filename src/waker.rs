@@ -73,7 +73,8 @@ const MAX_IDLE_LISTS: usize = 64;
 pub(crate) const CONNECTION_NAME: &str = "fairlock-waker";
 /// After the blocking connection failed because the server moved or went away (a failover, a
 /// slot migration), the next one is opened no sooner than this: a slot being migrated answers a
-/// BLPOP with `ASK` at once, and the re-checks must not spin.
+/// BLPOP with `ASK` at once, sentinels that name no master refuse a connection at once, and the
+/// re-checks must not spin.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(50);
 
 /// What a waiting thread hears.
@@ -389,6 +390,9 @@ impl Waker {
                 Ok(b) => b,
                 Err(e) => {
                     let mut state = self.state.lock();
+                    if failover_error(&e).is_some() {
+                        state.reconnect_at = Some(Instant::now() + RECONNECT_PAUSE);
+                    }
                     // the server went away (a restart) or moved (a failover): re-checked like a
                     // dropped connection; anything else (a timeout) counts as a failure
                     return Some(state.connection_failed(me, is_server_gone(&e), &e));

@@ -10,7 +10,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::topology::SentinelGroup;
+use support::topology::{LoneSentinel, SentinelGroup};
 
 const SECS_30: Duration = Duration::from_secs(30);
 const SECS_60: Duration = Duration::from_secs(60);
@@ -315,6 +315,86 @@ fn after_a_graceful_failover_the_client_leaves_the_old_master_while_it_still_tak
     release_tx.send(()).unwrap();
     waiter.join().expect("the waiter panicked");
     assert_eq!(held_on(&group, new, "follow"), None);
+}
+
+/// During a failover the sentinels can disagree on the master for a while, and two nodes can
+/// be masters at once, each named by some sentinel. A client must follow only the master that
+/// more than half of the sentinels in its URL name, with every connection (pool and waker):
+/// here a lone sentinel, listed first, names a writable master of its own, and the group's
+/// three sentinels name theirs. With no majority a client is refused, with an error that says
+/// what each sentinel answered.
+#[test]
+fn a_client_follows_only_the_master_that_more_than_half_of_the_sentinels_name() {
+    let group = SentinelGroup::start();
+    let lone = LoneSentinel::start();
+    let mut urls = vec![lone.sentinel_url()];
+    urls.extend(group.sentinel_urls());
+    let sentinels: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let client = fairlock::LockClient::builder_sentinel("mymaster", &sentinels)
+        .janitor_interval(Duration::from_millis(300))
+        .failover_timeout(SECS_30)
+        .build()
+        .expect("a client through the sentinels");
+    let (master, other) = (group.master_port(), lone.master_port());
+    let lock = client.lock("majority").unwrap();
+    let held = lock.lock().unwrap();
+    assert_eq!(
+        held_on(&group, master, "majority"),
+        Some(held.fencing_token()),
+        "the hold is not on the master that 3 of the 4 sentinels name"
+    );
+    assert_eq!(held_on(&group, other, "majority"), None);
+    // a waiter blocks on the waker's connection: it too must be on the majority's master
+    let (served_tx, served) = mpsc::channel();
+    let waiter = {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            let guard = lock.lock().expect("the waiter is served");
+            served_tx.send(guard.fencing_token()).unwrap();
+            thread::sleep(Duration::from_millis(200));
+            guard.unlock().expect("the waiter's release");
+        })
+    };
+    assert!(
+        support::eventually(SECS_30, || queued_on(&group, master, "majority") == 1),
+        "the waiter did not queue on the master {master}"
+    );
+    held.unlock().unwrap();
+    let token = served.recv_timeout(SECS_60).expect("the waiter was served");
+    assert_eq!(held_on(&group, master, "majority"), Some(token));
+    waiter.join().expect("the waiter panicked");
+
+    // the lone sentinel and one of the group's: 1 of 2 each, no majority
+    let two = [lone.sentinel_url(), group.sentinel_urls()[0].clone()];
+    let two: Vec<&str> = two.iter().map(String::as_str).collect();
+    match fairlock::LockClient::builder_sentinel("mymaster", &two)
+        .failover_timeout(Duration::from_secs(1))
+        .build()
+    {
+        Err(e @ fairlock::Error::Connection { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("more than half")
+                    && text.contains("names 127.0.0.1")
+                    && text.contains(&format!(":{other}")),
+                "the error does not say what the sentinels answered: {text}"
+            );
+        }
+        other => panic!(
+            "two sentinels naming two masters: {:?}",
+            other.map(|_| "a client")
+        ),
+    }
+    // a master no sentinel knows
+    let group_urls = group.sentinel_urls();
+    let group_sentinels: Vec<&str> = group_urls.iter().map(String::as_str).collect();
+    match fairlock::LockClient::builder_sentinel("nosuch", &group_sentinels).build() {
+        Err(e) => assert!(
+            e.to_string().contains("knows no master nosuch"),
+            "the error does not name the unknown master: {e}"
+        ),
+        Ok(_) => panic!("a client for a master no sentinel knows"),
+    }
 }
 
 /// A group whose data nodes ask for a password (`requirepass`, with `masterauth` on the

@@ -403,6 +403,58 @@ impl Drop for SentinelGroup {
     }
 }
 
+/// A sentinel of its own monitoring a master of its own under [`MASTER_NAME`]: listed with a
+/// [`SentinelGroup`]'s sentinels, it is a sentinel that names another master than the others
+/// (as in a failover on which the sentinels do not agree yet). The group never hears of it: a
+/// sentinel learns of others through its master's hello channel.
+pub struct LoneSentinel {
+    master: Node,
+    sentinel: Node,
+    /// Last: removed after the processes above were killed.
+    _dir: TempDir,
+}
+
+impl LoneSentinel {
+    /// Start the master and the sentinel, and wait (up to 30 s) until the sentinel names it.
+    pub fn start() -> LoneSentinel {
+        let dir = tempdir("fairlock-lone-sentinel-");
+        let root = dir.path().to_path_buf();
+        let master = Node::start(&root, "master", &[], |port, dir| data_conf(port, dir, ""));
+        let port = master.port;
+        let sentinel = Node::start(&root, "sentinel", &["--sentinel"], |p, dir| {
+            sentinel_conf(p, dir, port)
+        });
+        let lone = LoneSentinel {
+            master,
+            sentinel,
+            _dir: dir,
+        };
+        if poll(SETTLE_TIMEOUT, || {
+            (sentinel_master(lone.sentinel.port) == Some(port)).then_some(())
+        })
+        .is_none()
+        {
+            fail(
+                &format!(
+                    "the lone sentinel did not name its master {port} within {SETTLE_TIMEOUT:?}"
+                ),
+                [&lone.master, &lone.sentinel],
+            );
+        }
+        lone
+    }
+
+    /// `redis://127.0.0.1:PORT/` of the sentinel.
+    pub fn sentinel_url(&self) -> String {
+        url(self.sentinel.port)
+    }
+
+    /// The port of its master.
+    pub fn master_port(&self) -> u16 {
+        self.master.port
+    }
+}
+
 /// A Redis Cluster of 3 masters with 1 replica each (`cluster-node-timeout` 1000, created by
 /// `redis-cli --cluster create`). No persistence besides each node's `nodes.conf`.
 pub struct RedisCluster {
