@@ -433,9 +433,11 @@ impl LockClient {
 
     /// Start configuring a client of the master that the Sentinel group at `sentinels`
     /// (`host:port` or `redis://host:port/` each) knows as `master_name`. Every new connection
-    /// goes to the master the sentinels name then, and a thread asks them every 200 ms, so the
-    /// client follows a failover, even one that leaves the old master up; calls made while
-    /// there is no master keep trying for [`Config::failover_timeout`]. For a master that asks
+    /// goes to the master that more than half of these sentinels name then (list them all: while
+    /// they disagree, as in a failover, no master is followed), and a thread asks them every
+    /// 200 ms, so the client follows a failover, even one that leaves the old master up; calls
+    /// made while there is no such master keep trying for [`Config::failover_timeout`]. For a
+    /// master that asks
     /// for a password, use [`builder`](Self::builder) with
     /// `redis+sentinel://user:password@host:port,.../<master name>`.
     ///

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 const LAYERS: &[&[&str]] = &[
     &["limits"],
     &["error"],
-    &["keys", "boot_clock", "server_check"],
+    &["keys", "boot_clock", "server_check", "sentinel"],
     &["connection"],
     &["raw"],
     &["hold"],
