@@ -90,6 +90,12 @@
 //!    `holds_lost_sentinel_split`; so is an overlap of two such holds (`holds_overlapped`, and
 //!    the lost update it brings): one master granted each. Only replica acknowledgements from
 //!    every replica prevent them (the README says so; `tests/sentinel.rs` shows it).
+//!    A master kill can bring the same split: Sentinel may fail over the replica it has just
+//!    promoted too (it stalled for the `down-after-milliseconds`, busy with a full sync), and
+//!    that one stays a writable master until the sentinels convert it. The harness watches the
+//!    data nodes during a kill and, when a node is promoted while another is a master, reads
+//!    its fencing counters (`split=ok split_fence:<lock>=N`); holds granted in that split (by
+//!    the switch, the kill's `promoted_after_ms`, + 1.5 s) count as above.
 //!    A master kill also excuses a hold whose lease ran out while no master could renew it
 //!    (`holds_lost_failover`: the guard says so, no safety break), and both kinds excuse FIFO
 //!    order while they run, as every fault does.
@@ -801,31 +807,46 @@ impl SentinelSplit {
 /// The fencing counters a fault's end detail gives (`snapshot=ok fence:<lock>=N ...`), by lock;
 /// `None` without a snapshot.
 fn snapshot_fences(end_detail: &str) -> Option<HashMap<String, u64>> {
-    (detail_value(end_detail, "snapshot") == Some("ok")).then(|| {
-        end_detail
+    detail_fences(end_detail, "snapshot", "fence:")
+}
+
+/// The fencing counters after `<prefix><lock>=N` words of `detail`, by lock, when its word
+/// `<flag>=ok` says they were read.
+fn detail_fences(detail: &str, flag: &str, prefix: &str) -> Option<HashMap<String, u64>> {
+    (detail_value(detail, flag) == Some("ok")).then(|| {
+        detail
             .split_whitespace()
             .filter_map(|w| {
-                let (lock, fence) = w.strip_prefix("fence:")?.split_once('=')?;
+                let (lock, fence) = w.strip_prefix(prefix)?.split_once('=')?;
                 Some((lock.to_string(), fence.parse().ok()?))
             })
             .collect()
     })
 }
 
-/// The graceful Sentinel failovers of the run whose promotion was seen (`snapshot=ok`).
+/// The splits of the run: the graceful Sentinel failovers whose promotion was seen
+/// (`snapshot=ok`), and the master kills after which Sentinel failed over the first promoted
+/// replica too while it lived (`split=ok`: the harness saw a second master promoted meanwhile,
+/// and read its fencing counters then); the sentinels had switched by the kill's
+/// `promoted_after_ms`.
 fn sentinel_splits(faults: &[Fault]) -> Vec<SentinelSplit> {
+    let split = |f: &Fault, fences: HashMap<String, u64>, switched_key: &str| {
+        let switched_ms: u64 = detail_value(&f.end_detail, switched_key)?.parse().ok()?;
+        Some(SentinelSplit {
+            followed_by: f.start + switched_ms * 1_000_000 + SENTINEL_FOLLOW_NS,
+            fences,
+        })
+    };
     faults
         .iter()
-        .filter(|f| f.kind == FaultKind::Failover)
-        .filter_map(|f| {
-            let fences = snapshot_fences(&f.end_detail)?;
-            let switched_ms: u64 = detail_value(&f.end_detail, "switched_after_ms")?
-                .parse()
-                .ok()?;
-            Some(SentinelSplit {
-                followed_by: f.start + switched_ms * 1_000_000 + SENTINEL_FOLLOW_NS,
-                fences,
-            })
+        .filter_map(|f| match f.kind {
+            FaultKind::Failover => split(f, snapshot_fences(&f.end_detail)?, "switched_after_ms"),
+            FaultKind::KillMaster => split(
+                f,
+                detail_fences(&f.end_detail, "split", "split_fence:")?,
+                "promoted_after_ms",
+            ),
+            _ => None,
         })
         .collect()
 }

@@ -30,6 +30,8 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -667,6 +669,12 @@ impl Run<'_> {
         // killed master came before both
         topology.kill(old);
         let (t, killed) = (now_ns(), Instant::now());
+        // through Sentinel, a second promotion while the first promoted master lives (see
+        // `topo::watch_promotions`)
+        let stop_watch = Arc::new(AtomicBool::new(false));
+        let split_watch = (!cluster).then(|| {
+            topo::watch_promotions(replicas.clone(), locks.clone(), Arc::clone(&stop_watch))
+        });
         let unix_us = unix_micros();
         let id = self.fault_start_at(
             t,
@@ -680,6 +688,8 @@ impl Run<'_> {
             .collect();
         let new = self.topology().wait_for_new_master(old);
         let promoted_ms = killed.elapsed().as_millis();
+        stop_watch.store(true, Ordering::SeqCst);
+        let split = split_watch.and_then(|w| w.join().expect("the promotion watch panicked"));
         let promoted = snapshots
             .iter()
             .find(|(r, _)| *r == new)
@@ -688,6 +698,19 @@ impl Run<'_> {
         match &promoted {
             Some(fences) => detail.push_str(&snapshot_detail(fences)),
             None => detail.push_str(" snapshot=missing"),
+        }
+        if let Some(p) = &split {
+            self.log(&format!(
+                "LOG kill-master {id}: {} was promoted while another master lived (Sentinel failed over the first promoted one too): fencing counters then {:?}",
+                p.port, p.fences
+            ));
+            detail.push_str(&format!(
+                " split=ok split_port={} split_unix_us={}",
+                p.port, p.unix_us
+            ));
+            for (l, f) in &p.fences {
+                detail.push_str(&format!(" split_fence:{l}={f}"));
+            }
         }
         self.log(&format!(
             "LOG kill-master {id}: replicas' fencing counters after the kill: {snapshots:?}"

@@ -296,6 +296,77 @@ fn watch_promotion(
     })
 }
 
+/// A promotion seen by [`watch_promotions`] while another node was a master too.
+pub struct SplitPromotion {
+    pub port: u16,
+    /// The wall clock then, in µs.
+    pub unix_us: u64,
+    /// Each lock's fencing counter on it then.
+    pub fences: Fences,
+}
+
+/// Watch the Sentinel group's data nodes `nodes` (every 2 ms, until `stop` is set) for a node
+/// that says `role:master` while another of them still does: two masters at once. Sentinel
+/// does that on its own: a master promoted moments ago that stalls for the
+/// `down-after-milliseconds` (busy with a replica's full sync on this 2-core machine) is failed
+/// over in turn, and stays a writable master until the sentinels convert it, seconds later. Its
+/// grants then never reach the new master, and clients that follow the sentinels' switch
+/// before others are granted the same lock by the new one: the split of a `SENTINEL
+/// FAILOVER`. The first such promotion is returned, with each of `locks`' fencing counter on
+/// the new master the moment it was seen (everything it had from the old one).
+pub fn watch_promotions(
+    nodes: Vec<u16>,
+    locks: Vec<String>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Option<SplitPromotion>> {
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // short reads: a stalled node must not hold up the look at the others
+        let quick = |port: u16| {
+            let c = try_conn(port)?;
+            c.set_read_timeout(Some(Duration::from_millis(100))).ok()?;
+            Some(c)
+        };
+        let mut conns: Vec<(u16, Option<Connection>)> =
+            nodes.iter().map(|&p| (p, quick(p))).collect();
+        // what each node said last; a node starts as it is (a master before the watch is no
+        // promotion)
+        let mut master: HashMap<u16, bool> = HashMap::new();
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
+            for i in 0..conns.len() {
+                let (port, conn) = &mut conns[i];
+                let port = *port;
+                if conn.is_none() {
+                    *conn = quick(port);
+                }
+                let Some(c) = conn.as_mut() else { continue };
+                let is_master = match redis::cmd("ROLE").query::<Vec<Value>>(c) {
+                    Ok(r) => matches!(r.first(), Some(Value::BulkString(b)) if b == b"master"),
+                    Err(_) => {
+                        // a promotion kills the node's client connections: ask again
+                        *conn = None;
+                        continue;
+                    }
+                };
+                let was = master.insert(port, is_master);
+                let others = master.iter().any(|(p, m)| *p != port && *m);
+                if is_master && was == Some(false) && others {
+                    let unix_us = unix_micros();
+                    c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+                    let fences = read_fences(c, &locks)?;
+                    return Some(SplitPromotion {
+                        port,
+                        unix_us,
+                        fences,
+                    });
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        None
+    })
+}
+
 /// `fairlock:{name}`: the lock's hash, whose hash tag all its keys share.
 pub fn lock_key(name: &str) -> String {
     format!("fairlock:{{{name}}}")
