@@ -333,8 +333,7 @@ pub fn watch_promotions(
         // promotion)
         let mut master: HashMap<u16, bool> = HashMap::new();
         while !stop.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
-            for i in 0..conns.len() {
-                let (port, conn) = &mut conns[i];
+            for (port, conn) in conns.iter_mut() {
                 let port = *port;
                 if conn.is_none() {
                     *conn = quick(port);
