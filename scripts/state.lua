@@ -71,11 +71,13 @@ end
 -- field, value pairs (a hand-off's wdl and vc). Returns the token.
 local function take(h, owner, attempt, lease, meta, ...)
   local token = next_token(h)
-  local extra = { ... }
-  if #extra == 0 then extra = { 'wdl', '' } end
-  redis.call('HSET', k.lock, 'owner', owner, 'attempt', fmt(attempt), 'count', 1,
-    'token', fmt(token), 'lease', fmt(lease), 'since', fmt(now_ms()), 'meta', meta,
-    unpack(extra))
+  if select('#', ...) == 0 then
+    redis.call('HSET', k.lock, 'owner', owner, 'attempt', fmt(attempt), 'count', 1,
+      'token', fmt(token), 'lease', fmt(lease), 'since', fmt(now_ms()), 'meta', meta, 'wdl', '')
+  else
+    redis.call('HSET', k.lock, 'owner', owner, 'attempt', fmt(attempt), 'count', 1,
+      'token', fmt(token), 'lease', fmt(lease), 'since', fmt(now_ms()), 'meta', meta, ...)
+  end
   redis.call('PEXPIRE', k.lock, lease)
   h.owner, h.attempt, h.token, h.token_text, h.lease = owner, attempt, token, fmt(token), lease
   h.wdl = nil
@@ -272,9 +274,9 @@ local function grant_next(h, ...)
   if not head then return false end
   local left = math.max(w.deadline - waiters_now(), 0)
   local now = now_ms()
-  local token = take(h, head, w.attempt, w.lease, w.meta, 'vc', fmt(now) .. '|' .. fmt(now),
-    'wdl', fmt(now + left), ...)
-  h.wdl, h.vc = now + left, fmt(now) .. '|' .. fmt(now)
+  local vc = fmt(now) .. '|' .. fmt(now)
+  local token = take(h, head, w.attempt, w.lease, w.meta, 'vc', vc, 'wdl', fmt(now + left), ...)
+  h.wdl, h.vc = now + left, vc
   dequeue(head)
   -- the list lives at least as long as the grant; a message popped after the grant's lease is
   -- refused by its waiter's own estimate (it knows when it queued), and a stale message of an
