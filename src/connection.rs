@@ -486,9 +486,10 @@ impl Manager {
     }
 
     /// Through a Sentinel group: ask the sentinels which master more than half of them name now
-    /// (see `sentinel.rs`), and when that is not the one connections go to, retire them all (pooled ones are dropped when next taken or
-    /// given back, the waker's when its BLPOP returns; new ones go to the master the sentinels
-    /// name). A no-op for one node or a Cluster.
+    /// (see `sentinel.rs`), and when that is not the one connections go to, retire them all
+    /// (pooled ones are dropped when next taken or given back, the waker's when its BLPOP
+    /// returns; new ones go to the master the sentinels name). A no-op for one node or a
+    /// Cluster.
     ///
     /// Why: in a failover the old master can stay up and writable for seconds after the
     /// sentinels named the new one (after `SENTINEL FAILOVER`, until they make it a replica,

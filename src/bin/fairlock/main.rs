@@ -51,7 +51,8 @@ to it; the lock is released once it has exited.";
 #[command(name = "fairlock", version, propagate_version = true, after_help = EXIT_CODES)]
 struct Cli {
     /// Redis server URL, redis+sentinel://[user:password@]host:port[,host:port...]/<master name>
-    /// for the master of a Sentinel group, or redis+cluster://[user:password@]host:port[,...]/ for a Redis
+    /// for the master of a Sentinel group (list every sentinel: the master that more than half
+    /// of them name is used), or redis+cluster://[user:password@]host:port[,...]/ for a Redis
     /// Cluster [default: $FAIRLOCK_REDIS_URL, then redis://127.0.0.1:6379/]
     #[arg(
         long,
