@@ -15,6 +15,8 @@
 //! of the old master with a greater token never reached the new master.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::{Connection, Value};
@@ -239,12 +241,12 @@ pub struct GracefulFailover {
     pub promoted: Option<Promotion>,
 }
 
-/// A replica seen promoted.
+/// A replica seen promoted (see [`watch_roles`]).
 pub struct Promotion {
     pub port: u16,
     /// The wall clock then, in µs (the scale of fencing tokens).
     pub unix_us: u64,
-    /// Each lock's fencing counter on it then (see [`watch_promotion`]).
+    /// Each lock's fencing counter on it then.
     pub fences: Fences,
 }
 
@@ -258,51 +260,12 @@ fn watch_promotion(
     replicas: Vec<u16>,
     locks: Vec<String>,
 ) -> std::thread::JoinHandle<Option<Promotion>> {
+    let never = Arc::new(AtomicBool::new(false));
     std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        // the promotion kills the replica's client connections (`CLIENT KILL TYPE normal`):
-        // a connection that failed is opened again
-        let mut conns: Vec<(u16, Option<Connection>)> =
-            replicas.iter().map(|&p| (p, try_conn(p))).collect();
-        while Instant::now() < deadline {
-            for (port, conn) in conns.iter_mut() {
-                if conn.is_none() {
-                    *conn = try_conn(*port);
-                }
-                let Some(c) = conn.as_mut() else { continue };
-                let role: Option<String> = match redis::cmd("ROLE").query::<Vec<Value>>(c) {
-                    Ok(r) => match r.first() {
-                        Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into()),
-                        _ => None,
-                    },
-                    Err(_) => {
-                        *conn = None;
-                        continue;
-                    }
-                };
-                if role.as_deref() == Some("master") {
-                    let unix_us = unix_micros();
-                    let fences = read_fences(c, &locks)?;
-                    return Some(Promotion {
-                        port: *port,
-                        unix_us,
-                        fences,
-                    });
-                }
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        None
+        watch_roles(&replicas, &locks, Duration::from_secs(30), &never, |seen| {
+            seen.is_master
+        })
     })
-}
-
-/// A promotion seen by [`watch_promotions`] while another node was a master too.
-pub struct SplitPromotion {
-    pub port: u16,
-    /// The wall clock then, in µs.
-    pub unix_us: u64,
-    /// Each lock's fencing counter on it then.
-    pub fences: Fences,
 }
 
 /// Watch the Sentinel group's data nodes `nodes` (every 2 ms, until `stop` is set) for a node
@@ -317,53 +280,80 @@ pub struct SplitPromotion {
 pub fn watch_promotions(
     nodes: Vec<u16>,
     locks: Vec<String>,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<Option<SplitPromotion>> {
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Option<Promotion>> {
     std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        // short reads: a stalled node must not hold up the look at the others
-        let quick = |port: u16| {
-            let c = try_conn(port)?;
-            c.set_read_timeout(Some(Duration::from_millis(100))).ok()?;
-            Some(c)
-        };
-        let mut conns: Vec<(u16, Option<Connection>)> =
-            nodes.iter().map(|&p| (p, quick(p))).collect();
-        // what each node said last; a node starts as it is (a master before the watch is no
-        // promotion)
-        let mut master: HashMap<u16, bool> = HashMap::new();
-        while !stop.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
-            for (port, conn) in conns.iter_mut() {
-                let port = *port;
-                if conn.is_none() {
-                    *conn = quick(port);
-                }
-                let Some(c) = conn.as_mut() else { continue };
-                let is_master = match redis::cmd("ROLE").query::<Vec<Value>>(c) {
-                    Ok(r) => matches!(r.first(), Some(Value::BulkString(b)) if b == b"master"),
-                    Err(_) => {
-                        // a promotion kills the node's client connections: ask again
-                        *conn = None;
-                        continue;
-                    }
-                };
-                let was = master.insert(port, is_master);
-                let others = master.iter().any(|(p, m)| *p != port && *m);
-                if is_master && was == Some(false) && others {
-                    let unix_us = unix_micros();
-                    c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-                    let fences = read_fences(c, &locks)?;
-                    return Some(SplitPromotion {
-                        port,
-                        unix_us,
-                        fences,
-                    });
-                }
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        None
+        // a node that was a master when the watch began is no promotion
+        watch_roles(&nodes, &locks, Duration::from_secs(60), &stop, |seen| {
+            seen.is_master && seen.was_master == Some(false) && seen.other_master
+        })
     })
+}
+
+/// One look at a node's `ROLE` by [`watch_roles`].
+struct Seen {
+    is_master: bool,
+    /// What it said at the look before (`None`: the first answer).
+    was_master: Option<bool>,
+    /// Whether another of the nodes said `role:master` at its last answer.
+    other_master: bool,
+}
+
+/// Ask each of `nodes` its `ROLE` every 2 ms, until `limit` passed or `stop` is set, and return
+/// the first node whose answer `promoted` takes for a promotion, with each of `locks`' fencing
+/// counter on it then. Reads time out after 100 ms, so a stalled node does not hold up the look
+/// at the others (it keeps what it said last); a node whose connection failed is asked again
+/// on a new one (a promotion kills the node's client connections).
+fn watch_roles(
+    nodes: &[u16],
+    locks: &[String],
+    limit: Duration,
+    stop: &AtomicBool,
+    promoted: impl Fn(&Seen) -> bool,
+) -> Option<Promotion> {
+    let deadline = Instant::now() + limit;
+    let quick = |port: u16| {
+        let c = try_conn(port)?;
+        c.set_read_timeout(Some(Duration::from_millis(100))).ok()?;
+        Some(c)
+    };
+    let mut conns: Vec<(u16, Option<Connection>)> = nodes.iter().map(|&p| (p, quick(p))).collect();
+    let mut master: HashMap<u16, bool> = HashMap::new();
+    while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+        for (port, conn) in conns.iter_mut() {
+            let port = *port;
+            if conn.is_none() {
+                *conn = quick(port);
+            }
+            let Some(c) = conn.as_mut() else { continue };
+            let is_master = match redis::cmd("ROLE").query::<Vec<Value>>(c) {
+                Ok(r) => matches!(r.first(), Some(Value::BulkString(b)) if b == b"master"),
+                Err(_) => {
+                    *conn = None;
+                    continue;
+                }
+            };
+            let was_master = master.insert(port, is_master);
+            let other_master = master.iter().any(|(p, m)| *p != port && *m);
+            let seen = Seen {
+                is_master,
+                was_master,
+                other_master,
+            };
+            if promoted(&seen) {
+                let unix_us = unix_micros();
+                c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+                let fences = read_fences(c, locks)?;
+                return Some(Promotion {
+                    port,
+                    unix_us,
+                    fences,
+                });
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
 }
 
 /// `fairlock:{name}`: the lock's hash, whose hash tag all its keys share.
