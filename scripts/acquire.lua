@@ -2,13 +2,16 @@
 -- ARGV: [3] owner [4] attempt [5] lease ms [6] 'try' (never queue) or 'wait' [7] meta "host|pid|thread"
 -- Returns {'granted', token, now_ms, pttl} | {'busy', holder pttl} | {'queued', now_ms, holder
 --       lease ms (an upper bound of what it has left; 0 when free)}
---       | {'stale'} (a newer attempt of this owner exists: this request came late, nothing done)
+--       | {'stale'} (a newer attempt of this owner exists, or this one has left: this request
+--       came late or twice, nothing done)
 -- No barging: a free lock with live waiters goes to the head, never to the caller.
 -- Network: a retry of the same attempt (reply lost, or a hand-off whose pop was lost) keeps the
 -- queue place or returns the grant; a request that arrives late, after a newer attempt of its
--- owner reached Redis, finds that attempt and does nothing. One that arrives after its owner
--- left for good queues (or holds) a place nobody refreshes: it is purged as dead (or the hold
--- runs out after its lease), so it delays others but never gives two owners.
+-- owner reached Redis, finds that attempt and does nothing; one that arrives after its attempt's
+-- leave finds the leave's mark and does nothing. Only one that arrives after that mark is gone
+-- (another thread found the queue empty, or QUEUE_TTL passed) queues (or holds) a place nobody
+-- refreshes: it is purged as dead (or the hold runs out after its lease), so it delays others
+-- but never gives two owners.
 -- Cost: a free lock nobody waits for is HMGET, EXISTS, TIME, SET (the fence), HSET, PEXPIRE;
 -- queueing behind a holder is HMGET, HMGET, TIME, ZADD, PEXPIRE, LRANGE (the wake list), HSET.
 local owner, attempt, lease, mode, meta = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]
@@ -32,7 +35,9 @@ return run(function()
   end
 
   local mine = waiter_entry(owner)
-  if mine and mine.attempt > attempt then return { 'stale' } end
+  if mine and (mine.attempt > attempt or (mine.left and mine.attempt == attempt)) then
+    return { 'stale' }
+  end
   if mine and mine.attempt < attempt then
     -- an earlier attempt that was given up: a new attempt queues at the back
     forget_waiter(owner)

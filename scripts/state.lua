@@ -117,11 +117,16 @@ end
 
 -- ---- the queue and the waiters --------------------------------------------------------------
 
--- "attempt|deadline|lease|meta" -> table
+-- "attempt|deadline|lease|meta" -> table; a left mark "attempt|left" -> { attempt, left = true }
+-- with a deadline that has passed, so it never reads as a live waiter
 local function parse_waiter(v)
   if not v then return nil end
   local attempt, deadline, lease, meta = string.match(v, '^(%d+)|(%d+)|(%d+)|(.*)$')
-  if not attempt then return nil end
+  if not attempt then
+    attempt = string.match(v, '^(%d+)|left$')
+    if not attempt then return nil end
+    return { attempt = tonumber(attempt), left = true, deadline = -1, lease = 0, meta = '' }
+  end
   return { attempt = tonumber(attempt), deadline = tonumber(deadline), lease = tonumber(lease),
            meta = meta }
 end
@@ -228,6 +233,18 @@ local function enqueue(owner, attempt, lease, meta, mine)
     redis.call('PEXPIRE', k.waiters, QUEUE_TTL)
     W.existed = true
   end
+end
+
+-- Record that `owner`'s attempt left (leave.lua), in place of any entry of that owner: its
+-- acquire may still arrive (sent, its reply given up on, or sent twice), and must then do
+-- nothing rather than queue a waiter nobody refreshes or take the lock for a thread that holds
+-- no guard. A mark lives as long as the waiters hash (with a queue) or QUEUE_TTL (alone, as a
+-- ghost waiter would have); a script that finds the queue empty deletes marks with the hash.
+local function mark_left(owner, attempt)
+  waiter_entry(owner)
+  redis.call('HSET', k.waiters, owner, fmt(attempt) .. '|left')
+  if not W.existed then redis.call('PEXPIRE', k.waiters, QUEUE_TTL) end
+  W.entries[owner] = parse_waiter(fmt(attempt) .. '|left')
 end
 
 -- Whether the queue or the waiters hash exists: one call for both, and the common case (no

@@ -216,6 +216,48 @@ fn late_requests_of_an_abandoned_attempt_change_nothing() {
     assert_eq!(count, 3);
 }
 
+/// Fault 3, the other order: the attempt's `leave` arrives first (or its acquire arrives twice,
+/// the second copy after the leave), and the thread moves on, maybe to another lock. The late
+/// acquire used to queue a waiter nobody heartbeats, or take the free lock for a thread that
+/// holds no guard: found by the fuzzer's long run (seed 20261977), where nothing touched that
+/// lock again and its queue keys stayed for their 10-minute TTL.
+#[test]
+fn an_acquire_that_arrives_after_its_attempts_leave_does_nothing() {
+    let (_server, mut c, lock) = start("left-first");
+    // on a free lock, nobody waiting: the late acquire must not take it
+    assert_eq!(
+        lock.leave("w:1", 3, LeaveMode::Pass).run(&mut c).unwrap(),
+        Leave::Left
+    );
+    let late = lock.acquire("w:1", 3, LEASE, Mode::Wait, "m");
+    assert_eq!(late.run(&mut c).unwrap(), Acquire::Stale);
+    assert_eq!(holder(&mut c, &lock), (None, None));
+    // the same thread's next attempt, and another thread, are served as usual
+    let t4 = take(&mut c, &lock, "w:1", 4);
+    enqueue(&mut c, &lock, "x:1", 1);
+    // behind a holder: queued, left, then a second copy of the acquire arrives
+    enqueue(&mut c, &lock, "w:2", 7);
+    let copy = lock.acquire("w:2", 7, LEASE, Mode::Wait, "m");
+    assert_eq!(
+        lock.leave("w:2", 7, LeaveMode::Pass).run(&mut c).unwrap(),
+        Leave::Left
+    );
+    assert_eq!(copy.run(&mut c).unwrap(), Acquire::Stale);
+    assert_eq!(queue(&mut c, &lock), vec!["x:1".to_string()]);
+    // the release hands on to x, and the lock ends with no queue keys left behind
+    lock.release("w:1", t4, 1).run(&mut c).unwrap();
+    let Some(Wake::Grant { token: tx, .. }) = pop(&mut c, &lock, "x:1") else {
+        panic!("no grant for x");
+    };
+    lock.release("x:1", tx, 1).run(&mut c).unwrap();
+    let queue_keys: u32 = redis::cmd("EXISTS")
+        .arg(lock.key_names()[2])
+        .arg(lock.key_names()[3])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(queue_keys, 0);
+}
+
 /// Fault 4: a release that timed out unapplied, then a new acquire by the same thread. The new
 /// hold used to get the old token, so the late release matched it and freed the new hold.
 #[test]
