@@ -240,8 +240,12 @@ end
 -- nothing rather than queue a waiter nobody refreshes or take the lock for a thread that holds
 -- no guard. A mark lives as long as the waiters hash (with a queue) or QUEUE_TTL (alone, as a
 -- ghost waiter would have); a script that finds the queue empty deletes marks with the hash.
+-- On a fresh lock it is the script's first write, so it first checks the keys not read yet.
 local function mark_left(owner, attempt)
   waiter_entry(owner)
+  read(k.queue, 'ZCARD')
+  local fence = read(k.fence, 'GET')
+  if fence and not tonumber(fence) then refuse(k.fence, 'a non-numeric string') end
   redis.call('HSET', k.waiters, owner, fmt(attempt) .. '|left')
   if not W.existed then redis.call('PEXPIRE', k.waiters, QUEUE_TTL) end
   W.entries[owner] = parse_waiter(fmt(attempt) .. '|left')
