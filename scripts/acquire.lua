@@ -8,12 +8,13 @@
 -- Network: a retry of the same attempt (reply lost, or a hand-off whose pop was lost) keeps the
 -- queue place or returns the grant; a request that arrives late, after a newer attempt of its
 -- owner reached Redis, finds that attempt and does nothing; one that arrives after its attempt's
--- leave finds the leave's mark and does nothing. Only one that arrives after that mark is gone
--- (another thread found the queue empty, or QUEUE_TTL passed) queues (or holds) a place nobody
--- refreshes: it is purged as dead (or the hold runs out after its lease), so it delays others
--- but never gives two owners.
+-- leave finds the leave's left mark and does nothing (a client that saw no reply to a request,
+-- or sent it twice, asks its leave for one). Only one that arrives later than QUEUE_TTL after
+-- the mark queues (or holds) a place nobody refreshes: it is purged as dead (or the hold runs
+-- out after its lease), so it delays others but never gives two owners.
 -- Cost: a free lock nobody waits for is HMGET, EXISTS, TIME, SET (the fence), HSET, PEXPIRE;
--- queueing behind a holder is HMGET, HMGET, TIME, ZADD, PEXPIRE, LRANGE (the wake list), HSET.
+-- queueing behind a holder is HMGET, HGET (the left marks), HMGET, TIME, ZADD, PEXPIRE, LRANGE
+-- (the wake list), HSET.
 local owner, attempt, lease, mode, meta = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]
 return run(function()
   local h = read_lock()
@@ -34,10 +35,9 @@ return run(function()
     return { 'granted', fmt(take(h, owner, attempt, lease, meta)), now_ms(), lease }
   end
 
+  if left_mark(owner) >= attempt then return { 'stale' } end
   local mine = waiter_entry(owner)
-  if mine and (mine.attempt > attempt or (mine.left and mine.attempt == attempt)) then
-    return { 'stale' }
-  end
+  if mine and mine.attempt > attempt then return { 'stale' } end
   if mine and mine.attempt < attempt then
     -- an earlier attempt that was given up: a new attempt queues at the back
     forget_waiter(owner)

@@ -14,8 +14,8 @@
 --   P:{N}:fence       STRING  the last token handed out                         TTL = fence ttl
 --   P:{N}:queue       ZSET    owner -> arrival time (server us)                 TTL = QUEUE_TTL
 --   P:{N}:waiters     HASH    owner -> "attempt|deadline|lease|meta",           TTL = QUEUE_TTL
---                             or a left mark "attempt|left" (see below),
 --                             ~clock (virtual clock), ~tail (last score given)
+--   P:{N}:left        HASH    owner -> newest attempt that left with a mark     TTL = QUEUE_TTL
 --   P:{N}:wake:<client> LIST  the wake-ups of one client's waiting threads     TTL >= lease / waiter ttl
 --
 -- An owner is "<client id>:<thread number>". Each call of a thread that may take the lock is an
@@ -32,11 +32,10 @@
 --   stranded    free, queue non-empty (a lease ran out, a hand-off was revoked): any script
 --               that sees it (acquire, heartbeat, force_unlock) grants to the live head
 -- Invariant: a waiters entry exists only for a queued owner (grant, leave and purge remove both;
--- only a lost queue key breaks it, and then the owner's heartbeat tells it to retry), except a
--- *left mark*: leave.lua records that an attempt left, so that its acquire, arriving after the
--- leave (late, or sent twice), does nothing instead of queueing a waiter nobody refreshes. A
--- mark is never queued and reads as a dead entry; it goes with the waiters hash (when a script
--- finds the queue empty) or after QUEUE_TTL, the time a ghost waiter's keys would have stayed.
+-- only a lost queue key breaks it, and then the owner's heartbeat tells it to retry).
+-- Left marks: an attempt that leaves while one of its acquire requests may still arrive (the
+-- client saw no reply to it, or sent it twice) is marked in P:{N}:left, and that acquire, if it
+-- arrives, does nothing instead of queueing a waiter nobody refreshes (state.lua, mark_left).
 -- Wake-ups: "<thread>|g|<attempt>|<token>|<grant ms>" (the lock is yours) or
 -- "<thread>|r|<attempt>" (your queue entry is gone: run acquire again), pushed to the wake list
 -- of the owner's client. The client's waker hands each to the thread waiting with that attempt

@@ -9,9 +9,9 @@
 --    the holder died) goes to the live head.
 -- Cost: O(this client's waiters + dead heads), never a scan of all waiters.
 -- Network: a retry refreshes again; a late heartbeat for an attempt that has moved on does
--- nothing (a newer attempt's entry, or the attempt's own left mark) or pushes a "retry" for that
--- old attempt, which its client's waiting threads drop (no thread waits with that attempt); a
--- repeated "retry" only makes its thread run acquire once more, which keeps its place.
+-- nothing (a newer attempt's entry) or pushes a "retry" for that old attempt, which its client's
+-- waiting threads drop (no thread waits with that attempt); a repeated "retry" only makes its
+-- thread run acquire once more, which keeps its place.
 return run(function()
   local h = read_lock()
   -- the lock hash's own virtual clock (see "Time" in common.lua), for hand-off deadlines; stored
@@ -29,9 +29,9 @@ return run(function()
       end
     else
       local w = waiter_entry(owner)
-      if w and not w.left and w.attempt == attempt and read(k.queue, 'ZSCORE', owner) then
+      if w and w.attempt == attempt and read(k.queue, 'ZSCORE', owner) then
         write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
-      elseif not (w and (w.attempt > attempt or (w.left and w.attempt == attempt))) then
+      elseif not (w and w.attempt > attempt) then
         if w then forget_waiter(owner) end
         push_wakeup(owner, 'r|' .. fmt(attempt), WAITER_TTL)
         told[#told + 1] = owner

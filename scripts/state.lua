@@ -117,16 +117,11 @@ end
 
 -- ---- the queue and the waiters --------------------------------------------------------------
 
--- "attempt|deadline|lease|meta" -> table; a left mark "attempt|left" -> { attempt, left = true }
--- with a deadline that has passed, so it never reads as a live waiter
+-- "attempt|deadline|lease|meta" -> table
 local function parse_waiter(v)
   if not v then return nil end
   local attempt, deadline, lease, meta = string.match(v, '^(%d+)|(%d+)|(%d+)|(.*)$')
-  if not attempt then
-    attempt = string.match(v, '^(%d+)|left$')
-    if not attempt then return nil end
-    return { attempt = tonumber(attempt), left = true, deadline = -1, lease = 0, meta = '' }
-  end
+  if not attempt then return nil end
   return { attempt = tonumber(attempt), deadline = tonumber(deadline), lease = tonumber(lease),
            meta = meta }
 end
@@ -235,27 +230,34 @@ local function enqueue(owner, attempt, lease, meta, mine)
   end
 end
 
--- Record that `owner`'s attempt left (leave.lua), in place of any entry of that owner: its
--- acquire may still arrive (sent, its reply given up on, or sent twice), and must then do
--- nothing rather than queue a waiter nobody refreshes or take the lock for a thread that holds
--- no guard. A mark lives as long as the waiters hash (with a queue) or QUEUE_TTL (alone, as a
--- ghost waiter would have); a script that finds the queue empty deletes marks with the hash.
--- On a fresh lock it is the script's first write, so it first checks the keys not read yet.
+-- Whether the queue, the waiters hash or the left marks exist: one call for all, and the common
+-- case (no waiter, no garbage) stops here. It checks no key's type, so it only guards paths that
+-- write none of these keys when it says no.
+local function queue_keys_exist()
+  return redis.call('EXISTS', k.queue, k.waiters, k.lock .. ':left') > 0
+end
+
+-- ---- left marks -----------------------------------------------------------------------------
+-- P:{N}:left, owner -> the newest attempt of that owner that left while one of its acquire
+-- requests could still arrive (it went unanswered, or was sent twice). Such a request, arriving
+-- after the leave, must do nothing, rather than queue a waiter nobody refreshes or take the lock
+-- for a thread that holds no guard. The key lives QUEUE_TTL after the last mark: as long as a
+-- ghost waiter's queue keys would have.
+
+-- The newest attempt of `owner` that left with a mark (0: none).
+local function left_mark(owner)
+  return tonumber(read(k.lock .. ':left', 'HGET', owner)) or 0
+end
+
+-- Mark `owner`'s `attempt` as left. On a fresh lock this is the script's first write, so it
+-- first checks the keys the leave has not read.
 local function mark_left(owner, attempt)
-  waiter_entry(owner)
   read(k.queue, 'ZCARD')
   local fence = read(k.fence, 'GET')
   if fence and not tonumber(fence) then refuse(k.fence, 'a non-numeric string') end
-  redis.call('HSET', k.waiters, owner, fmt(attempt) .. '|left')
-  if not W.existed then redis.call('PEXPIRE', k.waiters, QUEUE_TTL) end
-  W.entries[owner] = parse_waiter(fmt(attempt) .. '|left')
-end
-
--- Whether the queue or the waiters hash exists: one call for both, and the common case (no
--- waiter, no garbage) stops here. It checks no key's type, so it only guards paths that write
--- neither key when it says no.
-local function queue_keys_exist()
-  return redis.call('EXISTS', k.queue, k.waiters) > 0
+  local key = k.lock .. ':left'
+  if left_mark(owner) < attempt then redis.call('HSET', key, owner, fmt(attempt)) end
+  redis.call('PEXPIRE', key, QUEUE_TTL)
 end
 
 -- The queue is empty: a waiters hash left without it (its queue key was evicted or lost) goes,

@@ -30,7 +30,7 @@ use crate::connection::Conn;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::lock::{ms, FairLock, Wait};
-use crate::raw::{self, Acquire, Call, Leave, LeaveMode, Mode, Wake};
+use crate::raw::{self, Acquire, Call, LateAcquire, Leave, LeaveMode, Mode, Wake};
 use crate::waker::{Event, Registration};
 
 /// Consecutive failed waits (the waker's connection failed) or late grants before a wait gives
@@ -68,6 +68,9 @@ pub(crate) struct Attempt<'a> {
     failures: Cell<u32>,
     /// Connections the server closed under this wait.
     drops: Cell<u32>,
+    /// An acquire request of this attempt went unanswered or was sent again, so a copy of it
+    /// may still reach Redis after the attempt leaves (see [`LateAcquire`]).
+    unanswered: Cell<bool>,
 }
 
 /// How a wait on the wake list ended.
@@ -102,6 +105,7 @@ impl<'a> Attempt<'a> {
             meta: client.meta(),
             failures: Cell::new(0),
             drops: Cell::new(0),
+            unanswered: Cell::new(false),
         }
     }
 
@@ -174,16 +178,24 @@ impl<'a> Attempt<'a> {
 
     /// Run `call`; a reply that `granted` says grants this attempt the lock must, with replica
     /// acknowledgements asked for, have them (else it is given up: [`Error::NotReplicated`]).
+    /// A request sent more than once, or without a reply, may still arrive: noted for the leave.
     fn run_granting<T>(&self, call: &Call<T>, granted: fn(&T) -> bool) -> Result<T> {
-        let (reply, acked) = self.client().with_conn(call.during(), |c| {
-            let reply = call.run(c)?;
+        let mut sends = 0;
+        let result = self.client().with_conn(call.during(), |c| {
+            sends += 1;
+            let reply = call.run(c);
+            if reply.is_err() || sends > 1 {
+                self.unanswered.set(true);
+            }
+            let reply = reply?;
             let acked = if granted(&reply) {
                 self.replica_acks(c)?
             } else {
                 None
             };
             Ok((reply, acked))
-        })?;
+        });
+        let (reply, acked) = result?;
         self.check_replicated(acked)?;
         Ok(reply)
     }
@@ -346,10 +358,12 @@ impl<'a> Attempt<'a> {
     /// The deadline passed: leave the queue, but keep a grant that reached us meanwhile
     /// (returned as its token and lease end).
     fn leave_at_deadline(&self) -> Result<Option<(u64, BootInstant)>> {
-        let call = self
-            .lock
-            .raw()
-            .leave(&self.owner, self.number, LeaveMode::Claim);
+        let call = self.lock.raw().leave(
+            &self.owner,
+            self.number,
+            LeaveMode::Claim,
+            self.late_acquire(),
+        );
         let at = BootInstant::now();
         let reply = self.run_granting(&call, |r| matches!(r, Leave::Granted(_)))?;
         Ok(match reply {
@@ -358,12 +372,22 @@ impl<'a> Attempt<'a> {
         })
     }
 
+    fn late_acquire(&self) -> LateAcquire {
+        if self.unanswered.get() {
+            LateAcquire::Possible
+        } else {
+            LateAcquire::Impossible
+        }
+    }
+
     /// After an error: give up the queue place and hand on anything granted to this attempt.
     pub fn leave_quietly(&self) {
-        let call = self
-            .lock
-            .raw()
-            .leave(&self.owner, self.number, LeaveMode::Pass);
+        let call = self.lock.raw().leave(
+            &self.owner,
+            self.number,
+            LeaveMode::Pass,
+            self.late_acquire(),
+        );
         if let Err(e) = self.client().with_conn(call.during(), |c| call.run(c)) {
             log::debug!(
                 "fairlock: could not leave the queue of {:?}: {e}",

@@ -14,7 +14,7 @@ use crate::client::{validate_lease, ClientInner, LockClient};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::hold::{self, Hold, HoldKey};
-use crate::raw::{self, LeaveMode, RawLock};
+use crate::raw::{self, LateAcquire, LeaveMode, RawLock};
 use crate::status::LockStatus;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -441,7 +441,11 @@ impl WaitCanceller {
         let Some(attempt) = lock.client.waiting.lock().get(&key).copied() else {
             return Ok(());
         };
-        let call = lock.raw.leave(&self.owner, attempt, LeaveMode::Pass);
+        // the waiting thread may be re-running its acquire right now: mark it as left, so that
+        // run does nothing (its thread gets an error) instead of queueing again
+        let call = lock
+            .raw
+            .leave(&self.owner, attempt, LeaveMode::Pass, LateAcquire::Possible);
         lock.client.with_conn(call.during(), |c| call.run(c))?;
         Ok(())
     }

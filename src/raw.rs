@@ -434,6 +434,19 @@ pub enum LeaveMode {
     Pass,
 }
 
+/// Whether an acquire request of the leaving attempt may still reach Redis after the leave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LateAcquire {
+    /// Every acquire request of the attempt was answered (and none was sent twice), so none
+    /// can arrive later: the leave leaves nothing behind.
+    Impossible,
+    /// One went unanswered (an error, a connection that failed under it) or was sent again: it
+    /// may still arrive. The leave leaves a *left mark* (`leave.lua`), which makes it do
+    /// nothing, instead of queueing a waiter nobody refreshes; the mark costs a small field of
+    /// the lock's waiters hash, for at most the queue's TTL (10 minutes).
+    Possible,
+}
+
 /// A grant: the caller holds the lock with this token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grant {
@@ -773,13 +786,27 @@ impl RawLock {
         c
     }
 
-    /// The waiting `attempt` stops waiting.
-    pub fn leave(&self, owner: &str, attempt: u64, mode: LeaveMode) -> Call<Leave> {
+    /// The waiting `attempt` stops waiting; `late` says whether one of its acquire requests
+    /// may still arrive.
+    pub fn leave(
+        &self,
+        owner: &str,
+        attempt: u64,
+        mode: LeaveMode,
+        late: LateAcquire,
+    ) -> Call<Leave> {
         let mut c = self.call(&LEAVE, "leaving the queue", parse_leave);
-        c.cmd.arg(owner).arg(attempt).arg(match mode {
-            LeaveMode::Claim => "claim",
-            LeaveMode::Pass => "pass",
-        });
+        c.cmd
+            .arg(owner)
+            .arg(attempt)
+            .arg(match mode {
+                LeaveMode::Claim => "claim",
+                LeaveMode::Pass => "pass",
+            })
+            .arg(match late {
+                LateAcquire::Impossible => "",
+                LateAcquire::Possible => "mark",
+            });
         c
     }
 

@@ -277,3 +277,47 @@ fn a_hand_off_whose_blpop_reply_was_lost_is_still_claimed_once() {
     assert!(st.holder.is_none() && st.waiters.is_empty(), "{st:?}");
     assert_eq!(st.fencing_counter, t);
 }
+
+/// An acquire sent twice (its first reply cut) could, in general, have a copy still on its way
+/// when its attempt gives up. So that copy does nothing then, the attempt's leave leaves a left
+/// mark: here the acquire queues behind a holder, times out, and a copy of it sent afterwards
+/// is answered `Stale` instead of queueing a waiter nobody refreshes. (A waiter whose requests
+/// were all answered leaves no mark: `basic::try_lock_for_gives_up_in_bounded_time_...`.)
+#[test]
+fn a_waiter_whose_acquire_was_sent_twice_leaves_a_mark_when_it_gives_up() {
+    use fairlock::raw::{Acquire, Mode, RawLock, Settings};
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    // a janitor that stays quiet during the test, so the cut reply is the acquire's
+    let waiter_client = fairlock::LockClient::builder(&proxy.url())
+        .janitor_interval(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    // a pooled connection and the scripts ready, so the first reply after arming is the acquire's
+    drop(waiter_client.lock("warm-up").unwrap().lock().unwrap());
+    let direct = support::client(&server);
+    let holder = direct.lock("marked").unwrap().lock().unwrap();
+
+    let lock = waiter_client.lock("marked").unwrap();
+    proxy.arm();
+    let got = lock.try_lock_for(Duration::from_millis(500)).unwrap();
+    assert!(got.is_none(), "got a held lock");
+    assert_eq!(proxy.cuts(), 1);
+
+    let mut c = server.conn();
+    let marks: Vec<(String, u64)> = redis::cmd("HGETALL")
+        .arg("fairlock:{marked}:left")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(marks.len(), 1, "{marks:?}");
+    let (owner, attempt) = marks[0].clone();
+    let raw = RawLock::new("fairlock", "marked", Settings::default()).unwrap();
+    let copy = raw
+        .acquire(&owner, attempt, Duration::from_secs(30), Mode::Wait, "m")
+        .run(&mut c)
+        .unwrap();
+    assert_eq!(copy, Acquire::Stale);
+    let st = direct.lock("marked").unwrap().status().unwrap();
+    assert!(st.waiters.is_empty(), "{st:?}");
+    holder.unlock().unwrap();
+}

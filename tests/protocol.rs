@@ -16,7 +16,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use fairlock::raw::{
-    self, Acquire, ForceUnlock, Leave, LeaveMode, Mode, RawLock, Reenter, Release, Settings, Wake,
+    self, Acquire, ForceUnlock, LateAcquire, Leave, LeaveMode, Mode, RawLock, Reenter, Release,
+    Settings, Wake,
 };
 use fairlock::Error;
 use support::{eventually, RedisServer};
@@ -187,7 +188,7 @@ fn late_requests_of_an_abandoned_attempt_change_nothing() {
     // attempt 5 of w is applied (queued) but w never hears of it; its leave is held up too
     enqueue(&mut c, &lock, "w:1", 5);
     let late_acquire = lock.acquire("w:1", 5, LEASE, Mode::Wait, "m");
-    let late_leave = lock.leave("w:1", 5, LeaveMode::Pass);
+    let late_leave = lock.leave("w:1", 5, LeaveMode::Pass, LateAcquire::Possible);
     // w tries again with attempt 6 and is served
     enqueue(&mut c, &lock, "w:1", 6);
     lock.release("h:1", th, 1).run(&mut c).unwrap();
@@ -220,13 +221,16 @@ fn late_requests_of_an_abandoned_attempt_change_nothing() {
 /// the second copy after the leave), and the thread moves on, maybe to another lock. The late
 /// acquire used to queue a waiter nobody heartbeats, or take the free lock for a thread that
 /// holds no guard: found by the fuzzer's long run (seed 20261977), where nothing touched that
-/// lock again and its queue keys stayed for their 10-minute TTL.
+/// lock again and its queue keys stayed for their 10-minute TTL. A leave whose attempt had a
+/// request unanswered now leaves a mark that such an acquire finds.
 #[test]
 fn an_acquire_that_arrives_after_its_attempts_leave_does_nothing() {
     let (_server, mut c, lock) = start("left-first");
     // on a free lock, nobody waiting: the late acquire must not take it
     assert_eq!(
-        lock.leave("w:1", 3, LeaveMode::Pass).run(&mut c).unwrap(),
+        lock.leave("w:1", 3, LeaveMode::Pass, LateAcquire::Possible)
+            .run(&mut c)
+            .unwrap(),
         Leave::Left
     );
     let late = lock.acquire("w:1", 3, LEASE, Mode::Wait, "m");
@@ -239,7 +243,9 @@ fn an_acquire_that_arrives_after_its_attempts_leave_does_nothing() {
     enqueue(&mut c, &lock, "w:2", 7);
     let copy = lock.acquire("w:2", 7, LEASE, Mode::Wait, "m");
     assert_eq!(
-        lock.leave("w:2", 7, LeaveMode::Pass).run(&mut c).unwrap(),
+        lock.leave("w:2", 7, LeaveMode::Pass, LateAcquire::Possible)
+            .run(&mut c)
+            .unwrap(),
         Leave::Left
     );
     assert_eq!(copy.run(&mut c).unwrap(), Acquire::Stale);
@@ -256,6 +262,28 @@ fn an_acquire_that_arrives_after_its_attempts_leave_does_nothing() {
         .query(&mut c)
         .unwrap();
     assert_eq!(queue_keys, 0);
+    // the marks stay, with a TTL (the queue's: 10 minutes)
+    let left_key = format!("{}:left", lock.key_names()[0]);
+    let pttl: i64 = redis::cmd("PTTL").arg(&left_key).query(&mut c).unwrap();
+    assert!(pttl > 0 && pttl <= 600_000, "{left_key}: pttl {pttl}");
+
+    // a leave whose acquire was answered leaves no mark: a waiter that timed out
+    let (_server, mut c, lock) = start("timed-out");
+    let th = take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "w:1", 2);
+    assert_eq!(
+        lock.leave("w:1", 2, LeaveMode::Claim, LateAcquire::Impossible)
+            .run(&mut c)
+            .unwrap(),
+        Leave::Left
+    );
+    lock.release("h:1", th, 1).run(&mut c).unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+    assert!(
+        keys.iter()
+            .all(|k| !k.ends_with(":left") && !k.ends_with(":queue") && !k.ends_with(":waiters")),
+        "{keys:?}"
+    );
 }
 
 /// Fault 4: a release that timed out unapplied, then a new acquire by the same thread. The new
@@ -601,7 +629,9 @@ fn one_clients_threads_share_a_wake_list_and_lose_only_their_own_messages() {
     );
     // c:1 gives up and passes the grant on: its message goes, c:2's comes
     assert_eq!(
-        lock.leave("c:1", 11, LeaveMode::Pass).run(&mut c).unwrap(),
+        lock.leave("c:1", 11, LeaveMode::Pass, LateAcquire::Impossible)
+            .run(&mut c)
+            .unwrap(),
         Leave::Passed {
             next: Some("c:2".into())
         }

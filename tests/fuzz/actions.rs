@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use fairlock::raw::{self, Acquire, Leave, LeaveMode, Mode, Release, Wake};
+use fairlock::raw::{self, Acquire, LateAcquire, Leave, LeaveMode, Mode, Release, Wake};
 
 use crate::checks::Check;
 use crate::model::{Hold, State, Wait};
@@ -43,6 +43,7 @@ impl World {
             lease_ms,
             wait: step.wait,
             deadline: step.deadline_ms.map(|d| self.clock.fz() + d as f64),
+            unanswered: false,
         };
         let mode = if step.wait { "wait" } else { "try" };
         self.say(format!(
@@ -85,7 +86,7 @@ impl World {
         true
     }
 
-    pub fn run_acquire(&mut self, c: usize, t: usize, plan: Plan, fault: Fault, then: Fault) {
+    pub fn run_acquire(&mut self, c: usize, t: usize, mut plan: Plan, fault: Fault, then: Fault) {
         let mut fault = fault;
         for round in 0..3 {
             if round > 0 {
@@ -102,6 +103,7 @@ impl World {
             );
             let label = format!("c{c}:t{t} acquire attempt={}", plan.attempt);
             let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
+            plan.unanswered |= fault != Fault::None;
             fault = then;
             let reply = match s.reply {
                 Err(_) => {
@@ -141,6 +143,7 @@ impl World {
                         forward_steps: 0,
                         granted_seen: false,
                         handoff: None,
+                        unanswered: plan.unanswered,
                     });
                     return;
                 }
@@ -166,7 +169,7 @@ impl World {
     pub fn leave_quietly(&mut self, c: usize, t: usize, plan: Plan, fault: Fault) {
         let owner = self.owner(c, t);
         self.say(format!("; leave pass attempt={}", plan.attempt));
-        let call = self.locks[plan.lock].leave(&owner, plan.attempt, LeaveMode::Pass);
+        let call = self.locks[plan.lock].leave(&owner, plan.attempt, LeaveMode::Pass, late(&plan));
         let label = format!("c{c}:t{t} leave pass attempt={}", plan.attempt);
         let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
         self.say(format!(" -> {}", describe(&s.reply)));
@@ -439,7 +442,7 @@ impl World {
             "c{c}:t{t} deadline: leave claim attempt={}",
             plan.attempt
         ));
-        let call = self.locks[plan.lock].leave(&owner, plan.attempt, LeaveMode::Claim);
+        let call = self.locks[plan.lock].leave(&owner, plan.attempt, LeaveMode::Claim, late(&plan));
         let label = format!("c{c}:t{t} leave claim attempt={}", plan.attempt);
         let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
         self.say(format!(" -> {}", describe(&s.reply)));
@@ -529,5 +532,14 @@ impl World {
                 }
             }
         }
+    }
+}
+
+/// Whether the leave of `plan`'s attempt asks for a left mark (as the real client's does).
+fn late(plan: &Plan) -> LateAcquire {
+    if plan.unanswered {
+        LateAcquire::Possible
+    } else {
+        LateAcquire::Impossible
     }
 }

@@ -50,9 +50,6 @@ pub struct LockSnap {
     pub queue: Vec<(String, f64)>,
     /// owner -> attempt of its waiters entry.
     pub waiters: HashMap<String, u64>,
-    /// owner -> attempt of its left mark (a waiters field that only makes a late acquire of
-    /// that attempt do nothing: see `mark_left` in state.lua).
-    pub left_marks: HashMap<String, u64>,
     /// The fence key's value (0: none), a bound above the tokens handed out.
     pub fence: u64,
 }
@@ -149,31 +146,27 @@ fn parse_lock(v: &Value) -> LockSnap {
         .chunks(2)
         .map(|p| (text(&p[0]), text(&p[1]).parse().unwrap_or(0.0)))
         .collect();
-    let (left_marks, waiters) = f
+    let waiters = f
         .get(4)
         .map(items)
         .unwrap_or(&[])
         .chunks(2)
         .filter(|p| !text(&p[0]).starts_with('~'))
         .map(|p| {
-            let entry = text(&p[1]);
-            let attempt = entry
+            let attempt = text(&p[1])
                 .split('|')
                 .next()
                 .and_then(|a| a.parse().ok())
                 .unwrap_or(0);
-            (entry.ends_with("|left"), (text(&p[0]), attempt))
+            (text(&p[0]), attempt)
         })
-        .partition::<Vec<_>, _>(|(left, _)| *left);
-    let left_marks = left_marks.into_iter().map(|(_, e)| e).collect();
-    let waiters = waiters.into_iter().map(|(_, e)| e).collect();
+        .collect();
     LockSnap {
         owner: f.first().map(text).unwrap_or_default(),
         attempt: num(1),
         token: num(2),
         queue,
         waiters,
-        left_marks,
         fence: num(5),
     }
 }
@@ -432,14 +425,6 @@ impl World {
                 ));
             }
         }
-        // waiters hashes that hold left marks
-        let marked: HashSet<String> = snap
-            .locks
-            .iter()
-            .zip(&self.locks)
-            .filter(|(cur, _)| !cur.left_marks.is_empty())
-            .map(|(_, lock)| lock.key_names()[3].to_string())
-            .collect();
         // a backward clock step lengthens every TTL by as much as the clock is now behind
         let behind = self.max_offset_ms - self.server.offset_ms();
         for (key, pttl) in &snap.keys {
@@ -450,9 +435,9 @@ impl World {
                 *pttl > 0 && *pttl <= self.cfg.lease_ms.1 as i64 + behind
             } else if key.contains(":wake:") {
                 *pttl > 0 && *pttl <= self.cfg.waiter_timeout_ms as i64 + behind
-            } else if marked.contains(key) {
-                // only left marks (the queue and the waiters are checked empty above): they
-                // live as long as a ghost waiter would have (QUEUE_TTL)
+            } else if key.ends_with(":left") {
+                // the left marks of attempts whose acquire could still arrive (leave.lua): they
+                // live as long as a ghost waiter's queue keys would have (QUEUE_TTL)
                 let queue_ttl = (2 * self.cfg.waiter_timeout_ms).max(600_000) as i64;
                 *pttl > 0 && *pttl <= queue_ttl + behind
             } else {

@@ -179,6 +179,8 @@ pub struct Wait {
     /// Redis granted this attempt the lock (a hand-off waits in its wake list).
     pub granted_seen: bool,
     pub handoff: Option<Handoff>,
+    /// See [`crate::world::Plan::unanswered`].
+    pub unanswered: bool,
 }
 
 /// A hand-off seen in Redis for a waiting thread: its token, and the earliest fuzzer time its

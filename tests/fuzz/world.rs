@@ -76,6 +76,9 @@ pub struct Plan {
     pub lease_ms: u64,
     pub wait: bool,
     pub deadline: Option<f64>,
+    /// An acquire request of this attempt met a fault, so (as the real client counts it: an
+    /// error, or a second send) a copy may still arrive: its leave asks for a left mark.
+    pub unanswered: bool,
 }
 
 impl Plan {
@@ -86,6 +89,7 @@ impl Plan {
             lease_ms: w.lease_ms,
             wait: true,
             deadline: w.deadline,
+            unanswered: w.unanswered,
         }
     }
 }
