@@ -1035,8 +1035,8 @@ impl Run<'_> {
         end
     }
 
-    /// After the workers stopped: only the fence counters and the tombstones of the last holds
-    /// (free lock hashes living out a lease) may remain, besides the workload's own keys. Looks
+    /// After the workers stopped: only the fence counters, the tombstones of the last holds
+    /// (free lock hashes living out a lease) and left marks (see `leave.lua`) may remain, besides the workload's own keys. Looks
     /// after 1.5 s, and again until 3 s.
     fn check_keys(&self, end: &mut EndState) -> Option<Duration> {
         let stopped = Instant::now();
@@ -1075,9 +1075,11 @@ impl Run<'_> {
                 continue;
             }
             let pttl: i64 = redis::cmd("PTTL").arg(&key).query(c).unwrap_or(-2);
-            // every key of the lock has a TTL now, the fence too (7 days by default)
+            // every key of the lock has a TTL now, the fence too (7 days by default); the left
+            // marks of attempts whose acquire went unanswered live for the queue's TTL
             let ok = self.locks.iter().any(|n| {
                 (key == format!("fairlock:{{{n}}}:fence") && pttl > 0)
+                    || (key == format!("fairlock:{{{n}}}:left") && (1..=600_000).contains(&pttl))
                     || (key == format!("fairlock:{{{n}}}")
                         && (0..=workload::LEASE.as_millis() as i64).contains(&pttl)
                         && is_tombstone(c, &key))
