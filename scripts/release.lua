@@ -8,7 +8,7 @@
 -- reports success instead of a false "not held" while the lock's hash remembers it (the hash
 -- lives on through the next holds; a tombstone for the rest of the released lease). Tokens
 -- are unique per hold, so a late release never touches a later hold.
--- Cost: with nobody waiting HMGET, EXISTS, HSET.
+-- Cost: with nobody waiting HMGET, ZRANGE (the queue's head), HSET.
 local owner, token, depth = ARGV[3], ARGV[4], tonumber(ARGV[5])
 return run(function()
   local h = read_lock()
@@ -18,7 +18,8 @@ return run(function()
       return { 'held', depth - 1 }
     end
     local receipts = with_receipt(h.released, token)
-    local next = queue_keys_exist() and grant_next(h, 'released', receipts)
+    -- (the queue's first members, which the grant needs anyway, also say whether anyone waits)
+    local next = front()[1] and grant_next(h, 'released', receipts)
     if not next then
       redis.call('HSET', k.lock, 'owner', '', 'released', receipts)
     end

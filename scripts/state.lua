@@ -84,14 +84,14 @@ local function take(h, owner, attempt, lease, meta, ...)
   return token
 end
 
--- The released list with `token` added, the oldest dropped beyond RECEIPTS.
+-- The released list with `token` added in front, the oldest dropped beyond RECEIPTS (string
+-- operations in C: a release runs this on the hand-off's critical path).
 local function with_receipt(released, token)
-  local out = { token }
-  for t in string.gmatch(released, '%d+') do
-    if #out >= RECEIPTS then break end
-    out[#out + 1] = t
-  end
-  return table.concat(out, ' ')
+  if released == '' then return token end
+  local out = token .. ' ' .. released
+  local _, spaces = string.gsub(out, ' ', ' ')
+  if spaces >= RECEIPTS then out = string.match(out, '^(.*) %d+$') end
+  return out
 end
 
 local function has_receipt(released, token)
@@ -120,10 +120,12 @@ end
 -- "attempt|deadline|lease|meta" -> table
 local function parse_waiter(v)
   if not v then return nil end
-  local attempt, deadline, lease, meta = string.match(v, '^(%d+)|(%d+)|(%d+)|(.*)$')
-  if not attempt then return nil end
-  return { attempt = tonumber(attempt), deadline = tonumber(deadline), lease = tonumber(lease),
-           meta = meta }
+  local a, deadline, l, meta = string.match(v, '^(%d+)|(%d+)|(%d+)|(.*)$')
+  if not a then return nil end
+  local attempt, lease = tonumber(a), tonumber(l)
+  -- a grant writes both again: their digits are those fmt would give (fmt wrote them)
+  formatted[attempt], formatted[lease] = a, l
+  return { attempt = attempt, deadline = tonumber(deadline), lease = lease, meta = meta }
 end
 
 -- What one run has read and written of the waiters hash and the queue, set by `reset_state`
@@ -174,29 +176,35 @@ end
 -- Remove `owner` from the queue and the waiters hash; the waiters hash (and its clock) goes
 -- with the last queue entry. What the script read of the queue spares most checks.
 local function dequeue(owner)
-  read(k.queue, 'ZREM', owner)
   local q = Q
   Q = nil
-  local empty
-  if not q then
-    empty = redis.call('EXISTS', k.queue) == 0
-  elseif not q[1] then
-    empty = true
-  elseif q[1] ~= owner then
-    empty = false
+  if q and q[1] == owner and not q[2] and W.now then
+    -- the only member, and both keys read (type-checked) already: one call deletes both (the
+    -- hand-off to a lone waiter)
+    redis.call('DEL', k.queue, k.waiters)
   else
-    empty = not q[2]
-  end
-  if empty then
+    read(k.queue, 'ZREM', owner)
+    local empty
+    if not q then
+      empty = redis.call('EXISTS', k.queue) == 0
+    elseif not q[1] then
+      empty = true
+    elseif q[1] ~= owner then
+      empty = false
+    else
+      empty = not q[2]
+    end
+    if not empty then
+      read(k.waiters, 'HDEL', owner)
+      W.entries[owner] = false
+      return
+    end
     -- a hash this script has not read yet is read (type-checked) before it is deleted
     if not W.now then read(k.waiters, 'HLEN') end
     redis.call('DEL', k.waiters)
-    W = { now = W.now, tail = 0, existed = false, entries = {} }
-    Q = {}
-  else
-    read(k.waiters, 'HDEL', owner)
-    W.entries[owner] = false
   end
+  W = { now = W.now, tail = 0, existed = false, entries = {} }
+  Q = {}
 end
 
 -- Remove an owner's queue entry and wake-ups, whatever attempt they belong to.

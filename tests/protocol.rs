@@ -657,3 +657,43 @@ fn one_clients_threads_share_a_wake_list_and_lose_only_their_own_messages() {
         Some(Wake::Grant { attempt: 12, .. })
     ));
 }
+
+/// A full release leaves a receipt (its token) in the lock hash, so that a retry of it, whose
+/// first run was applied and its reply lost, reports success; the hash keeps the last 8, newest
+/// first, and a retry of an older release than those answers "not held" without touching the
+/// current hold.
+#[test]
+fn a_lock_remembers_the_last_eight_releases_for_their_retries() {
+    let (_server, mut c, lock) = start("receipts");
+    let mut tokens = vec![];
+    for attempt in 1..=10 {
+        let t = take(&mut c, &lock, "w:1", attempt);
+        assert_eq!(
+            lock.release("w:1", t, 1).run(&mut c).unwrap(),
+            Release::Released { next: None }
+        );
+        tokens.push(t);
+    }
+    let released: String = redis::cmd("HGET")
+        .arg(lock.key_names()[0])
+        .arg("released")
+        .query(&mut c)
+        .unwrap();
+    let newest_first: Vec<String> = tokens.iter().rev().take(8).map(u64::to_string).collect();
+    assert_eq!(released, newest_first.join(" "));
+    // retries: the last 8 find their receipt, an older one does not
+    let now = take(&mut c, &lock, "x:1", 1);
+    for t in &tokens[2..] {
+        assert_eq!(
+            lock.release("w:1", *t, 1).run(&mut c).unwrap(),
+            Release::Released { next: None }
+        );
+    }
+    assert_eq!(
+        lock.release("w:1", tokens[1], 1).run(&mut c).unwrap(),
+        Release::NotHeld {
+            holder: Some("x:1".into())
+        }
+    );
+    assert_eq!(holder(&mut c, &lock), (Some("x:1".into()), Some(now)));
+}
