@@ -430,7 +430,9 @@ impl WaitCanceller {
     /// Give up that thread's queue place, and hand on a grant that already reached it. Its
     /// acquire call is not woken, so exit right after. Without this the place lapses only when
     /// the janitor stops refreshing it, and a grant made to it meanwhile waits to be revoked.
-    /// Does nothing when the thread is not waiting on this lock.
+    /// Does nothing when the thread is not waiting on this lock. The attempt is marked as left
+    /// (key `<prefix>:{name}:left`, for 10 minutes), so that if the waiting thread runs its
+    /// acquire again before the exit it gets an error instead of a new place.
     ///
     /// # Errors
     /// [`Error::Connection`] when Redis cannot be reached (the place then lapses by itself

@@ -108,6 +108,14 @@ fn proxied_client(proxy: &Proxy) -> fairlock::LockClient {
     client
 }
 
+/// A client through the proxy whose janitor stays quiet for the length of a test (no warm-up).
+fn quiet_client(proxy: &Proxy) -> fairlock::LockClient {
+    fairlock::LockClient::builder(&proxy.url())
+        .janitor_interval(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn a_release_whose_reply_was_lost_is_retried_once_without_a_false_not_held() {
     let server = RedisServer::start();
@@ -235,11 +243,8 @@ fn an_acquire_whose_reply_was_lost_takes_one_token_and_one_level() {
 fn a_hand_off_whose_blpop_reply_was_lost_is_still_claimed_once() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
-    // a janitor that stays quiet during the test, so the cut reply is the BLPOP's
-    let waiter_client = fairlock::LockClient::builder(&proxy.url())
-        .janitor_interval(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    // its janitor stays quiet, so the cut reply is the BLPOP's
+    let waiter_client = quiet_client(&proxy);
     let direct = support::client(&server);
     let lock = direct.lock("lost-handoff").unwrap();
     let holder = lock.lock().unwrap();
@@ -288,11 +293,8 @@ fn a_waiter_whose_acquire_was_sent_twice_leaves_a_mark_when_it_gives_up() {
     use fairlock::raw::{Acquire, Mode, RawLock, Settings};
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
-    // a janitor that stays quiet during the test, so the cut reply is the acquire's
-    let waiter_client = fairlock::LockClient::builder(&proxy.url())
-        .janitor_interval(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    // its janitor stays quiet, so the cut reply is the acquire's
+    let waiter_client = quiet_client(&proxy);
     // a pooled connection and the scripts ready, so the first reply after arming is the acquire's
     drop(waiter_client.lock("warm-up").unwrap().lock().unwrap());
     let direct = support::client(&server);
