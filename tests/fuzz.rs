@@ -27,8 +27,8 @@
 //!    third of it per forward clock step, which the virtual clock may absorb), not yet granted.
 //! 5. **Liveness**: at the end faults stop and every client behaves; within 20 s every thread
 //!    must have held the lock, and every lock must be free with nothing left but the fence, the
-//!    release receipts and wake lists that expire within the waiter timeout (plus however far
-//!    the server clock is behind its furthest). A waiter that Redis forgot (no queue entry, no
+//!    release receipts, wake lists that expire within the waiter timeout and left marks that
+//!    expire within the queue's TTL (plus however far the server clock is behind its furthest). A waiter that Redis forgot (no queue entry, no
 //!    grant, no retry coming) fails here, or earlier in check 4.
 //!
 //! Also: replies the scripts never give (a stale answer to a thread's newest attempt, a busy
