@@ -128,7 +128,7 @@ end
 
 -- The type fairlock keeps at `key` (only a refusal asks, so no run builds a table for it).
 local function expected_type(key)
-  if key == k.lock or key == k.waiters then return 'hash' end
+  if key == k.lock or key == k.waiters or key == k.lock .. ':left' then return 'hash' end
   if key == k.fence then return 'string' end
   if key == k.queue then return 'zset' end
   return 'list'

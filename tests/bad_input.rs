@@ -371,3 +371,28 @@ fn foreign_data_at_a_locks_keys_is_reported_by_key_and_left_untouched() {
         assert_eq!(server.pttl(key), -1, "{key} got a TTL");
     }
 }
+
+/// The left marks' key (`<prefix>:{name}:left`, see `leave.lua`) with another program's data:
+/// an acquire that reads it is refused, naming the key and the type fairlock expects there.
+#[test]
+fn foreign_data_at_the_left_marks_key_is_reported_with_the_type_expected() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let mut c = server.conn();
+    let key = "fairlock:{marks}:left";
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg("mine")
+        .query(&mut c)
+        .unwrap();
+    let lock = client.lock("marks").unwrap();
+    match lock.try_lock() {
+        Err(e @ Error::ForeignData { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains(key) && msg.contains("expects a hash"), "{msg}");
+        }
+        other => panic!("expected ForeignData, got {other:?}"),
+    }
+    let now: String = redis::cmd("GET").arg(key).query(&mut c).unwrap();
+    assert_eq!(now, "mine");
+}
