@@ -92,7 +92,9 @@ local RECEIPTS = 8
 local k, FENCE_TTL, WAITER_TTL, CAP, QUEUE_TTL, clock, formatted
 
 local function reset(keys, argv)
-  k = { lock = keys[1], fence = keys[2], queue = keys[3], waiters = keys[4] }
+  -- (the left marks' key, like the wake lists, is named here rather than passed: same hash tag)
+  k = { lock = keys[1], fence = keys[2], queue = keys[3], waiters = keys[4],
+        left = keys[1] .. ':left' }
   FENCE_TTL = tonumber(argv[1])
   WAITER_TTL = tonumber(argv[2])
   CAP = math.floor(WAITER_TTL / 3)
@@ -128,7 +130,7 @@ end
 
 -- The type fairlock keeps at `key` (only a refusal asks, so no run builds a table for it).
 local function expected_type(key)
-  if key == k.lock or key == k.waiters or key == k.lock .. ':left' then return 'hash' end
+  if key == k.lock or key == k.waiters or key == k.left then return 'hash' end
   if key == k.fence then return 'string' end
   if key == k.queue then return 'zset' end
   return 'list'

@@ -5,7 +5,8 @@
 -- older wake-ups, so a lapsed grant cannot be popped after it; the tombstone keeps the receipts
 -- a repeated release looks for. Wake lists are shared by a client's threads: a repeated or late
 -- removal takes only its own thread's messages (drop_wakeups), never a neighbour's, and a push
--- never shortens the list's TTL under others' messages (push_wakeup).
+-- never shortens the list's TTL under others' messages (push_wakeup). A left mark keeps the
+-- newest attempt marked, so a repeated or late mark of an older one changes nothing (mark_left).
 
 -- ---- the lock hash --------------------------------------------------------------------------
 
@@ -242,7 +243,7 @@ end
 -- case (no waiter, no garbage) stops here. It checks no key's type, so it only guards paths that
 -- write none of these keys when it says no.
 local function queue_keys_exist()
-  return redis.call('EXISTS', k.queue, k.waiters, k.lock .. ':left') > 0
+  return redis.call('EXISTS', k.queue, k.waiters, k.left) > 0
 end
 
 -- ---- left marks -----------------------------------------------------------------------------
@@ -254,7 +255,7 @@ end
 
 -- The newest attempt of `owner` that left with a mark (0: none).
 local function left_mark(owner)
-  return tonumber(read(k.lock .. ':left', 'HGET', owner)) or 0
+  return tonumber(read(k.left, 'HGET', owner)) or 0
 end
 
 -- Mark `owner`'s `attempt` as left. On a fresh lock this is the script's first write, so it
@@ -263,9 +264,8 @@ local function mark_left(owner, attempt)
   read(k.queue, 'ZCARD')
   local fence = read(k.fence, 'GET')
   if fence and not tonumber(fence) then refuse(k.fence, 'a non-numeric string') end
-  local key = k.lock .. ':left'
-  if left_mark(owner) < attempt then redis.call('HSET', key, owner, fmt(attempt)) end
-  redis.call('PEXPIRE', key, QUEUE_TTL)
+  if left_mark(owner) < attempt then redis.call('HSET', k.left, owner, fmt(attempt)) end
+  redis.call('PEXPIRE', k.left, QUEUE_TTL)
 end
 
 -- The queue is empty: a waiters hash left without it (its queue key was evicted or lost) goes,

@@ -442,8 +442,9 @@ pub enum LateAcquire {
     Impossible,
     /// One went unanswered (an error, a connection that failed under it) or was sent again: it
     /// may still arrive. The leave leaves a *left mark* (`leave.lua`), which makes it do
-    /// nothing, instead of queueing a waiter nobody refreshes; the mark costs a small field of
-    /// the lock's waiters hash, for at most the queue's TTL (10 minutes).
+    /// nothing, instead of queueing a waiter nobody refreshes; the mark costs a field of the
+    /// lock's key `<prefix>:{name}:left`, which lives the queue's TTL (10 minutes) after the
+    /// last mark.
     Possible,
 }
 
