@@ -57,20 +57,38 @@
 -- *virtual clock* per key (field ~clock of the waiters hash, field vc of the lock hash): it
 -- advances with the wall clock, but by at most CAP (a third of the waiter timeout) from the
 -- stored reading, and never backwards from it, so a clock step of either sign neither purges live
--- waiters nor keeps dead ones for more than a few heartbeats. Heartbeats (and enqueues, which
--- write the waiters hash anyway) store the reading; a release judging the head's deadline does
--- not, which can only make the clock lag until the next heartbeat (judging waiters more
--- leniently), never run ahead. Leases are Redis TTLs: a forward step of the server clock
--- shortens them (README: Limits).
+-- waiters nor keeps dead ones for more than a few calls. Every script that judges waiters or a
+-- hand-off stores the reading it took (acquire, release, leave, force_unlock, heartbeat; not
+-- status, which only reads), so the clock moves on with whatever traffic the lock has: a dead
+-- waiter is found dead by the next call after its deadline however that call came (a cron job's
+-- try_lock), not only by another waiter's heartbeat. Leases are Redis TTLs: a forward step of
+-- the server clock shortens them (README: Limits).
 --
 -- Foreign data. Another program's data at a lock's key is never modified: every key is read or
 -- written through `read`, with a command that fails with WRONGTYPE on another type, before any
--- command that would overwrite it (SET, DEL, PEXPIRE), and a non-numeric fence is put back. A
--- script's body runs in `run`, which turns such a refusal into a FOREIGN error reply. On a
--- fresh lock the refusal comes before the script's first write; on a lock already in use a
--- script may be refused midway, after changing fairlock's own keys of that lock, which the
--- foreign data has made unusable anyway.
+-- command that would overwrite it (SET, DEL, PEXPIRE), and data of fairlock's own type is
+-- recognized before it is written to: the lock hash by its owner field, the waiters hash by its
+-- ~clock field, the marks hash by its '~' field, queue members by the owner form
+-- "<client>:<thread number>", wake-ups by "<thread>|g|" or "<thread>|r|", the fence by being a
+-- token (whole digits below 2^53; another string there is put back). A script's body runs in
+-- `run`, which turns a refusal into a FOREIGN error reply. On a fresh lock the refusal comes
+-- before the script's first write; on a lock already in use a script may be refused midway,
+-- after changing fairlock's own keys of that lock, which the foreign data has made unusable
+-- anyway.
 --
+-- Undeclared keys. Scripts declare the four keys below; two more of the lock's keys are named
+-- inside them: the wake lists (named after a waiter's client, which only the script knows: the
+-- grantee of a release) and the left marks (P:{N}:left, named here to keep the key list the
+-- same for every script). They share the hash tag, so they live on the lock's node; but while
+-- the lock's Cluster slot migrates, Redis refuses a script's access to such a key when it is
+-- missing on the node ("non local key"), an ACL key pattern may refuse them, and serverless
+-- offerings that check declared keys refuse them always. Scripts are not transactions: a
+-- command refused midway leaves the writes before it. So every script touches these keys
+-- before the first write of the work they belong to: a grant checks the grantee's wake list
+-- before it takes the lock (can_wake, and if refused leaves the lock free with its queue, which
+-- a heartbeat repairs once the key can be reached); queueing and leaving drop the thread's old
+-- wake-ups before they write; a script that may leave a left mark reads the marks first.
+
 -- Network: these helpers only run inside a script, atomically; why a lost reply, a late delivery
 -- and a repeat are safe is said per script, in its own header (every one acts only on the
 -- attempt or the token it was sent for). In the function library a run's state lives in
@@ -161,6 +179,32 @@ local function run(body)
   if type(r) == 'table' and r.foreign then return redis.error_reply(r.foreign) end
   if type(r) == 'table' and r.err then return redis.error_reply(r.err) end
   return redis.error_reply('ERR fairlock script: ' .. tostring(r))
+end
+
+-- Tokens are whole numbers below 2^53, so that every one is exact in Lua's numbers and in
+-- '%d'. A stored token (the fence, another program's string there) that is not one is refused:
+-- '1e20', 'inf' or 2^63 would overflow the next token, which the holder could then not release,
+-- and tokens after it would go back.
+local MAX_TOKEN = 9007199254740991
+
+-- The value of the stored token `s`, or nil when it is not one fairlock can use.
+local function token_value(s)
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^%d+$') then return nil end
+  local n = tonumber(s)
+  if n > MAX_TOKEN then return nil end
+  return n
+end
+
+local NOT_A_TOKEN = 'a string that is not a fairlock token (whole digits below 2^53)'
+
+-- The fence (the last token handed out; nil when it is gone), refusing another program's
+-- string there.
+local function read_fence()
+  local f = read(k.fence, 'GET')
+  if not f then return nil end
+  local n = token_value(f)
+  if not n then refuse(k.fence, NOT_A_TOKEN) end
+  return n
 end
 
 -- ---- time -----------------------------------------------------------------------------------

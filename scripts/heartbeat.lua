@@ -1,12 +1,14 @@
 -- heartbeat.lua: a client's janitor keeps its waiters' places and repairs what others left.
 -- ARGV: [3..] pairs: owner, attempt (this client's waiting attempts on this lock)
--- Returns {holder pttl, owners told to retry...}
+-- Returns {holder pttl, last token handed out, owners told to retry...}
 -- 1. For each attempt: a queued one gets a new deadline; one whose hand-off waits unpopped keeps
 --    it alive; any other (its entry was purged during a pause, its grant lapsed unseen, its
 --    queue key was lost) is told "retry" through its wake list and queues again.
 -- 2. A hand-off whose grantee stopped refreshing it and never popped it is revoked.
 -- 3. Dead waiters at the head of the queue are purged; a stranded lock (free, waiters queued:
---    the holder died) goes to the live head.
+--    the holder died, or a grant's wake list could not be reached) goes to the live head.
+-- The last token lets each waiter tell which grants came after this heartbeat ran (the
+-- client's `handoff_lease_start`).
 -- Cost: O(this client's waiters + dead heads), never a scan of all waiters.
 -- Network: a retry refreshes again; a late heartbeat for an attempt that has moved on does
 -- nothing (a newer attempt's entry) or pushes a "retry" for that old attempt, which its client's
@@ -14,9 +16,9 @@
 -- thread run acquire once more, which keeps its place.
 return run(function()
   local h = read_lock()
-  -- the lock hash's own virtual clock (see "Time" in common.lua), for hand-off deadlines; stored
-  -- below, as heartbeats are what moves it on
-  local lock_now = h.owner and h.wdl and advance(h.vc)
+  -- the lock hash's own virtual clock, for hand-off deadlines (moved on by heartbeats and
+  -- acquires: see lock_clock)
+  local lock_now = h.owner and h.wdl and lock_clock(h)
   local own_handoff = false
   local told = {}
   for i = 3, #ARGV, 2 do
@@ -39,15 +41,7 @@ return run(function()
     end
   end
 
-  if lock_now then
-    redis.call('HSET', k.lock, 'vc', clock_value(lock_now))
-  end
-  if h.owner and h.wdl and not own_handoff and h.wdl < lock_now
-      and handoff_pending(h.owner, h.attempt, h.token) then
-    redis.call('HSET', k.lock, 'owner', '')
-    drop_wakeups(h.owner)
-    h.owner = false
-  end
+  if not own_handoff and lock_now then revoke_stale_handoff(h, lock_now) end
 
   if front()[1] then
     if not h.owner then
@@ -59,11 +53,11 @@ return run(function()
       redis.call('PEXPIRE', k.queue, QUEUE_TTL)
       redis.call('PEXPIRE', k.waiters, QUEUE_TTL)
     end
-  elseif W.now or read(k.waiters, 'HLEN') > 0 then
+  else
     -- no queue (emptied, or its key lost): the waiters hash goes too
-    redis.call('DEL', k.waiters)
+    drop_orphaned_waiters()
   end
-  local result = { holder_pttl(h) }
+  local result = { holder_pttl(h), fmt(last_token(h)) }
   for _, f in ipairs(told) do result[#result + 1] = f end
   return result
 end)

@@ -11,6 +11,9 @@
 -- it again), and the mark lingers, so it is not left after every leave.
 local owner, attempt, mode, mark = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6] == 'mark'
 return run(function()
+  -- the keys a leave may write that it does not declare (the wake list, the marks) are touched
+  -- before its first write (see "Undeclared keys")
+  if mark then left_mark(owner) end
   local h = read_lock()
   if h.owner == owner and h.attempt == attempt then
     drop_wakeups(owner)

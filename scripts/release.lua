@@ -1,17 +1,24 @@
 -- release.lua: the owner gives up one level of its hold; its outermost level (depth 1) frees the
 -- lock whatever the count says and grants it to the next live waiter (one wake-up, addressed to
 -- it), or leaves it free (a tombstone: see common.lua).
--- ARGV: [3] owner [4] token [5] depth held before this release
+-- ARGV: [3] owner [4] token [5] depth held before this release [6] the hold's attempt, when an
+--       acquire request of it may still arrive (it went unanswered, or was sent twice), else ''
 -- Returns {'held', count} | {'released', next waiter or ''} | {'not_held', current owner or ''}
 -- Network: an inner level sets the count to depth - 1 (a retry counts once); a full release
 -- leaves a receipt (its token in the hash's `released`, with the last few others), so a retry
 -- reports success instead of a false "not held" while the lock's hash remembers it (the hash
 -- lives on through the next holds; a tombstone for the rest of the released lease). Tokens
--- are unique per hold, so a late release never touches a later hold.
+-- are unique per hold, so a late release never touches a later hold. When asked, the outermost
+-- release (whatever it finds) leaves a left mark for the hold's attempt (state.lua,
+-- mark_left), so a copy of its acquire that arrives afterwards does nothing instead of taking
+-- the lock for a thread that holds no guard.
 -- Cost: with nobody waiting HMGET, ZRANGE (the queue's head), HSET.
-local owner, token, depth = ARGV[3], ARGV[4], tonumber(ARGV[5])
+local owner, token, depth, mark = ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 return run(function()
+  -- the marks' key is undeclared: touched before the first write (see "Undeclared keys")
+  if mark and depth <= 1 then left_mark(owner) end
   local h = read_lock()
+  local result
   if h.owner == owner and h.token_text == token then
     if depth > 1 then
       redis.call('HSET', k.lock, 'count', depth - 1)
@@ -23,10 +30,12 @@ return run(function()
     if not next then
       redis.call('HSET', k.lock, 'owner', '', 'released', receipts)
     end
-    return { 'released', next or '' }
+    result = { 'released', next or '' }
+  elseif depth == 1 and has_receipt(h.released, token) then
+    result = { 'released', '' }
+  else
+    result = { 'not_held', h.owner or '' }
   end
-  if depth == 1 and has_receipt(h.released, token) then
-    return { 'released', '' }
-  end
-  return { 'not_held', h.owner or '' }
+  if mark and depth <= 1 then mark_left(owner, mark) end
+  return result
 end)

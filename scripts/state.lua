@@ -10,13 +10,24 @@
 
 -- ---- the lock hash --------------------------------------------------------------------------
 
--- The lock hash as this script first saw it; owner is false when the lock is free.
+-- The lock hash as this script first saw it; owner is false when the lock is free. `unread`:
+-- it has no owner field, so it is either missing or another program's hash (fairlock's always
+-- has one: '' for a tombstone); `take` tells which before it writes.
 local function read_lock()
   local v = read(k.lock, 'HMGET', 'owner', 'attempt', 'token', 'lease', 'released', 'wdl', 'vc')
   local owner = v[1]
   if owner == '' then owner = false end
   return { owner = owner, attempt = tonumber(v[2]) or 0, token = tonumber(v[3]), token_text = v[3],
-           lease = tonumber(v[4]) or 0, released = v[5] or '', wdl = tonumber(v[6]), vc = v[7] }
+           lease = tonumber(v[4]) or 0, released = v[5] or '', wdl = tonumber(v[6]), vc = v[7],
+           unread = not v[1] }
+end
+
+-- The last token handed out as far as this run can tell (the fence, or the hash's token when
+-- the fence is gone; 0 when both are): every grant made after this run has a greater token, so
+-- a waiter that reads it knows which grants came after its request (see the client's
+-- `handoff_lease_start`).
+local function last_token(h)
+  return math.max(h.token or 0, read_fence() or 0)
 end
 
 -- ---- wake lists -----------------------------------------------------------------------------
@@ -32,12 +43,44 @@ local function wake_of(owner)
   return k.lock .. ':wake:' .. client, thread .. '|'
 end
 
+-- Whether `msg` is a wake-up fairlock wrote ("<thread>|g|..." or "<thread>|r|...").
+local function is_wakeup(msg)
+  return string.match(msg, '^[^|]*|[gr]|') ~= nil
+end
+
+local FOREIGN_LIST = 'a list of messages fairlock did not write'
+
 -- Remove every message to `owner` (whatever attempt it is for) from its client's wake list.
+-- Its first call touches the list (undeclared, see "Undeclared keys"): callers make it before
+-- their first write of a unit of work.
 local function drop_wakeups(owner)
   local wk, prefix = wake_of(owner)
-  for _, msg in ipairs(read(wk, 'LRANGE', 0, -1)) do
+  local msgs = read(wk, 'LRANGE', 0, -1)
+  for _, msg in ipairs(msgs) do
+    if not is_wakeup(msg) then refuse(wk, FOREIGN_LIST) end
+  end
+  for _, msg in ipairs(msgs) do
     if msg:sub(1, #prefix) == prefix then redis.call('LREM', wk, 1, msg) end
   end
+end
+
+-- Whether a wake-up can be pushed to `owner` now. The wake list is a key the script does not
+-- declare (it is named after the grantee, whom only the script knows): while the lock's Cluster
+-- slot migrates, Redis refuses it when it is missing on this node, and an ACL may refuse it.
+-- A grant checks it before its first write, so it is never left half done (the hold written,
+-- the wake-up refused); refused, the lock stays free with its queue (stranded), which the
+-- grantee's heartbeat repairs once the key can be reached.
+local function can_wake(owner)
+  local wk = wake_of(owner)
+  local r = redis.pcall('LINDEX', wk, 0)
+  if type(r) == 'table' and r.err then
+    if string.find(r.err, 'WRONGTYPE', 1, true) then
+      refuse(wk, 'a ' .. redis.call('TYPE', wk)['ok'] .. ' but fairlock expects a list')
+    end
+    return false
+  end
+  if r and not is_wakeup(r) then refuse(wk, FOREIGN_LIST) end
+  return true
 end
 
 -- Push `body` to `owner`, keeping the list for at least `ttl` ms: others' messages may be
@@ -55,14 +98,15 @@ end
 local function next_token(h)
   local token = math.max((h.token or 0) + 1, now_us())
   local old = read(k.fence, 'SET', fmt(token), 'PX', FENCE_TTL, 'GET')
-  if old and not tonumber(old) then
+  local last = old and token_value(old)
+  if old and not last then
     -- another program's string: put it back (without the TTL it may have had) and refuse
     redis.call('SET', k.fence, old)
-    refuse(k.fence, 'a non-numeric string')
+    refuse(k.fence, NOT_A_TOKEN)
   end
-  if old and tonumber(old) >= token then
+  if last and last >= token then
     -- the fence is ahead of the hash (no hash: its lease ran out; or the server clock went back)
-    token = tonumber(old) + 1
+    token = last + 1
     redis.call('SET', k.fence, fmt(token), 'PX', FENCE_TTL)
   end
   return token
@@ -71,6 +115,10 @@ end
 -- A new hold, written over whatever hash (tombstone or an older hold) is there. `...`: more
 -- field, value pairs (a hand-off's wdl and vc). Returns the token.
 local function take(h, owner, attempt, lease, meta, ...)
+  if h.unread and redis.call('EXISTS', k.lock) == 1 then
+    refuse(k.lock, "a hash without fairlock's fields")
+  end
+  h.unread = false
   local token = next_token(h)
   if select('#', ...) == 0 then
     redis.call('HSET', k.lock, 'owner', owner, 'attempt', fmt(attempt), 'count', 1,
@@ -132,15 +180,22 @@ end
 -- What one run has read and written of the waiters hash and the queue, set by `reset_state`
 -- at the start of every run that uses these helpers (see `reset` in common.lua).
 -- W: the waiters hash as this run sees it: its virtual clock now, the last score given out,
--- and the entries read so far (owner -> entry or false). Q: the first two queue members.
+-- and the entries read so far (owner -> entry or false); `readonly` (status) never stores the
+-- clock. Q: the first two queue members.
 local W, Q
 
 local function reset_state()
-  W = { now = nil, tail = 0, existed = false, entries = {} }
+  W = { now = nil, tail = 0, existed = false, entries = {}, readonly = false }
   Q = nil
 end
 
--- The waiters entry of `owner` (nil if none). The first read also reads the hash's clock.
+local FOREIGN_WAITERS = "a hash without fairlock's clock field"
+
+-- The waiters entry of `owner` (nil if none). The first read also reads the hash's clock and
+-- stores its reading: every script that judges waiters moves the clock on, not only
+-- heartbeats, so a dead waiter is found dead whoever calls (a reading advances at most CAP
+-- from the stored one, so a forward step of the server clock still costs at most CAP however
+-- many scripts run).
 local function waiter_entry(owner)
   local e = W.entries[owner]
   if e ~= nil then return e or nil end
@@ -150,9 +205,23 @@ local function waiter_entry(owner)
     local v = read(k.waiters, 'HMGET', owner, '~clock', '~tail')
     e = parse_waiter(v[1])
     W.now, W.tail, W.existed = advance(v[2]), tonumber(v[3]) or 0, v[2] and true or false
+    if v[2] and not W.readonly then
+      redis.call('HSET', k.waiters, '~clock', clock_value(W.now))
+    elseif not v[2] and v[1] then
+      refuse(k.waiters, FOREIGN_WAITERS)
+    end
   end
   W.entries[owner] = e or false
   return e
+end
+
+-- The waiters hash is fairlock's or missing: a hash there without the clock field fairlock
+-- always writes with an entry is another program's. Checked before the first write to it.
+local function check_waiters_ours()
+  if not W.now then waiter_entry('~clock') end
+  if W.existed or W.checked then return end
+  if redis.call('EXISTS', k.waiters) == 1 then refuse(k.waiters, FOREIGN_WAITERS) end
+  W.checked = true
 end
 
 -- The waiters hash's virtual clock now.
@@ -163,14 +232,26 @@ end
 
 -- Store a waiter's entry (and the clock reading with it).
 local function write_waiter(owner, attempt, deadline, lease, meta, ...)
+  if not W.existed then check_waiters_ours() end
   local e = fmt(attempt) .. '|' .. fmt(deadline) .. '|' .. fmt(lease) .. '|' .. meta
   redis.call('HSET', k.waiters, owner, e, '~clock', clock_value(waiters_now()), ...)
   W.entries[owner] = parse_waiter(e)
 end
 
+-- Whether `member` can be one of fairlock's queue members (an owner, "<client id>:<thread>").
+local function is_owner(member)
+  return string.match(member, '^[^|]+:%d+$') ~= nil
+end
+
 -- The first two members of the queue, read once a script (kept up to date by its own changes).
+-- A member that is no owner is another program's zset: refused before anything judges it.
 local function front()
-  if not Q then Q = read(k.queue, 'ZRANGE', 0, 1) end
+  if not Q then
+    Q = read(k.queue, 'ZRANGE', 0, 1)
+    for _, m in ipairs(Q) do
+      if not is_owner(m) then refuse(k.queue, 'a zset whose members are not fairlock owners') end
+    end
+  end
   return Q
 end
 
@@ -182,6 +263,7 @@ local function dequeue(owner)
   if q and q[1] == owner and not q[2] and W.now then
     -- the only member, and both keys read (type-checked) already: one call deletes both (the
     -- hand-off to a lone waiter)
+    check_waiters_ours()
     redis.call('DEL', k.queue, k.waiters)
   else
     read(k.queue, 'ZREM', owner)
@@ -200,18 +282,19 @@ local function dequeue(owner)
       W.entries[owner] = false
       return
     end
-    -- a hash this script has not read yet is read (type-checked) before it is deleted
-    if not W.now then read(k.waiters, 'HLEN') end
+    -- a hash this script has not read yet is read (checked) before it is deleted
+    check_waiters_ours()
     redis.call('DEL', k.waiters)
   end
-  W = { now = W.now, tail = 0, existed = false, entries = {} }
+  W = { now = W.now, tail = 0, existed = false, entries = {}, readonly = W.readonly }
   Q = {}
 end
 
--- Remove an owner's queue entry and wake-ups, whatever attempt they belong to.
+-- Remove an owner's wake-ups and queue entry, whatever attempt they belong to (the wake list
+-- first: it is the key that may be refused, see can_wake).
 local function forget_waiter(owner)
-  dequeue(owner)
   drop_wakeups(owner)
+  dequeue(owner)
 end
 
 -- Queue `owner` at the back (a retry of a queued attempt keeps its place), or refresh its entry.
@@ -219,15 +302,17 @@ end
 local function enqueue(owner, attempt, lease, meta, mine)
   local now = waiters_now()
   if not (mine and read(k.queue, 'ZSCORE', owner)) then
-    local score = math.max(now_us(), W.tail + 1)
-    read(k.queue, 'ZADD', fmt(score), owner)
-    redis.call('PEXPIRE', k.queue, QUEUE_TTL)
-    -- a new place: drop wake-ups of earlier ones. A grant to this same attempt that lapsed
+    -- a new place: drop wake-ups of earlier ones (first: the wake list may be refused, see
+    -- can_wake). A grant to this same attempt that lapsed
     -- (its lease ran out, or was revoked) must not be popped after this queueing: the shared
     -- list outlives it (other threads' messages keep it alive, and a backward step of the
     -- server clock revives an expired key Redis has not deleted yet), and the waiter would take
     -- the old grant for a new one.
     drop_wakeups(owner)
+    check_waiters_ours()
+    local score = math.max(now_us(), W.tail + 1)
+    read(k.queue, 'ZADD', fmt(score), owner)
+    redis.call('PEXPIRE', k.queue, QUEUE_TTL)
     write_waiter(owner, attempt, now + WAITER_TTL, lease, meta, '~tail', fmt(score))
     Q = nil
   else
@@ -239,10 +324,16 @@ local function enqueue(owner, attempt, lease, meta, mine)
   end
 end
 
--- Whether the queue, the waiters hash or the left marks exist: one call for all, and the common
--- case (no waiter, no garbage) stops here. It checks no key's type, so it only guards paths that
--- write none of these keys when it says no.
-local function queue_keys_exist()
+-- Whether the queue, the waiters hash or the left marks exist, or (when the lock hash `h` has
+-- no owner field) a hash at the lock's key: one call for all, and the common case (no waiter,
+-- no garbage) stops here. It checks no key's type, so it only guards paths that write none of
+-- these keys when it says no.
+local function queue_keys_exist(h)
+  if h.unread then
+    if redis.call('EXISTS', k.queue, k.waiters, k.left, k.lock) > 0 then return true end
+    h.unread = false -- no hash at all: nobody else's
+    return false
+  end
   return redis.call('EXISTS', k.queue, k.waiters, k.left) > 0
 end
 
@@ -253,27 +344,35 @@ end
 -- for a thread that holds no guard. The key lives QUEUE_TTL after the last mark: as long as a
 -- ghost waiter's queue keys would have.
 
--- The newest attempt of `owner` that left with a mark (0: none).
+-- The newest attempt of `owner` that left with a mark (0: none). The key is not declared
+-- (see "Undeclared keys"): a script that may mark reads it before its first write.
 local function left_mark(owner)
   return tonumber(read(k.left, 'HGET', owner)) or 0
 end
 
 -- Mark `owner`'s `attempt` as left. On a fresh lock this is the script's first write, so it
--- first checks the keys the leave has not read.
+-- first checks the keys the script may not have read. Fairlock's marks hash always has the
+-- field '~' (another program's hash there is refused, not written to).
 local function mark_left(owner, attempt)
   read(k.queue, 'ZCARD')
-  local fence = read(k.fence, 'GET')
-  if fence and not tonumber(fence) then refuse(k.fence, 'a non-numeric string') end
-  if left_mark(owner) < attempt then redis.call('HSET', k.left, owner, fmt(attempt)) end
+  read_fence()
+  local v = read(k.left, 'HMGET', owner, '~')
+  if not v[2] and redis.call('EXISTS', k.left) == 1 then
+    refuse(k.left, "a hash without fairlock's marker field")
+  end
+  if (tonumber(v[1]) or 0) < attempt then
+    redis.call('HSET', k.left, owner, fmt(attempt), '~', '1')
+  end
   redis.call('PEXPIRE', k.left, QUEUE_TTL)
 end
 
 -- The queue is empty: a waiters hash left without it (its queue key was evicted or lost) goes,
 -- so no entry outlives its place by more than one script that looks.
 local function drop_orphaned_waiters()
-  if W.existed or (not W.now and read(k.waiters, 'HLEN') > 0) then
+  if not W.now then waiter_entry('~clock') end
+  if W.existed then
     redis.call('DEL', k.waiters)
-    W = { now = W.now, tail = 0, existed = false, entries = {} }
+    W = { now = W.now, tail = 0, existed = false, entries = {}, readonly = W.readonly }
   end
 end
 
@@ -302,7 +401,7 @@ end
 -- Returns the grantee or false.
 local function grant_next(h, ...)
   local head, w = live_head()
-  if not head then return false end
+  if not head or not can_wake(head) then return false end
   local left = math.max(w.deadline - waiters_now(), 0)
   local now = now_ms()
   local vc = fmt(now) .. '|' .. fmt(now)
@@ -322,6 +421,27 @@ local function handoff_pending(owner, attempt, token)
   local prefix = thread .. grant_message(attempt, token)
   for _, msg in ipairs(read(wk, 'LRANGE', 0, -1)) do
     if msg:sub(1, #prefix) == prefix then return true end
+  end
+  return false
+end
+
+-- The lock hash's virtual clock now (see "Time" in common.lua), stored: every script that
+-- judges a hand-off's deadline moves it on, not only heartbeats.
+local function lock_clock(h)
+  local now = advance(h.vc)
+  h.vc = clock_value(now)
+  redis.call('HSET', k.lock, 'vc', h.vc)
+  return now
+end
+
+-- Revoke the hand-off of hold `h` when its grantee let its deadline pass (on the lock's clock,
+-- `lock_now`) without popping it: a dead grantee. The lock is free again (h.owner false).
+local function revoke_stale_handoff(h, lock_now)
+  if h.owner and h.wdl and h.wdl < lock_now and handoff_pending(h.owner, h.attempt, h.token) then
+    drop_wakeups(h.owner)
+    redis.call('HSET', k.lock, 'owner', '')
+    h.owner = false
+    return true
   end
   return false
 end

@@ -5,10 +5,10 @@
 -- gone).
 -- Network: reads only.
 return run(function()
+  W.readonly = true
   local v = read(k.lock, 'HMGET', 'owner', 'count', 'token', 'since', 'meta')
-  local f = read(k.fence, 'GET')
-  if f and not tonumber(f) then refuse(k.fence, 'a non-numeric string') end
-  local fence = f or v[3] or '0'
+  local f = read_fence()
+  local fence = (f and fmt(f)) or v[3] or '0'
   local result
   if v[1] and v[1] ~= '' then
     local pttl = redis.call('PTTL', k.lock)

@@ -22,28 +22,61 @@
 //!    this attempt only, so a late copy never touches the thread's later waits or holds.
 
 use std::cell::Cell;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::boot_clock::BootInstant;
 use crate::client::ClientInner;
 use crate::connection::Conn;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::janitor::SharedWitness;
 use crate::lock::{ms, FairLock, Wait};
-use crate::raw::{self, Acquire, Call, LateAcquire, Leave, LeaveMode, Mode, Wake};
+use crate::raw::{
+    self, judge_handoff, Acquire, Call, Handoff, LateAcquire, Leave, LeaveMode, Mode, Wake, Witness,
+};
 use crate::waker::{Event, Registration};
 
-/// Consecutive failed waits (the waker's connection failed) or late grants before a wait gives
-/// up with the error.
+/// Failed waits (the waker's connection failed) or late grants, each within
+/// [`FAILURE_WINDOW`] of the one before, before a wait gives up with the error.
 const MAX_WAIT_FAILURES: u32 = 3;
-/// Connections the server may close under a wait (restarts) before it gives up.
+/// Connections the server may close under a wait (restarts), each within [`FAILURE_WINDOW`]
+/// of the one before, before it gives up.
 const MAX_DROPS: u32 = 10;
+/// Failures further apart than this are isolated hiccups, not a server in trouble: the count
+/// starts again. A wait may last hours, and a signal (a Ctrl-Z and `fg`), a restart or a
+/// network blip now and then must not end it.
+const FAILURE_WINDOW: Duration = Duration::from_secs(10);
+
+/// How many failures of one kind came in a row, each within [`FAILURE_WINDOW`] of the last.
+#[derive(Default)]
+struct Streak {
+    count: Cell<u32>,
+    last: Cell<Option<Instant>>,
+}
+
+impl Streak {
+    /// Count one more; returns the length of the streak it is in.
+    fn add(&self) -> u32 {
+        let now = Instant::now();
+        let in_streak = self
+            .last
+            .get()
+            .is_some_and(|last| now.duration_since(last) < FAILURE_WINDOW);
+        let count = if in_streak { self.count.get() + 1 } else { 1 };
+        self.count.set(count);
+        self.last.set(Some(now));
+        count
+    }
+}
 
 /// What one acquire request decided.
 enum Requested {
     Granted { token: u64, expires: BootInstant },
     Busy,
-    Queued { server_ms: i64, pttl_ms: i64 },
+    Queued { pttl_ms: i64 },
 }
 
 /// What a wait in the queue came to.
@@ -63,25 +96,25 @@ pub(crate) struct Attempt<'a> {
     pub owner: String,
     pub number: u64,
     meta: String,
-    /// Consecutive failures (failed waits, grants that arrived after their lease): a few are
+    /// Failures (failed waits, grants that arrived after their lease): a few in a row are
     /// worth re-checking, more mean the network or the server is in trouble.
-    failures: Cell<u32>,
+    failures: Streak,
     /// Connections the server closed under this wait.
-    drops: Cell<u32>,
+    drops: Streak,
     /// An acquire request of this attempt went unanswered or was sent again, so a copy of it
-    /// may still reach Redis after the attempt leaves (see [`LateAcquire`]).
+    /// may still reach Redis after the attempt ends (see [`LateAcquire`]): its leave, or the
+    /// release of the hold it got, leaves a mark that makes such a copy do nothing.
     unanswered: Cell<bool>,
+    /// The newest request that found this attempt queued: a grant popped later is placed
+    /// after it by its token (see `lease_estimate`).
+    witness: SharedWitness,
 }
 
 /// How a wait on the wake list ended.
 enum Waited {
-    /// The lock was granted to this attempt at the server's `grant_ms`.
+    /// The lock was granted to this attempt with this token.
     /// `acked`: replicas that acknowledged it, when acknowledgements are asked for.
-    Handoff {
-        token: u64,
-        grant_ms: i64,
-        acked: Option<u32>,
-    },
+    Handoff { token: u64, acked: Option<u32> },
     /// The caller's deadline came; it still has to leave the queue.
     Deadline,
     /// The attempt's queue entry was dropped: run acquire again.
@@ -103,9 +136,10 @@ impl<'a> Attempt<'a> {
             owner: client.owner(),
             number: client.next_attempt(),
             meta: client.meta(),
-            failures: Cell::new(0),
-            drops: Cell::new(0),
+            failures: Streak::default(),
+            drops: Streak::default(),
             unanswered: Cell::new(false),
+            witness: Arc::new(Mutex::new(Witness::none(BootInstant::now()))),
         }
     }
 
@@ -136,13 +170,13 @@ impl<'a> Attempt<'a> {
             let grant = match self.request(&call, sent)? {
                 Requested::Granted { token, expires } => Some((token, expires)),
                 Requested::Busy => return Ok(None),
-                Requested::Queued { server_ms, pttl_ms } => {
+                Requested::Queued { pttl_ms } => {
                     let Some(registration) = &registration else {
                         return Err(Error::protocol(
                             "acquire queued an attempt made with 'try'".to_string(),
                         ));
                     };
-                    match self.wait_in_queue(registration, wait, sent, server_ms, pttl_ms)? {
+                    match self.wait_in_queue(registration, wait, pttl_ms)? {
                         Queue::Granted { token, expires } => Some((token, expires)),
                         Queue::GaveUp => return Ok(None),
                         Queue::Again => None,
@@ -172,7 +206,14 @@ impl<'a> Attempt<'a> {
                         self.owner
                     )))
                 }
-                Acquire::Queued { server_ms, pttl_ms } => Requested::Queued { server_ms, pttl_ms },
+                Acquire::Queued {
+                    pttl_ms,
+                    last_token,
+                    ..
+                } => {
+                    self.witness.lock().observe(sent, last_token);
+                    Requested::Queued { pttl_ms }
+                }
         })
     }
 
@@ -234,36 +275,41 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    /// Queued by the request sent at `sent` (the server's clock then: `server_ms`): wait for
-    /// the hand-off with the janitor keeping the place, and decide what the wait's end means.
+    /// Queued: wait for the hand-off with the janitor keeping the place, and decide what the
+    /// wait's end means.
     fn wait_in_queue(
         &self,
         registration: &Registration,
         wait: Wait,
-        sent: BootInstant,
-        server_ms: i64,
         holder_pttl_ms: i64,
     ) -> Result<Queue> {
         let lock = self.lock;
         let janitor = &self.client().janitor;
-        janitor.register(lock.raw(), &self.owner, self.number, ms(holder_pttl_ms));
+        janitor.register(
+            lock.raw(),
+            &self.owner,
+            self.number,
+            ms(holder_pttl_ms),
+            self.witness.clone(),
+        );
         let outcome = self.wait_for_grant(registration, wait);
         janitor.unregister(lock.raw(), &self.owner);
         Ok(match outcome {
-            Ok(Waited::Handoff {
-                token,
-                grant_ms,
-                acked,
-            }) => {
+            Ok(Waited::Handoff { token, acked }) => {
                 self.check_replicated(acked)?;
-                // The grant's lease started at the server's grant_ms: map it onto our clock
-                // through the (sent, server_ms) pair of the acquire call. The server time
-                // between queueing and the grant is capped by our own elapsed time, so a
-                // forward step of the server clock cannot make the estimate late.
-                let queued_for = ms(grant_ms - server_ms).min(sent.elapsed());
-                Queue::Granted {
-                    token,
-                    expires: sent + queued_for + lock.lease(),
+                // The grant's lease started after the newest request that saw an older last
+                // token was sent (never trust the server clock or when the message arrived:
+                // see lease_estimate); a grant it cannot place is confirmed with acquire.
+                let witness = *self.witness.lock();
+                match judge_handoff(token, witness, lock.lease(), BootInstant::now()) {
+                    Handoff::Hold { expires } => Queue::Granted { token, expires },
+                    Handoff::Confirm => {
+                        log::debug!(
+                            "fairlock: a hand-off of {:?} (token {token}) is confirmed with Redis before it is held",
+                            lock.name()
+                        );
+                        Queue::Again
+                    }
                 }
             }
             Ok(Waited::Deadline) => match self.leave_at_deadline()? {
@@ -272,19 +318,19 @@ impl<'a> Attempt<'a> {
             },
             Ok(Waited::Again) => Queue::Again,
             Ok(Waited::Dropped) => {
-                if self.drops.get() >= MAX_DROPS {
+                if self.drops.add() > MAX_DROPS {
                     return Err(Error::Connection {
                         during: "waiting for the lock",
-                        detail: format!("the server closed {MAX_DROPS} connections in a row"),
+                        detail: format!(
+                            "the server closed {MAX_DROPS} connections in a row, each within {FAILURE_WINDOW:?} of the last"
+                        ),
                         source: None,
                     });
                 }
-                self.drops.set(self.drops.get() + 1);
                 Queue::Again
             }
             Err(e) => {
-                self.failures.set(self.failures.get() + 1);
-                if self.failures.get() >= MAX_WAIT_FAILURES {
+                if self.failures.add() >= MAX_WAIT_FAILURES {
                     return Err(e);
                 }
                 log::debug!(
@@ -303,14 +349,14 @@ impl<'a> Attempt<'a> {
     /// otherwise). After `MAX_WAIT_FAILURES` late grants in a row, fail.
     fn fresh_hold(&self, token: u64, expires: BootInstant) -> Result<Option<LockGuard>> {
         if BootInstant::now() < expires {
-            return Ok(Some(LockGuard::new_hold(self.lock, token, expires)));
+            let late = self.unanswered.get().then_some(self.number);
+            return Ok(Some(LockGuard::new_hold(self.lock, token, expires, late)));
         }
         log::warn!(
             "fairlock: a grant of {:?} arrived after its lease had run out; re-checking",
             self.lock.name()
         );
-        self.failures.set(self.failures.get() + 1);
-        if self.failures.get() >= MAX_WAIT_FAILURES {
+        if self.failures.add() >= MAX_WAIT_FAILURES {
             return Err(Error::Connection {
                 during: "acquiring",
                 detail: format!(
@@ -337,15 +383,9 @@ impl<'a> Attempt<'a> {
         Ok(match registration.next(deadline) {
             None => Waited::Deadline,
             Some(Event::Wake {
-                wake: Wake::Grant {
-                    token, server_ms, ..
-                },
+                wake: Wake::Grant { token, .. },
                 acked,
-            }) => Waited::Handoff {
-                token,
-                grant_ms: server_ms,
-                acked,
-            },
+            }) => Waited::Handoff { token, acked },
             Some(Event::Wake {
                 wake: Wake::Retry { .. },
                 ..

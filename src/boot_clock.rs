@@ -43,6 +43,7 @@ impl BootInstant {
     }
 
     /// The time elapsed since this reading (zero if none did).
+    #[cfg(test)]
     pub(crate) fn elapsed(&self) -> Duration {
         BootInstant::now().saturating_duration_since(*self)
     }

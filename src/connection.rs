@@ -297,6 +297,21 @@ pub(crate) fn is_server_gone(e: &redis::RedisError) -> bool {
         || failover_error(e).is_some()
 }
 
+/// Whether `e` is a read interrupted by a signal (EINTR): the process was stopped and continued
+/// (Ctrl-Z and `fg`, a debugger, a cgroup freeze). The reply may be lost with the connection, but
+/// the server is fine: not a failure.
+pub(crate) fn is_interrupted(e: &redis::RedisError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::Interrupted;
+        }
+        source = s.source();
+    }
+    // (not every error the crate builds keeps its cause as a source)
+    e.is_io_error() && e.to_string().contains("(os error 4)")
+}
+
 pub(crate) fn is_connection_error(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
 }

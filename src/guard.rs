@@ -27,8 +27,14 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    /// Start a new hold at depth 1 (the caller got a grant with this token).
-    pub(crate) fn new_hold(lock: &FairLock, token: u64, expires: BootInstant) -> LockGuard {
+    /// Start a new hold at depth 1 (the caller got a grant with this token). `late_acquire`:
+    /// the attempt that got it, when one of its acquire requests may still arrive.
+    pub(crate) fn new_hold(
+        lock: &FairLock,
+        token: u64,
+        expires: BootInstant,
+        late_acquire: Option<u64>,
+    ) -> LockGuard {
         let state = Arc::new(HoldState::new(expires));
         let renewal = lock.renewed_lease().map(|lease| {
             lock.client().watchdog.register(
@@ -45,6 +51,8 @@ impl LockGuard {
             depth: Cell::new(1),
             state,
             renewal,
+            late_acquire,
+            leaked: Cell::new(false),
         });
         lock.remember_hold(hold.clone());
         LockGuard {
@@ -129,8 +137,13 @@ impl LockGuard {
 
     /// Give up this guard *without* releasing: the lock stays held until its lease runs out, and
     /// is not renewed. For a job with a fixed lease that must not run again within that period,
-    /// even on another server (Redisson's `tryLock(0, 5, SECONDS)` without `unlock`). Returns the
-    /// fencing token.
+    /// even on another server (Redisson's `tryLock(0, 5, SECONDS)` without `unlock`); not even
+    /// this thread takes it again before then (a later acquisition queues behind the leaked
+    /// hold like anyone's). Returns the fencing token.
+    ///
+    /// A leak gives up the whole hold, whatever level this guard is: the thread's other
+    /// guards of it (re-entries, or the outer guard of a leaked inner one) release nothing when
+    /// dropped, and [`LockGuard::is_lost`] turns true for them when the lease runs out.
     ///
     /// ```no_run
     /// # use std::time::Duration;
@@ -146,9 +159,8 @@ impl LockGuard {
         self.released = true;
         let depth = self.hold.depth.get();
         self.hold.depth.set(depth.saturating_sub(1));
-        if depth <= 1 {
-            self.lock.forget_hold(&self.hold);
-        }
+        self.hold.leaked.set(true);
+        self.lock.forget_hold(&self.hold);
         self.hold.token
     }
 
@@ -160,15 +172,24 @@ impl LockGuard {
         let hold = &self.hold;
         let depth = hold.depth.get();
         hold.depth.set(depth.saturating_sub(1));
+        if hold.leaked.get() {
+            // another guard of this hold was leaked: the hold runs out by its lease
+            return Ok(());
+        }
         if depth <= 1 {
             // Stop renewing before the release goes out: a lease must never be extended for a
             // hold that is being given up (the next owner's lock has another token anyway).
             self.lock.forget_hold(hold);
         }
-        let call = self
-            .lock
-            .raw()
-            .release(&self.lock.client().owner(), hold.token, depth.max(1));
+        let owner = self.lock.client().owner();
+        let call = match hold.late_acquire {
+            Some(attempt) => {
+                self.lock
+                    .raw()
+                    .release_marking(&owner, hold.token, depth.max(1), attempt)
+            }
+            None => self.lock.raw().release(&owner, hold.token, depth.max(1)),
+        };
         let outcome = self
             .lock
             .client()

@@ -35,6 +35,12 @@ pub(crate) struct Hold {
     pub state: Arc<HoldState>,
     /// Watchdog registration, when the lease is renewed.
     pub renewal: Option<u64>,
+    /// The attempt that got this hold, when one of its acquire requests may still arrive (it
+    /// went unanswered, or was sent twice): the outermost release leaves a left mark for it.
+    pub late_acquire: Option<u64>,
+    /// A guard of it was leaked: the hold is given up as a whole (it runs out by its lease, not
+    /// renewed) and its other guards release nothing.
+    pub leaked: Cell<bool>,
 }
 
 impl Hold {

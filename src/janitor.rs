@@ -28,7 +28,11 @@ use parking_lot::Mutex;
 use crate::boot_clock::BootInstant;
 use crate::connection::{with_pooled, Pool};
 use crate::error::{Error, Result};
-use crate::raw::{self, RawLock};
+use crate::raw::{self, RawLock, Witness};
+
+/// A waiting attempt's witness (see `lease_estimate`), shared by its thread and the janitor,
+/// whose heartbeats renew it.
+pub(crate) type SharedWitness = Arc<Mutex<Witness<BootInstant>>>;
 
 /// Margin after a lease's end before the janitor looks (Redis expires keys lazily on access, so
 /// any margin works; this one keeps us from looking a hair too early).
@@ -39,8 +43,9 @@ const SERVER_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 
 struct Waiting {
     raw: Arc<RawLock>,
-    /// owner -> the attempt it is waiting with
-    attempts: HashMap<String, u64>,
+    /// owner -> the attempt it is waiting with, and that attempt's witness, which each
+    /// heartbeat renews (see `lease_estimate`)
+    attempts: HashMap<String, (u64, SharedWitness)>,
 }
 
 /// What the janitor thread and the waiting threads share.
@@ -84,7 +89,15 @@ impl Janitor {
     /// `owner` now waits on `raw`'s lock with `attempt`. `holder_pttl` bounds the holder's lease
     /// left (the queueing reply gives the hold's whole lease, to spare a PTTL call), so the
     /// janitor looks when it has surely run out; each heartbeat then replans on the exact PTTL.
-    pub fn register(&self, raw: &Arc<RawLock>, owner: &str, attempt: u64, holder_pttl: Duration) {
+    /// Each heartbeat also renews the attempt's `witness`.
+    pub fn register(
+        &self,
+        raw: &Arc<RawLock>,
+        owner: &str,
+        attempt: u64,
+        holder_pttl: Duration,
+        witness: SharedWitness,
+    ) {
         let mut registry = self.registry.lock();
         registry
             .locks
@@ -94,7 +107,7 @@ impl Janitor {
                 attempts: HashMap::new(),
             })
             .attempts
-            .insert(owner.to_string(), attempt);
+            .insert(owner.to_string(), (attempt, witness));
         // Wake the thread only when it is idle or would look too late: a wake-up per waiter
         // costs a context switch per acquisition on a busy machine.
         let at = BootInstant::now() + holder_pttl + EXPIRY_MARGIN;
@@ -164,15 +177,19 @@ fn run(
 /// One heartbeat for every lock with local waiters. Returns when to look again early (the
 /// soonest end of a holder's lease), if any.
 fn tick(pool: &Pool, registry: &Mutex<Registry>) -> Option<BootInstant> {
-    let calls: Vec<_> = registry
+    let (calls, witnesses): (Vec<_>, Vec<Vec<SharedWitness>>) = registry
         .lock()
         .locks
         .values()
         .map(|w| {
-            w.raw
-                .heartbeat(w.attempts.iter().map(|(owner, a)| (owner.as_str(), *a)))
+            let call = w.raw.heartbeat(
+                w.attempts
+                    .iter()
+                    .map(|(owner, (a, _))| (owner.as_str(), *a)),
+            );
+            (call, w.attempts.values().map(|(_, w)| w.clone()).collect())
         })
-        .collect();
+        .unzip();
     if calls.is_empty() {
         return None;
     }
@@ -185,9 +202,14 @@ fn tick(pool: &Pool, registry: &Mutex<Registry>) -> Option<BootInstant> {
         }
     };
     let mut soonest: Option<BootInstant> = None;
-    for reply in replies {
+    for (reply, witnesses) in replies.into_iter().zip(witnesses) {
         match reply {
             Ok(hb) => {
+                // the heartbeat ran after it was sent: a grant with a greater token came later
+                // (a waiter told to retry re-queues, and its acquire renews its witness anyway)
+                for witness in witnesses {
+                    witness.lock().observe(sent, hb.last_token);
+                }
                 for owner in hb.told_to_retry {
                     log::warn!(
                         "fairlock: waiter {owner} had lost its queue place (presumed dead during a pause, a grant it never picked up lapsed, or Redis lost data); it queues again at the back"

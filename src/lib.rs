@@ -26,7 +26,9 @@
 //!
 //! Layers, bottom to top; a module uses only those below it (`tests/layers.rs` checks it):
 //! 1. `limits` (limits and defaults), `error`, `keys` (the key scheme and name checks),
-//!    `boot_clock` (a clock that counts suspend), `server_check` (the eviction policy check);
+//!    `boot_clock` (a clock that counts suspend), `server_check` (the eviction policy check),
+//!    `sentinel` (which master a Sentinel group names), `lease_estimate` (a hand-off's lease
+//!    start, a pure function the fuzzer drives too);
 //! 2. `connection`: the connection manager, the pools and the retry of a dropped connection;
 //! 3. [`raw`]: the protocol, `scripts/*.lua` with one typed call per transition;
 //! 4. `hold`: the per-thread record of holds, and the state a hold shares with the watchdog;
@@ -49,6 +51,7 @@ mod guard;
 mod hold;
 mod janitor;
 mod keys;
+mod lease_estimate;
 mod limits;
 mod lock;
 mod master_watch;

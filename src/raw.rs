@@ -22,6 +22,10 @@ use crate::connection::Conn;
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 
+/// The client's lease arithmetic for a hand-off (see its module), public here so the protocol
+/// fuzzer drives the very decisions the client makes.
+pub use crate::lease_estimate::{judge_handoff, Handoff, Witness};
+
 const COMMON: &str = include_str!("../scripts/common.lua");
 /// Helpers of the scripts that take the lock or change the queue (after `COMMON`).
 const STATE: &str = include_str!("../scripts/state.lua");
@@ -476,6 +480,9 @@ pub enum Acquire {
         /// The holder's lease (ms): an upper bound of what it has left, read without a PTTL
         /// call to keep queueing cheap.
         pttl_ms: i64,
+        /// The last token handed out when the caller was queued: a grant with a greater token
+        /// was made after this request reached Redis (see [`handoff_lease_start`]).
+        last_token: u64,
     },
     /// A newer attempt of this owner reached Redis first: this request came late and did
     /// nothing.
@@ -542,6 +549,8 @@ pub enum ForceUnlock {
 pub struct Heartbeat {
     /// The holder's lease left (ms; 0 when free).
     pub pttl_ms: i64,
+    /// The last token handed out when the heartbeat ran (see [`handoff_lease_start`]).
+    pub last_token: u64,
     /// Owners whose attempt had lost its place and were told to retry.
     pub told_to_retry: Vec<String>,
 }
@@ -776,7 +785,23 @@ impl RawLock {
     /// The holder of `token` releases one level; `depth` is its depth before (1: the whole hold).
     pub fn release(&self, owner: &str, token: u64, depth: u32) -> Call<Release> {
         let mut c = self.call(&RELEASE, "releasing", parse_release);
-        c.cmd.arg(owner).arg(token).arg(depth.max(1));
+        c.cmd.arg(owner).arg(token).arg(depth.max(1)).arg("");
+        c
+    }
+
+    /// As [`RawLock::release`], for a hold that `attempt` got while one of its acquire requests
+    /// may still arrive (it went unanswered, or was sent twice): the outermost release also
+    /// leaves a left mark for `attempt`, whatever it finds, so that request does nothing when
+    /// it arrives (see [`LateAcquire::Possible`]).
+    pub fn release_marking(
+        &self,
+        owner: &str,
+        token: u64,
+        depth: u32,
+        attempt: u64,
+    ) -> Call<Release> {
+        let mut c = self.call(&RELEASE, "releasing", parse_release);
+        c.cmd.arg(owner).arg(token).arg(depth.max(1)).arg(attempt);
         c
     }
 
@@ -870,6 +895,12 @@ fn field_int(items: &[Value], i: usize, during: &str) -> Result<i64> {
         .ok_or_else(|| Error::protocol(format!("{during}: field {i} of {items:?}")))
 }
 
+/// A token (never negative: the scripts hand out whole numbers below 2^53).
+fn field_token(items: &[Value], i: usize, during: &str) -> Result<u64> {
+    let v = field_int(items, i, during)?;
+    u64::try_from(v).map_err(|_| Error::protocol(format!("{during}: token {v} in {items:?}")))
+}
+
 fn field_text(items: &[Value], i: usize) -> String {
     items.get(i).and_then(text).unwrap_or_default()
 }
@@ -880,7 +911,7 @@ fn field_opt(items: &[Value], i: usize) -> Option<String> {
 
 fn grant_at(items: &[Value], i: usize, during: &str) -> Result<Grant> {
     Ok(Grant {
-        token: field_int(items, i, during)? as u64,
+        token: field_token(items, i, during)?,
         server_ms: field_int(items, i + 1, during)?,
         pttl_ms: field_int(items, i + 2, during)?,
     })
@@ -897,6 +928,7 @@ fn parse_acquire(v: Value) -> Result<Acquire> {
         "queued" => Ok(Acquire::Queued {
             server_ms: field_int(&items, 1, D)?,
             pttl_ms: field_int(&items, 2, D)?,
+            last_token: field_token(&items, 3, D)?,
         }),
         "stale" => Ok(Acquire::Stale),
         _ => Err(Error::protocol(format!("{D}: {items:?}"))),
@@ -966,7 +998,8 @@ fn parse_heartbeat(v: Value) -> Result<Heartbeat> {
     let items = array(v, D)?;
     Ok(Heartbeat {
         pttl_ms: field_int(&items, 0, D)?,
-        told_to_retry: items[1..].iter().filter_map(text).collect(),
+        last_token: field_token(&items, 1, D)?,
+        told_to_retry: items.iter().skip(2).filter_map(text).collect(),
     })
 }
 

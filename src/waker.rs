@@ -55,13 +55,18 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 use redis::ConnectionLike;
 
-use crate::connection::{is_server_gone, with_pooled, Conn, Manager, Pool};
+use crate::connection::{is_interrupted, is_server_gone, with_pooled, Conn, Manager, Pool};
 use crate::error::{failover_error, Error};
 use crate::raw::{self, Wake};
 
 /// The longest single BLPOP: the leader re-blocks at least this often, which bounds how long a
 /// silently dead connection (no RST) can hide, and how late an UNBLOCK that failed is made up for.
 const MAX_BLOCK: Duration = Duration::from_secs(10);
+/// The longest single BLPOP on a server that refuses `CLIENT` (an ACL without it, a managed
+/// service that renames it): no `CLIENT UNBLOCK` can make the BLPOP take up a newly watched
+/// list, so it re-blocks this often instead, which bounds how late a first wake-up on a newly
+/// waited-on lock can be.
+const NO_UNBLOCK_BLOCK: Duration = Duration::from_millis(500);
 /// BLPOP timeouts below 1 ms turned into "forever" on Redis < 7.0.8 (redis/redis#11688).
 const MIN_BLOCK: Duration = Duration::from_millis(2);
 /// How long a list stays watched after its last waiter left.
@@ -115,7 +120,9 @@ struct Watched {
 /// The blocking connection and its server-side id.
 struct Blocking {
     conn: Conn,
-    id: i64,
+    /// `CLIENT ID` of the connection; `None` when the server refuses `CLIENT` (see
+    /// [`NO_UNBLOCK_BLOCK`]).
+    id: Option<i64>,
 }
 
 #[derive(Default)]
@@ -126,7 +133,7 @@ struct State {
     /// up to g.
     generation: u64,
     /// The BLPOP in flight, if any: the generation of its lists and the id of its connection.
-    in_flight: Option<(u64, i64)>,
+    in_flight: Option<(u64, Option<i64>)>,
     /// The attempt whose thread leads.
     leader: Option<u64>,
     /// The blocking connection, while no BLPOP uses it.
@@ -337,8 +344,9 @@ impl Waker {
         let mut sent = 0;
         loop {
             let id = match self.state.lock().in_flight {
-                Some((g, id)) if g < generation => id,
-                // not blocked (the next BLPOP is built with the new list), or already covering it
+                Some((g, Some(id))) if g < generation => id,
+                // not blocked (the next BLPOP is built with the new list), already covering it,
+                // or on a server without `CLIENT` (the BLPOP re-blocks soon: NO_UNBLOCK_BLOCK)
                 _ => return,
             };
             let unblock = redis::cmd("CLIENT")
@@ -413,6 +421,10 @@ impl Waker {
             state.in_flight = Some((state.generation, blocking.id));
             lists
         };
+        let block = match blocking.id {
+            Some(_) => block,
+            None => block.min(NO_UNBLOCK_BLOCK),
+        };
         blocking.conn.set_read_timeout(block + self.read_timeout);
         let reply: redis::RedisResult<Option<(String, String)>> =
             blocking.conn.query(&raw::wait_cmd(&lists, block));
@@ -476,7 +488,10 @@ impl Waker {
                 if failover_error(&e).is_some() {
                     state.reconnect_at = Some(Instant::now() + RECONNECT_PAUSE);
                 }
-                Some(state.connection_failed(me, blocking.conn.was_dropped(), &e))
+                // a signal that interrupted the read is no failure of the server (see
+                // is_interrupted): re-checked like a dropped connection
+                let dropped = blocking.conn.was_dropped() || is_interrupted(&e);
+                Some(state.connection_failed(me, dropped, &e))
             }
         }
     }
@@ -492,11 +507,25 @@ impl Waker {
         }
         let key = &self.route_key;
         let mut conn = self.manager.open_blocking()?;
-        conn.query_at::<()>(
+        // A server may refuse CLIENT (an ACL without it, `rename-command`, a managed service):
+        // waiting works without it, the BLPOP re-blocking more often (NO_UNBLOCK_BLOCK).
+        let named = conn.query_at::<()>(
             key,
             redis::cmd("CLIENT").arg("SETNAME").arg(CONNECTION_NAME),
-        )?;
-        let id = conn.query_at(key, redis::cmd("CLIENT").arg("ID"))?;
+        );
+        let id = match named
+            .and_then(|()| conn.query_at::<i64>(key, redis::cmd("CLIENT").arg("ID")))
+        {
+            Ok(id) => Some(id),
+            Err(e)
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+                    || is_refused_command(&e) =>
+            {
+                log::debug!("fairlock: the server refuses CLIENT ({e}); waiting threads re-block every {NO_UNBLOCK_BLOCK:?} to take up new locks");
+                None
+            }
+            Err(e) => return Err(e),
+        };
         Ok(Blocking { conn, id })
     }
 }
@@ -667,4 +696,12 @@ impl Drop for Registration {
     fn drop(&mut self) {
         self.waker.unregister(self.attempt);
     }
+}
+
+/// Whether the server refused a command as unknown or disabled (`rename-command CLIENT ""`).
+fn is_refused_command(e: &redis::RedisError) -> bool {
+    e.code().is_some_and(|c| c == "ERR")
+        && e.to_string()
+            .to_ascii_lowercase()
+            .contains("unknown command")
 }

@@ -474,3 +474,86 @@ fn a_client_built_from_a_config_uses_all_of_its_settings() {
     assert!(pttl > 0 && pttl <= 10_000, "lease {pttl} ms");
     guard.unlock().unwrap();
 }
+
+/// Review 3, fault 7, the documented scheduled-job pattern (fixed lease + `leak()`): the same
+/// thread's next `try_lock` within the period re-took its own leaked hold, so the job ran again
+/// on every tick, ahead of a worker queued on another server. Now the leaked hold counts like
+/// anyone's until its lease runs out.
+#[test]
+fn a_leaked_fixed_lease_job_does_not_run_again_within_its_period() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let job = client
+        .lock("job")
+        .unwrap()
+        .with_fixed_lease(Duration::from_secs(30))
+        .unwrap();
+    let first = job
+        .try_lock()
+        .unwrap()
+        .expect("the first tick runs the job");
+    let token = first.leak();
+    for tick in 1..3 {
+        assert!(
+            job.try_lock().unwrap().is_none(),
+            "tick {tick} ran the job again within its period"
+        );
+    }
+    // another server's worker queues; the leaking thread's own wait does not overtake it
+    let other = support::client(&server);
+    let other_lock = other.lock("job").unwrap();
+    let (tx, rx) = mpsc::channel();
+    let worker = thread::spawn(move || {
+        let g = other_lock.lock().unwrap();
+        tx.send(g.fencing_token()).unwrap();
+        g.unlock().unwrap();
+    });
+    assert!(eventually(SECS_5, || job.status().unwrap().waiters.len() == 1));
+    assert!(job
+        .try_lock_for(Duration::from_millis(300))
+        .unwrap()
+        .is_none());
+    let st = job.status().unwrap();
+    assert_eq!(st.holder.as_ref().map(|h| h.fencing_token), Some(token));
+    // the operator ends the period: the queued worker, not the job's thread, is next
+    assert!(job.force_unlock().unwrap().is_some());
+    let next = rx
+        .recv_timeout(SECS_5)
+        .expect("the queued worker got the lock");
+    assert!(next > token);
+    worker.join().unwrap();
+}
+
+/// Review 3, fault 13: `leak()` of a nested guard only lowered the local depth: the outer
+/// guard's release then freed the lock, and a leaked outer guard stayed renewed while an inner
+/// one lived. A leak gives up the whole hold now: the lock stays held until its lease runs out
+/// and is not renewed; the thread's other guards release nothing.
+#[test]
+fn leaking_a_nested_guard_keeps_the_lock_until_its_lease_and_stops_renewal() {
+    let server = RedisServer::start();
+    let client = fairlock::LockClient::builder(&server.url())
+        .lease(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let lock = client.lock("leak-nested").unwrap();
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+    let token = inner.leak();
+    drop(outer);
+    assert!(
+        lock.is_locked().unwrap(),
+        "dropping the outer guard released a leaked hold"
+    );
+    assert_eq!(lock.status().unwrap().holder.unwrap().fencing_token, token);
+    // not renewed: gone within about a lease (1.5 s), while an inner guard lives
+    let lock2 = client.lock("leak-nested-2").unwrap();
+    let outer = lock2.lock().unwrap();
+    let inner = lock2.lock().unwrap();
+    outer.leak();
+    assert!(
+        eventually(SECS_5, || !lock2.is_locked().unwrap()),
+        "a leaked outer guard was still renewed"
+    );
+    assert!(inner.is_lost());
+    drop(inner);
+}

@@ -527,3 +527,30 @@ fn unreachable_server_exits_69_and_redis_url_comes_from_flag_or_env() {
         out.stdout
     );
 }
+
+/// Review 3, fault 12: each stop and continue of a waiting process (Ctrl-Z and `fg`, a
+/// debugger, a cgroup freeze) makes its blocked read fail with EINTR, and the wait gave up at
+/// the third such hiccup in its whole life (the failure count was never reset), dropping the
+/// queue place. A signal is no failure now, and isolated failures do not add up.
+#[test]
+fn a_waiting_run_survives_being_stopped_and_continued_again_and_again() {
+    let server = RedisServer::start();
+    let lock = support::client(&server).lock("stopped").unwrap();
+    let guard = lock.lock().unwrap();
+    let p = Proc::spawn(fairlock(&server).args(["run", "stopped", "--", "true"]));
+    assert!(support::queued(&lock, 1, LIMIT));
+    for _ in 0..5 {
+        p.signal(libc::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(200));
+        p.signal(libc::SIGCONT);
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    assert_eq!(
+        lock.status().unwrap().waiters.len(),
+        1,
+        "the stopped waiter lost its place"
+    );
+    guard.unlock().unwrap();
+    let out = p.finish(LIMIT);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+}

@@ -10,7 +10,13 @@ use std::collections::BTreeSet;
 const LAYERS: &[&[&str]] = &[
     &["limits"],
     &["error"],
-    &["keys", "boot_clock", "server_check", "sentinel"],
+    &[
+        "keys",
+        "boot_clock",
+        "server_check",
+        "sentinel",
+        "lease_estimate",
+    ],
     &["connection"],
     &["raw"],
     &["hold"],

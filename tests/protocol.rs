@@ -288,11 +288,15 @@ fn an_acquire_that_arrives_after_its_attempts_leave_does_nothing() {
 
 /// Fault 4: a release that timed out unapplied, then a new acquire by the same thread. The new
 /// hold used to get the old token, so the late release matched it and freed the new hold.
+/// (Since review 3, fault 7, the new attempt no longer takes over the old hold at once: it
+/// queues behind it, and gets the lock once that hold has run out.)
 #[test]
 fn a_new_hold_of_the_same_thread_gets_a_new_token_a_late_release_cannot_free() {
     let (_server, mut c, lock) = start("retaken");
     let t1 = take(&mut c, &lock, "w:1", 1);
     let late_release = lock.release("w:1", t1, 1);
+    enqueue(&mut c, &lock, "w:1", 2);
+    expire_hold(&mut c, &lock);
     let t2 = take(&mut c, &lock, "w:1", 2);
     assert!(t2 > t1, "tokens {t1} then {t2}");
     assert_eq!(
@@ -696,4 +700,244 @@ fn a_lock_remembers_the_last_eight_releases_for_their_retries() {
         }
     );
     assert_eq!(holder(&mut c, &lock), (Some("x:1".into()), Some(now)));
+}
+
+/// The hold's lease runs out now (its hash expires, as at the end of a lease nobody renewed).
+fn expire_hold(c: &mut redis::Connection, lock: &RawLock) {
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(lock.key_names()[0])
+        .arg(1)
+        .query(c)
+        .unwrap();
+    thread::sleep(Duration::from_millis(5));
+}
+
+/// The attempt that holds the lock, as its hash says.
+fn holding_attempt(c: &mut redis::Connection, lock: &RawLock) -> Option<u64> {
+    redis::cmd("HGET")
+        .arg(lock.key_names()[0])
+        .arg("attempt")
+        .query(c)
+        .unwrap()
+}
+
+/// Review 3, fault 7: a thread re-took its own leaked (or locally lost) hold with a new attempt
+/// at once, ahead of the waiters queued behind it (barging), and `try_lock` succeeded while
+/// others waited. Now the old hold counts like anyone's: a new attempt of the same thread is
+/// busy, or queues behind the waiters.
+#[test]
+fn a_thread_does_not_retake_its_own_leaked_hold_ahead_of_the_queue() {
+    let (_server, mut c, lock) = start("leaked");
+    let t1 = take(&mut c, &lock, "job:1", 1);
+    enqueue(&mut c, &lock, "other:1", 2);
+    let again = lock
+        .acquire("job:1", 3, LEASE, Mode::Try, "m")
+        .run(&mut c)
+        .unwrap();
+    assert!(
+        matches!(again, Acquire::Busy { .. }),
+        "try_lock of the leaking thread: {again:?}"
+    );
+    assert_eq!(holder(&mut c, &lock), (Some("job:1".into()), Some(t1)));
+    enqueue(&mut c, &lock, "job:1", 4);
+    assert_eq!(queue(&mut c, &lock), ["other:1", "job:1"]);
+    // the leaked hold runs out: the head, not the leaking thread, gets the lock
+    expire_hold(&mut c, &lock);
+    lock.heartbeat([("job:1", 4)]).run(&mut c).unwrap();
+    assert_eq!(holder(&mut c, &lock).0.as_deref(), Some("other:1"));
+}
+
+/// Review 3, fault 2: an attempt whose acquire was sent twice succeeded with the second copy;
+/// the thread used the lock and released it; then the first copy arrived and took the lock
+/// for a thread that holds no guard, so others were refused for a whole lease. The release
+/// now leaves a left mark when the client asks (it saw the request go unanswered or sent it
+/// twice), and the late copy does nothing.
+#[test]
+fn a_late_copy_of_an_acquire_after_its_hold_was_released_does_nothing() {
+    let (_server, mut c, lock) = start("ghost-hold");
+    let copy = lock.acquire("c1:1", 7, LEASE, Mode::Wait, "m");
+    let t = granted(copy.run(&mut c).unwrap()); // the repeat grants
+    assert_eq!(
+        lock.release_marking("c1:1", t, 1, 7).run(&mut c).unwrap(),
+        Release::Released { next: None }
+    );
+    assert_eq!(copy.run(&mut c).unwrap(), Acquire::Stale, "the late copy");
+    assert_eq!(holder(&mut c, &lock), (None, None));
+    let other = lock
+        .acquire("c2:1", 1, LEASE, Mode::Try, "m")
+        .run(&mut c)
+        .unwrap();
+    assert!(matches!(other, Acquire::Granted(_)), "{other:?}");
+    // a release that found the hold already gone (lost) marks too
+    let (_server2, mut c2, lock2) = start("ghost-hold-lost");
+    let t = take(&mut c2, &lock2, "c1:1", 9);
+    expire_hold(&mut c2, &lock2);
+    assert_eq!(
+        lock2.release_marking("c1:1", t, 1, 9).run(&mut c2).unwrap(),
+        Release::NotHeld { holder: None }
+    );
+    assert_eq!(
+        lock2
+            .acquire("c1:1", 9, LEASE, Mode::Wait, "m")
+            .run(&mut c2)
+            .unwrap(),
+        Acquire::Stale
+    );
+}
+
+/// Review 3, fault 4: the waiters' virtual clock moved only when a heartbeat or an enqueue
+/// stored it, so with only `try_lock` callers around nobody ever judged a dead waiter dead:
+/// each was handed the lock for its whole lease, one after another. Now every script that
+/// judges waiters stores the clock: try_lock traffic alone passes dead waiters over.
+#[test]
+fn dead_waiters_are_passed_over_with_only_try_lock_traffic() {
+    let (_server, mut c, lock) = start("dead-waiters");
+    let th = take(&mut c, &lock, "h:1", 1);
+    for (owner, attempt) in [("d1:1", 2), ("d2:1", 3), ("d3:1", 4)] {
+        enqueue(&mut c, &lock, owner, attempt);
+    }
+    // the three die; only try_lock callers (a cron job with --no-wait) come by
+    let start = Instant::now();
+    while start.elapsed() < WAITER_TIMEOUT * 3 {
+        let r = lock
+            .acquire("cron:1", 10, LEASE, Mode::Try, "m")
+            .run(&mut c)
+            .unwrap();
+        assert!(matches!(r, Acquire::Busy { .. }), "{r:?}");
+        thread::sleep(WAITER_TIMEOUT / 6);
+    }
+    assert_eq!(
+        lock.release("h:1", th, 1).run(&mut c).unwrap(),
+        Release::Released { next: None },
+        "the release handed the lock to a waiter dead for three waiter timeouts"
+    );
+    let r = lock
+        .acquire("cron:1", 11, LEASE, Mode::Try, "m")
+        .run(&mut c)
+        .unwrap();
+    assert!(matches!(r, Acquire::Granted(_)), "{r:?}");
+}
+
+/// Review 3, fault 4 (the grant): a hand-off to a waiter that dies before popping it was
+/// revoked only by a heartbeat; with only try_lock callers the dead grantee kept the lock for
+/// its whole lease. Now an acquire revokes it too, within a few waiter timeouts.
+#[test]
+fn a_dead_grantee_is_revoked_by_try_lock_traffic_alone() {
+    let (_server, mut c, lock) = start("dead-grantee-try");
+    let th = take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "dead:1", 2);
+    lock.release("h:1", th, 1).run(&mut c).unwrap();
+    assert_eq!(holder(&mut c, &lock).0.as_deref(), Some("dead:1"));
+    let start = Instant::now();
+    let got = eventually(Duration::from_secs(10), || {
+        thread::sleep(WAITER_TIMEOUT / 6);
+        let r = lock
+            .acquire("cron:1", 10, LEASE, Mode::Try, "m")
+            .run(&mut c)
+            .unwrap();
+        matches!(r, Acquire::Granted(_))
+    });
+    let took = start.elapsed();
+    assert!(got, "the dead grantee kept the lock");
+    assert!(took < WAITER_TIMEOUT * 6, "revoked after {took:?}");
+    assert_eq!(pop(&mut c, &lock, "dead:1"), None, "the stale grant stays");
+}
+
+/// Review 3, fault 10: same-type data of another program at a lock's keys was modified or
+/// deleted (a hash at the lock's key got fairlock's fields and a TTL; a zset at the queue's
+/// key was emptied). Both are refused now, and left as they were.
+#[test]
+fn another_programs_data_of_fairlocks_own_types_is_refused_and_left_untouched() {
+    let (_server, mut c, lock) = start("same-type");
+    let [lock_key, _, queue_key, waiters_key] = lock.key_names();
+    let _: () = redis::cmd("HSET")
+        .arg(lock_key)
+        .arg("user")
+        .arg("alice")
+        .arg("balance")
+        .arg(100)
+        .query(&mut c)
+        .unwrap();
+    let r = lock.acquire("a:1", 1, LEASE, Mode::Wait, "m").run(&mut c);
+    assert!(matches!(r, Err(Error::ForeignData { .. })), "{r:?}");
+    let fields: Vec<String> = redis::cmd("HKEYS").arg(lock_key).query(&mut c).unwrap();
+    assert_eq!(fields, ["user", "balance"]);
+    let ttl: i64 = redis::cmd("PTTL").arg(lock_key).query(&mut c).unwrap();
+    assert_eq!(ttl, -1);
+
+    let (_server, mut c, lock) = start("same-type-queue");
+    let [_, _, queue_key2, _] = lock.key_names();
+    let _ = (queue_key, waiters_key);
+    take(&mut c, &lock, "h:1", 1);
+    let _: () = redis::cmd("ZADD")
+        .arg(queue_key2)
+        .arg(1)
+        .arg("job-a")
+        .arg(2)
+        .arg("job-b")
+        .query(&mut c)
+        .unwrap();
+    let r = lock.heartbeat([("w:1", 2)]).run(&mut c);
+    assert!(matches!(r, Err(Error::ForeignData { .. })), "{r:?}");
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(queue_key2)
+        .arg(0)
+        .arg(-1)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(members, ["job-a", "job-b"]);
+
+    let (_server, mut c, lock) = start("same-type-waiters");
+    let [_, _, _, waiters_key3] = lock.key_names();
+    take(&mut c, &lock, "h:1", 1);
+    let _: () = redis::cmd("HSET")
+        .arg(waiters_key3)
+        .arg("config")
+        .arg("x")
+        .query(&mut c)
+        .unwrap();
+    let r = lock.acquire("w:1", 2, LEASE, Mode::Wait, "m").run(&mut c);
+    assert!(matches!(r, Err(Error::ForeignData { .. })), "{r:?}");
+    let fields: Vec<String> = redis::cmd("HKEYS").arg(waiters_key3).query(&mut c).unwrap();
+    assert_eq!(fields, ["config"]);
+}
+
+/// Review 3, fault 9: a fence of 2^63 or more (or '1e20', 'inf') overflowed the next token
+/// ('%d' through a C long): the holder could not release, and tokens then went back. A fence
+/// that is no token fairlock can use is refused now, and left as it was.
+#[test]
+fn a_fence_beyond_the_tokens_range_is_refused_and_left_as_it_was() {
+    for (i, v) in [
+        "1e20",
+        "inf",
+        "0x7fffffffffffffff",
+        "9223372036854775808",
+        "-5",
+        "12.5",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (_server, mut c, lock) = start(&format!("fence{i}"));
+        let fence = lock.key_names()[1];
+        let _: () = redis::cmd("SET").arg(fence).arg(v).query(&mut c).unwrap();
+        let r = lock.acquire("a:1", 1, LEASE, Mode::Wait, "m").run(&mut c);
+        assert!(
+            matches!(r, Err(Error::ForeignData { .. })),
+            "fence {v:?}: {r:?}"
+        );
+        let after: String = redis::cmd("GET").arg(fence).query(&mut c).unwrap();
+        assert_eq!(after, v);
+        assert_eq!(holder(&mut c, &lock), (None, None), "fence {v:?}");
+    }
+    // the largest token that is exact, and the next grant above it
+    let (_server, mut c, lock) = start("fence-max");
+    let _: () = redis::cmd("SET")
+        .arg(lock.key_names()[1])
+        .arg("9007199254740990")
+        .query(&mut c)
+        .unwrap();
+    let t = take(&mut c, &lock, "a:1", 1);
+    assert_eq!(t, 9007199254740991);
+    assert_eq!(holding_attempt(&mut c, &lock), Some(1));
 }

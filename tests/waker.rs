@@ -702,3 +702,63 @@ fn with_a_connection_per_thread_each_waiter_blocks_on_its_own_and_fifo_holds() {
     guard.unlock().unwrap();
     support::assert_served_in_queue_order(waiters, &grants, first);
 }
+
+/// Review 3, fault 11: a server whose ACL (or `rename-command`) refuses `CLIENT` made every
+/// `lock()` that had to wait fail at once with "connection failed ... check that the server is
+/// running": the waker named its connection and asked its id first. Waiting works without
+/// `CLIENT` now: the BLPOP re-blocks every half second to take up a newly waited-on lock.
+#[test]
+fn waiting_works_for_a_user_the_server_refuses_client_to() {
+    let _turn = serial();
+    let server = RedisServer::start();
+    let mut admin = server.conn();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("locker")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-client")
+        .query(&mut admin)
+        .unwrap();
+    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port);
+    let client = fairlock::LockClient::connect(&url).expect("connect as a user without CLIENT");
+    let holder = support::client(&server);
+    // a waiter blocks on A; then one waits on B, a list the blocked BLPOP does not cover and
+    // no CLIENT UNBLOCK can make it take up: it must be served all the same
+    let held_a = holder.lock("no-client-a").unwrap().lock().unwrap();
+    let held_b = holder.lock("no-client-b").unwrap().lock().unwrap();
+    let mut waiters = vec![];
+    let (tx, rx) = mpsc::channel();
+    for name in ["no-client-a", "no-client-b"] {
+        let lock = client.lock(name).unwrap();
+        let tx = tx.clone();
+        waiters.push(thread::spawn(move || {
+            tx.send((
+                lock.name().to_string(),
+                lock.lock().map(|g| g.fencing_token()),
+            ))
+            .unwrap();
+        }));
+        assert!(eventually(SECS_5, || queue_len(&mut admin, name) == 1));
+    }
+    let token_b = held_b.fencing_token();
+    held_b.unlock().unwrap();
+    let (name, got) = rx
+        .recv_timeout(SECS_10)
+        .expect("the waiter on B was served");
+    assert_eq!(name, "no-client-b");
+    assert!(got.expect("lock() as a user without CLIENT") > token_b);
+    let token_a = held_a.fencing_token();
+    held_a.unlock().unwrap();
+    let (name, got) = rx
+        .recv_timeout(SECS_10)
+        .expect("the waiter on A was served");
+    assert_eq!(name, "no-client-a");
+    assert!(got.unwrap() > token_a);
+    for w in waiters {
+        w.join().unwrap();
+    }
+}
