@@ -10,7 +10,8 @@
 //!
 //! Between ticks it also wakes when a holder's lease is due to run out, so the next waiter gets a
 //! dead holder's lock within a few milliseconds of the lease's end, not at the next tick. Every
-//! minute it checks again that the server does not evict keys, so a changed setting is logged.
+//! `server_check_interval` (a minute by default) it checks again that the server does not evict
+//! keys, so a changed setting is logged.
 //!
 //! The registry is never locked across a round trip (a waiting thread registering must not wait
 //! on the network): a tick sends a snapshot, so a heartbeat may speak for an attempt that has
@@ -33,9 +34,6 @@ use crate::raw::{self, RawLock};
 /// Margin after a lease's end before the janitor looks (Redis expires keys lazily on access, so
 /// any margin works; this one keeps us from looking a hair too early).
 const EXPIRY_MARGIN: Duration = Duration::from_millis(5);
-
-/// How often the server's eviction policy is checked again while the client lives.
-const SERVER_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 
 struct Waiting {
     raw: Arc<RawLock>,
@@ -66,6 +64,7 @@ impl Janitor {
         pool: Pool,
         client_id: &str,
         interval: Duration,
+        server_check_interval: Duration,
         server_check: ServerCheck,
     ) -> Result<Janitor> {
         let registry = Arc::new(Mutex::new(Registry::default()));
@@ -73,7 +72,10 @@ impl Janitor {
         let shared = registry.clone();
         thread::Builder::new()
             .name(format!("fairlock-janitor-{}", &client_id[..8]))
-            .spawn(move || run(&pool, &shared, &rx, interval, &*server_check))
+            .spawn(move || {
+                let check = &*server_check;
+                run(&pool, &shared, &rx, interval, server_check_interval, check)
+            })
             .map_err(|source| Error::Io {
                 during: "starting the janitor thread",
                 source,
@@ -121,10 +123,11 @@ fn run(
     registry: &Mutex<Registry>,
     nudge: &Receiver<BootInstant>,
     interval: Duration,
-    server_check: &dyn Fn() -> Result<()>,
+    server_check_interval: Duration,
+    server_check: &(dyn Fn() -> Result<()> + Send),
 ) {
     let mut next_tick = BootInstant::now() + interval;
-    let mut next_server_check = BootInstant::now() + SERVER_CHECK_INTERVAL;
+    let mut next_server_check = BootInstant::now() + server_check_interval;
     let mut early: Option<BootInstant> = None;
     loop {
         let (idle, heartbeat_at) = {
@@ -147,7 +150,7 @@ fn run(
             Err(RecvTimeoutError::Timeout) => {
                 let now = BootInstant::now();
                 if now >= next_server_check {
-                    next_server_check = now + SERVER_CHECK_INTERVAL;
+                    next_server_check = now + server_check_interval;
                     if let Err(e) = server_check() {
                         log::error!("fairlock: {e}");
                     }
