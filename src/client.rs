@@ -325,7 +325,7 @@ impl LockClientBuilder {
             &id,
             c.janitor_interval,
             c.server_check_interval,
-            Box::new(move || checker.check_eviction()),
+            Arc::new(move || checker.check_eviction()),
         )?;
         let protocol = raw::Settings {
             fence_ttl: c.fence_ttl,
@@ -387,7 +387,9 @@ pub(crate) fn validate_lease(setting: &'static str, lease: Duration) -> Result<(
 /// the two background threads (the watchdog, which renews leases, and the janitor, which keeps
 /// this client's waiters alive and repairs locks that crashes left behind; through a Sentinel
 /// group a third, the master watch, which follows the master the sentinels name). The threads
-/// stop when the last clone and the last lock handle are dropped.
+/// stop when the last clone and the last lock handle are dropped. Short-lived threads come and
+/// go besides: the server check's (every [`Config::server_check_interval`]) and, through a
+/// Sentinel group, one per sentinel for each round of questions.
 ///
 /// ```no_run
 /// let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;

@@ -10,8 +10,11 @@
 //!
 //! Between ticks it also wakes when a holder's lease is due to run out, so the next waiter gets a
 //! dead holder's lock within a few milliseconds of the lease's end, not at the next tick. Every
-//! `server_check_interval` (a minute by default) it checks again that the server does not evict
-//! keys, so a changed setting is logged.
+//! `server_check_interval` (a minute by default) it starts a check, on a short-lived thread of
+//! its own, that the server does not evict keys, so a changed setting is logged. Not on the
+//! janitor thread: the check opens a connection, which can wait for a slow server or sentinel
+//! for seconds, and the heartbeats it owes the waiters must not (a waiter silent for 3
+//! intervals is purged as dead and queues again at the back).
 //!
 //! The registry is never locked across a round trip (a waiting thread registering must not wait
 //! on the network): a tick sends a snapshot, so a heartbeat may speak for an attempt that has
@@ -19,6 +22,7 @@
 //! attempt, and a "retry" for an ended attempt is ignored by its thread.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
@@ -57,7 +61,7 @@ pub(crate) struct Janitor {
 }
 
 /// Checks the server's configuration again (see [`Manager::check_eviction`]).
-pub(crate) type ServerCheck = Box<dyn Fn() -> Result<()> + Send>;
+pub(crate) type ServerCheck = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 
 impl Janitor {
     pub fn start(
@@ -73,7 +77,7 @@ impl Janitor {
         thread::Builder::new()
             .name(format!("fairlock-janitor-{}", &client_id[..8]))
             .spawn(move || {
-                let check = &*server_check;
+                let check = &server_check;
                 run(&pool, &shared, &rx, interval, server_check_interval, check)
             })
             .map_err(|source| Error::Io {
@@ -124,8 +128,9 @@ fn run(
     nudge: &Receiver<BootInstant>,
     interval: Duration,
     server_check_interval: Duration,
-    server_check: &(dyn Fn() -> Result<()> + Send),
+    server_check: &ServerCheck,
 ) {
+    let checking = Arc::new(AtomicBool::new(false));
     let mut next_tick = BootInstant::now() + interval;
     let mut next_server_check = BootInstant::now() + server_check_interval;
     let mut early: Option<BootInstant> = None;
@@ -151,9 +156,7 @@ fn run(
                 let now = BootInstant::now();
                 if now >= next_server_check {
                     next_server_check = now + server_check_interval;
-                    if let Err(e) = server_check() {
-                        log::error!("fairlock: {e}");
-                    }
+                    check_aside(server_check, &checking);
                 }
                 if heartbeat_at.is_some_and(|at| now + Duration::from_millis(1) >= at) {
                     early = tick(pool, registry);
@@ -161,6 +164,27 @@ fn run(
                 }
             }
         }
+    }
+}
+
+/// Start `check` on a short-lived thread, unless the last one still runs (a check waiting on a
+/// server that does not answer is not joined by another).
+fn check_aside(check: &ServerCheck, checking: &Arc<AtomicBool>) {
+    if checking.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let (check, done) = (Arc::clone(check), Arc::clone(checking));
+    let started = thread::Builder::new()
+        .name("fairlock-check".into())
+        .spawn(move || {
+            if let Err(e) = check() {
+                log::error!("fairlock: {e}");
+            }
+            done.store(false, Ordering::SeqCst);
+        });
+    if let Err(e) = started {
+        checking.store(false, Ordering::SeqCst);
+        log::warn!("fairlock: cannot start the server check's thread ({e}); trying again later");
     }
 }
 
