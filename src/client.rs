@@ -48,6 +48,9 @@ pub struct Config {
     /// How often the janitor refreshes this client's waiters and repairs locks. Default 1 s.
     /// A waiter not refreshed for 3 intervals counts as dead and is removed.
     pub janitor_interval: Duration,
+    /// How often the client checks again, while it runs, that the server never evicts keys
+    /// (`maxmemory-policy`), and logs an error when that changed. Default 1 minute.
+    pub server_check_interval: Duration,
     /// How long a lock's fence (its last fencing token) is kept after its last grant. Default
     /// 7 days. Tokens keep rising after it expires (they are seeded from the server clock); it
     /// bounds what idle lock names cost Redis.
@@ -86,6 +89,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(2),
             read_timeout: Duration::from_secs(5),
             janitor_interval: Duration::from_secs(1),
+            server_check_interval: Duration::from_secs(60),
             fence_ttl: Duration::from_secs(7 * 24 * 3600),
             failover_timeout: Duration::from_secs(60),
             replica_acks: 0,
@@ -165,6 +169,14 @@ impl LockClientBuilder {
     /// Janitor interval (default 1 s). Dead waiters are removed after 3 intervals.
     pub fn janitor_interval(mut self, interval: Duration) -> Self {
         self.config.janitor_interval = interval;
+        self
+    }
+
+    /// How often the server's eviction policy is checked again while the client runs (default
+    /// 1 minute, 1 s to 1 day); a policy that may evict keys is logged as an error. See
+    /// [`Config::server_check_interval`].
+    pub fn server_check_interval(mut self, interval: Duration) -> Self {
+        self.config.server_check_interval = interval;
         self
     }
 
@@ -265,7 +277,14 @@ impl LockClientBuilder {
                 reason: format!("{:?} is not between 50 ms and 60 s", c.janitor_interval),
             });
         }
-
+        if c.server_check_interval < Duration::from_secs(1)
+            || c.server_check_interval > Duration::from_secs(24 * 3600)
+        {
+            return Err(Error::InvalidConfig {
+                setting: "server_check_interval",
+                reason: format!("{:?} is not between 1 s and 1 day", c.server_check_interval),
+            });
+        }
         if c.fence_ttl < Duration::from_secs(60)
             || c.fence_ttl > Duration::from_secs(365 * 24 * 3600)
         {
@@ -305,7 +324,8 @@ impl LockClientBuilder {
             pool.clone(),
             &id,
             c.janitor_interval,
-            Box::new(move || checker.check_eviction()),
+            c.server_check_interval,
+            Arc::new(move || checker.check_eviction()),
         )?;
         let protocol = raw::Settings {
             fence_ttl: c.fence_ttl,
@@ -367,7 +387,9 @@ pub(crate) fn validate_lease(setting: &'static str, lease: Duration) -> Result<(
 /// the two background threads (the watchdog, which renews leases, and the janitor, which keeps
 /// this client's waiters alive and repairs locks that crashes left behind; through a Sentinel
 /// group a third, the master watch, which follows the master the sentinels name). The threads
-/// stop when the last clone and the last lock handle are dropped.
+/// stop when the last clone and the last lock handle are dropped. Short-lived threads come and
+/// go besides: the server check's (every [`Config::server_check_interval`]) and, through a
+/// Sentinel group, one per sentinel for each round of questions.
 ///
 /// ```no_run
 /// let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
@@ -522,8 +544,8 @@ impl LockClient {
     }
 
     /// Check now that the server is still safe for locks: its `maxmemory-policy` must not
-    /// evict keys. The janitor thread runs the same check every minute and logs an error when
-    /// it fails; call this from a health check to see it.
+    /// evict keys. The client runs the same check every [`Config::server_check_interval`] (a
+    /// minute by default) and logs an error when it fails; call this from a health check to see it.
     ///
     /// # Errors
     /// [`Error::UnsafeServer`] naming the setting, [`Error::Connection`] when the server cannot

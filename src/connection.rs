@@ -19,7 +19,7 @@ use redis::sentinel::SentinelNodeConnectionInfo;
 use redis::{ConnectionLike, IntoConnectionInfo, Value};
 
 use crate::error::{failover_error, Error, Result};
-use crate::sentinel::SentinelTarget;
+use crate::sentinel::{Followed, SentinelTarget};
 use crate::server_check::{check_eviction_policy, EvictionCheck, UNKNOWN_POLICY_WARNING};
 
 /// Oldest Redis version fairlock supports (BLPOP with sub-second timeouts, HSET with many fields,
@@ -250,6 +250,11 @@ impl Pool {
 /// acknowledgements): one command on a sentinel per interval is cheap.
 pub(crate) const MASTER_WATCH_INTERVAL: Duration = Duration::from_millis(200);
 
+/// How long after more than half of the sentinels last named the followed master a new
+/// connection goes to it without asking them again (see [`Manager::open`]): five rounds of the
+/// master watch, so it is fresh as long as the watch gets its answers.
+const AGREEMENT_FRESH: Duration = Duration::from_secs(1);
+
 /// The longest BLPOP through a Sentinel group (see [`Manager::longest_block`]).
 const SENTINEL_BLOCK: Duration = Duration::from_secs(1);
 
@@ -320,8 +325,9 @@ pub(crate) fn is_connection_error(e: &redis::RedisError) -> bool {
 enum Target {
     /// One node.
     Node(redis::Client),
-    /// The master that a Sentinel group names, looked up for every new connection and watched
-    /// (see [`Manager::follow_master`]).
+    /// The master that a Sentinel group names, watched (see [`Manager::follow_master`]) and
+    /// looked up again for a new connection when the watch has not confirmed it lately (see
+    /// [`Manager::open`]).
     Sentinel(Box<SentinelTarget>),
     /// A Redis Cluster: `commands` for the pool, whose connections follow redirects and repeat
     /// a request after a failure (safe: see the scripts' headers); `blocking` for the waker's
@@ -510,7 +516,8 @@ impl Manager {
     /// sentinels named the new one (after `SENTINEL FAILOVER`, until they make it a replica,
     /// about 8 s later), and a connection that stays with it takes grants that the new master
     /// never sees. Asking here, every [`MASTER_WATCH_INTERVAL`], bounds that to the interval
-    /// plus the sentinels' own delay in naming the new master.
+    /// plus the sentinels' own delay in naming the new master. Each answer that names the
+    /// followed master again also confirms it for new connections (see [`Manager::open`]).
     ///
     /// # Errors
     /// [`Error::Connection`] when no master is named by more than half of the sentinels (a
@@ -520,45 +527,84 @@ impl Manager {
         let Target::Sentinel(target) = &self.target else {
             return Ok(());
         };
-        // a look first (a command on a kept connection to each sentinel, until a majority)...
+        // a look first (a command on a kept connection to each sentinel, all at once, until a
+        // majority)...
         let agreed = target
             .agreed_master(self.connect_timeout, self.read_timeout)
             .map_err(|e| Error::from_redis("asking the sentinels for the master", e))?;
-        if target.master.lock().as_deref() == Some(agreed.addr.as_str()) {
-            return Ok(());
+        if let Some(followed) = target.master.lock().as_mut() {
+            if followed.addr == agreed.addr {
+                // confirmed: new connections may go to it without asking (see `open`)
+                followed.agreed_at = followed.agreed_at.max(agreed.asked);
+                return Ok(());
+            }
         }
         // ...then the master a new connection would get (through a sentinel that named it, which
         // checks the node's ROLE): connections move only when that changed, so the watch and
         // new connections never disagree
-        let (_, addr) = target
+        let (client, addr) = target
             .client_for(&agreed)
             .map_err(|e| Error::from_redis("asking the sentinels for the master", e))?;
-        self.note_master(target, addr);
+        self.note_master(target, addr, client, agreed.asked);
         Ok(())
     }
 
-    /// `addr` is the master new connections go to: when it is another one than before, retire
+    /// `addr` is the master new connections go to, which more than half of the sentinels named
+    /// at `agreed_at`, and `client` a client for it: when it is another one than before, retire
     /// the connections to the old one. Returns the generation of connections to `addr`.
-    fn note_master(&self, target: &SentinelTarget, addr: String) -> u64 {
+    fn note_master(
+        &self,
+        target: &SentinelTarget,
+        addr: String,
+        client: redis::Client,
+        agreed_at: Instant,
+    ) -> u64 {
         let mut master = target.master.lock();
-        if master.as_deref() == Some(addr.as_str()) {
+        if let Some(followed) = master.as_mut().filter(|f| f.addr == addr) {
+            followed.agreed_at = followed.agreed_at.max(agreed_at);
             return self.generation.load(Ordering::SeqCst);
         }
-        let generation = match master.as_deref() {
+        let generation = match master.as_ref() {
             None => self.generation.load(Ordering::SeqCst),
             Some(old) => {
                 log::info!(
-                    "fairlock: the sentinels name {addr} as master {} now (was {old}); connections move there",
-                    target.master_name()
+                    "fairlock: the sentinels name {addr} as master {} now (was {}); connections move there",
+                    target.master_name(),
+                    old.addr
                 );
                 self.generation.fetch_add(1, Ordering::SeqCst) + 1
             }
         };
-        *master = Some(addr);
+        *master = Some(Followed {
+            addr,
+            client,
+            agreed_at,
+        });
         generation
     }
 
+    /// The followed master's client and the generation of connections to it, when more than
+    /// half of the sentinels named it less than [`AGREEMENT_FRESH`] ago. Read under the same
+    /// lock that `note_master` moves the generation under, so the two belong together.
+    fn fresh_master(&self, target: &SentinelTarget) -> Option<(redis::Client, u64)> {
+        let master = target.master.lock();
+        let followed = master
+            .as_ref()
+            .filter(|f| f.agreed_at.elapsed() < AGREEMENT_FRESH)?;
+        Some((
+            followed.client.clone(),
+            self.generation.load(Ordering::SeqCst),
+        ))
+    }
+
     /// A connection for commands.
+    ///
+    /// Through a Sentinel group, to the master that more than half of the sentinels name: the
+    /// one they named less than [`AGREEMENT_FRESH`] ago (the master watch confirms it every
+    /// [`MASTER_WATCH_INTERVAL`]), else the one they name when asked now. Going to the
+    /// confirmed one without asking again is no less safe than the connections already open to
+    /// it, which stay there until the watch sees a switch; and it spares each new connection
+    /// (the pool's, the waker's, the server check's) a round of questions.
     pub fn open(&self) -> redis::RedisResult<Conn> {
         self.open_for(false)
     }
@@ -574,12 +620,18 @@ impl Manager {
         let client = match &self.target {
             Target::Node(client) => client.clone(),
             // the master more than half of the sentinels name (and that says it is one)
-            Target::Sentinel(target) => {
-                let agreed = target.agreed_master(self.connect_timeout, self.read_timeout)?;
-                let (client, addr) = target.client_for(&agreed)?;
-                generation = self.note_master(target, addr);
-                client
-            }
+            Target::Sentinel(target) => match self.fresh_master(target) {
+                Some((client, followed)) => {
+                    generation = followed;
+                    client
+                }
+                None => {
+                    let agreed = target.agreed_master(self.connect_timeout, self.read_timeout)?;
+                    let (client, addr) = target.client_for(&agreed)?;
+                    generation = self.note_master(target, addr, client.clone(), agreed.asked);
+                    client
+                }
+            },
             Target::Cluster { commands, blocking } => {
                 let client = if blocking_use { blocking } else { commands };
                 let inner = client.get_connection()?;

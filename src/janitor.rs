@@ -10,7 +10,11 @@
 //!
 //! Between ticks it also wakes when a holder's lease is due to run out, so the next waiter gets a
 //! dead holder's lock within a few milliseconds of the lease's end, not at the next tick. Every
-//! minute it checks again that the server does not evict keys, so a changed setting is logged.
+//! `server_check_interval` (a minute by default) it starts a check, on a short-lived thread of
+//! its own, that the server does not evict keys, so a changed setting is logged. Not on the
+//! janitor thread: the check opens a connection, which can wait for a slow server or sentinel
+//! for seconds, and the heartbeats it owes the waiters must not (a waiter silent for 3
+//! intervals is purged as dead and queues again at the back).
 //!
 //! The registry is never locked across a round trip (a waiting thread registering must not wait
 //! on the network): a tick sends a snapshot, so a heartbeat may speak for an attempt that has
@@ -18,6 +22,7 @@
 //! attempt, and a "retry" for an ended attempt is ignored by its thread.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
@@ -37,9 +42,6 @@ pub(crate) type SharedWitness = Arc<Mutex<Witness<BootInstant>>>;
 /// Margin after a lease's end before the janitor looks (Redis expires keys lazily on access, so
 /// any margin works; this one keeps us from looking a hair too early).
 const EXPIRY_MARGIN: Duration = Duration::from_millis(5);
-
-/// How often the server's eviction policy is checked again while the client lives.
-const SERVER_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 
 struct Waiting {
     raw: Arc<RawLock>,
@@ -64,13 +66,14 @@ pub(crate) struct Janitor {
 }
 
 /// Checks the server's configuration again (see [`Manager::check_eviction`]).
-pub(crate) type ServerCheck = Box<dyn Fn() -> Result<()> + Send>;
+pub(crate) type ServerCheck = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 
 impl Janitor {
     pub fn start(
         pool: Pool,
         client_id: &str,
         interval: Duration,
+        server_check_interval: Duration,
         server_check: ServerCheck,
     ) -> Result<Janitor> {
         let registry = Arc::new(Mutex::new(Registry::default()));
@@ -78,7 +81,10 @@ impl Janitor {
         let shared = registry.clone();
         thread::Builder::new()
             .name(format!("fairlock-janitor-{}", &client_id[..8]))
-            .spawn(move || run(&pool, &shared, &rx, interval, &*server_check))
+            .spawn(move || {
+                let check = &server_check;
+                run(&pool, &shared, &rx, interval, server_check_interval, check)
+            })
             .map_err(|source| Error::Io {
                 during: "starting the janitor thread",
                 source,
@@ -134,10 +140,12 @@ fn run(
     registry: &Mutex<Registry>,
     nudge: &Receiver<BootInstant>,
     interval: Duration,
-    server_check: &dyn Fn() -> Result<()>,
+    server_check_interval: Duration,
+    server_check: &ServerCheck,
 ) {
+    let checking = Arc::new(AtomicBool::new(false));
     let mut next_tick = BootInstant::now() + interval;
-    let mut next_server_check = BootInstant::now() + SERVER_CHECK_INTERVAL;
+    let mut next_server_check = BootInstant::now() + server_check_interval;
     let mut early: Option<BootInstant> = None;
     loop {
         let (idle, heartbeat_at) = {
@@ -160,10 +168,8 @@ fn run(
             Err(RecvTimeoutError::Timeout) => {
                 let now = BootInstant::now();
                 if now >= next_server_check {
-                    next_server_check = now + SERVER_CHECK_INTERVAL;
-                    if let Err(e) = server_check() {
-                        log::error!("fairlock: {e}");
-                    }
+                    next_server_check = now + server_check_interval;
+                    check_aside(server_check, &checking);
                 }
                 if heartbeat_at.is_some_and(|at| now + Duration::from_millis(1) >= at) {
                     early = tick(pool, registry);
@@ -171,6 +177,27 @@ fn run(
                 }
             }
         }
+    }
+}
+
+/// Start `check` on a short-lived thread, unless the last one still runs (a check waiting on a
+/// server that does not answer is not joined by another).
+fn check_aside(check: &ServerCheck, checking: &Arc<AtomicBool>) {
+    if checking.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let (check, done) = (Arc::clone(check), Arc::clone(checking));
+    let started = thread::Builder::new()
+        .name("fairlock-check".into())
+        .spawn(move || {
+            if let Err(e) = check() {
+                log::error!("fairlock: {e}");
+            }
+            done.store(false, Ordering::SeqCst);
+        });
+    if let Err(e) = started {
+        checking.store(false, Ordering::SeqCst);
+        log::warn!("fairlock: cannot start the server check's thread ({e}); trying again later");
     }
 }
 

@@ -15,12 +15,28 @@
 //! up to the client's failover timeout) and connections already open stay where they are. The
 //! crate's client still does the discovery and the `ROLE` check: each sentinel has one of its
 //! own, and the connection goes through one that named the agreed master.
+//!
+//! The sentinels are asked **all at once**, each on a short-lived thread of its own, and the
+//! answer is decided as soon as one master has its majority (or none can have it any more). A
+//! sentinel whose process is stopped (a hung host, a paused VM) still accepts TCP connections and
+//! never answers: asked in turn, it would cost every question its whole read timeout (twice,
+//! with the retry on a new connection), and the janitor's heartbeats waited behind that. Now it
+//! costs nothing while the others make a majority: its question waits on its own thread, and
+//! later questions to it give up after [`BUSY_WAIT`] instead of queueing behind it.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{ErrorKind, RedisError, RedisResult};
+
+/// The longest a question waits for an earlier question to the same sentinel to end (they share
+/// its kept connection). A sentinel answers `GET-MASTER-ADDR-BY-NAME` within a round trip, so a
+/// longer wait means it is not answering at all: the question then gives up at once rather than
+/// wait a read timeout for it, and a client never has more than a few threads waiting on it.
+const BUSY_WAIT: Duration = Duration::from_millis(500);
 
 /// One sentinel of the URL.
 struct Sentinel {
@@ -35,9 +51,21 @@ struct Sentinel {
 /// The sentinels of a client's URL and the master its connections go to.
 pub(crate) struct SentinelTarget {
     master_name: String,
-    sentinels: Vec<Sentinel>,
-    /// `host:port` of the master connections go to now (see `Manager::follow_master`).
-    pub master: Mutex<Option<String>>,
+    /// Shared with the threads that ask them (see [`SentinelTarget::agreed_master`]).
+    sentinels: Vec<Arc<Sentinel>>,
+    /// The master connections go to now (see `Manager::follow_master`).
+    pub master: Mutex<Option<Followed>>,
+}
+
+/// The master a client's connections go to, and when the sentinels last agreed on it.
+pub(crate) struct Followed {
+    /// `host:port`
+    pub addr: String,
+    /// A client for it, with the data nodes' credentials, from a sentinel that named it (and
+    /// after the node said `ROLE` master).
+    pub client: redis::Client,
+    /// When the last round of questions that gave it a majority began.
+    pub agreed_at: Instant,
 }
 
 /// A master that more than half of the sentinels name.
@@ -46,6 +74,8 @@ pub(crate) struct Agreed {
     pub addr: String,
     /// The indexes of the sentinels that named it.
     voters: Vec<usize>,
+    /// When the questions were asked (their answers are no newer).
+    pub asked: Instant,
 }
 
 impl SentinelTarget {
@@ -68,11 +98,11 @@ impl SentinelTarget {
                     nodes.clone(),
                     SentinelServerType::Master,
                 )?;
-                Ok(Sentinel {
+                Ok(Arc::new(Sentinel {
                     url,
                     client: Mutex::new(client),
                     asking: Mutex::new(None),
-                })
+                }))
             })
             .collect::<RedisResult<Vec<_>>>()?;
         Ok(SentinelTarget {
@@ -86,8 +116,10 @@ impl SentinelTarget {
         &self.master_name
     }
 
-    /// The master that more than half of the sentinels name now. The sentinels are asked in
-    /// order until one master has the majority or none can have it any more.
+    /// The master that more than half of the sentinels name now. Every sentinel is asked at
+    /// once, each on a thread of its own, and the answer is given as soon as one master has the
+    /// majority or none can have it any more, or after `connect_timeout + read_timeout` at
+    /// most: a sentinel that does not answer costs nothing while the others make a majority.
     ///
     /// # Errors
     /// A `MasterNameNotFoundBySentinel` error (which fairlock treats as a failover under way)
@@ -97,20 +129,51 @@ impl SentinelTarget {
         connect_timeout: Duration,
         read_timeout: Duration,
     ) -> RedisResult<Agreed> {
+        let asked = Instant::now();
         let n = self.sentinels.len();
         let needed = n / 2 + 1;
-        let mut named: Vec<Agreed> = Vec::new();
-        let mut answers = Vec::new();
+        // room for every answer: a question that ends after we stopped listening never blocks
+        let (tx, rx) = crossbeam_channel::bounded(n);
+        let mut answers: Vec<Option<String>> = vec![None; n];
+        let mut pending = 0;
         for (i, sentinel) in self.sentinels.iter().enumerate() {
-            match sentinel.ask(&self.master_name, connect_timeout, read_timeout) {
+            let (asking, tx) = (Arc::clone(sentinel), tx.clone());
+            let name = self.master_name.clone();
+            let started = thread::Builder::new()
+                .name("fairlock-ask".into())
+                .spawn(move || {
+                    let _ = tx.send((i, asking.ask(&name, connect_timeout, read_timeout)));
+                });
+            match started {
+                Ok(_) => pending += 1,
+                Err(e) => {
+                    answers[i] = Some(format!("{}: not asked (no thread: {e})", sentinel.url))
+                }
+            }
+        }
+        drop(tx);
+        let deadline = asked + connect_timeout + read_timeout;
+        let mut named: Vec<Agreed> = Vec::new();
+        while pending > 0 {
+            let best = named.iter().map(|a| a.voters.len()).max().unwrap_or(0);
+            if best + pending < needed {
+                break;
+            }
+            let Ok((i, answer)) = rx.recv_deadline(deadline) else {
+                break;
+            };
+            pending -= 1;
+            let url = &self.sentinels[i].url;
+            answers[i] = Some(match answer {
                 Ok(Some(addr)) => {
-                    answers.push(format!("{} names {addr}", sentinel.url));
+                    let answer = format!("{url} names {addr}");
                     let index = match named.iter().position(|a| a.addr == addr) {
                         Some(index) => index,
                         None => {
                             named.push(Agreed {
                                 addr,
                                 voters: Vec::new(),
+                                asked,
                             });
                             named.len() - 1
                         }
@@ -119,18 +182,20 @@ impl SentinelTarget {
                     if named[index].voters.len() >= needed {
                         return Ok(named.swap_remove(index));
                     }
+                    answer
                 }
-                Ok(None) => answers.push(format!(
-                    "{} knows no master {}",
-                    sentinel.url, self.master_name
-                )),
-                Err(e) => answers.push(format!("{}: {e}", sentinel.url)),
-            }
-            let best = named.iter().map(|a| a.voters.len()).max().unwrap_or(0);
-            if best + (n - i - 1) < needed {
-                break;
-            }
+                Ok(None) => format!("{url} knows no master {}", self.master_name),
+                Err(e) => format!("{url}: {e}"),
+            });
         }
+        let waited = asked.elapsed();
+        let answers: Vec<String> = answers
+            .into_iter()
+            .zip(&self.sentinels)
+            .map(|(answer, sentinel)| {
+                answer.unwrap_or_else(|| format!("{}: no answer after {waited:?}", sentinel.url))
+            })
+            .collect();
         Err(RedisError::from((
             ErrorKind::MasterNameNotFoundBySentinel,
             "no master is named by more than half of the sentinels",
@@ -181,7 +246,10 @@ impl SentinelTarget {
 
 impl Sentinel {
     /// `host:port` of the master this sentinel names (`None`: it knows no such master), on
-    /// the kept connection, or on a new one when that failed.
+    /// the kept connection, or on a new one when that was closed (a sentinel restarted). One
+    /// question at a time per sentinel: a question that finds another one under way for longer
+    /// than [`BUSY_WAIT`] gives up, and one that timed out is not asked again on a new
+    /// connection (that would wait as long again).
     fn ask(
         &self,
         master_name: &str,
@@ -192,10 +260,23 @@ impl Sentinel {
             .arg("GET-MASTER-ADDR-BY-NAME")
             .arg(master_name)
             .clone();
-        let mut asking = self.asking.lock();
+        let busy_wait = BUSY_WAIT.min(read_timeout);
+        let Some(mut asking) = self.asking.try_lock_for(busy_wait) else {
+            return Err(RedisError::from((
+                ErrorKind::Io,
+                "the sentinel does not answer",
+                format!("it has not answered an earlier question for {busy_wait:?}"),
+            )));
+        };
         if let Some(conn) = asking.as_mut() {
-            if let Ok(reply) = cmd.query::<Option<(String, String)>>(conn) {
-                return Ok(reply.map(|(host, port)| format!("{host}:{port}")));
+            match cmd.query::<Option<(String, String)>>(conn) {
+                Ok(reply) => return Ok(reply.map(|(host, port)| format!("{host}:{port}"))),
+                Err(e) if e.is_timeout() => {
+                    // its late answer must not be read as the next question's
+                    *asking = None;
+                    return Err(e);
+                }
+                Err(_) => {}
             }
         }
         *asking = None;
@@ -203,8 +284,10 @@ impl Sentinel {
             redis::Client::open(self.url.as_str())?.get_connection_with_timeout(connect_timeout)?;
         conn.set_read_timeout(Some(read_timeout))?;
         conn.set_write_timeout(Some(read_timeout))?;
-        let conn = asking.insert(conn);
-        let reply: Option<(String, String)> = cmd.query(conn)?;
-        Ok(reply.map(|(host, port)| format!("{host}:{port}")))
+        let reply = cmd.query::<Option<(String, String)>>(asking.insert(conn));
+        if reply.is_err() {
+            *asking = None;
+        }
+        Ok(reply?.map(|(host, port)| format!("{host}:{port}")))
     }
 }

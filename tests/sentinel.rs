@@ -701,3 +701,131 @@ fn failover_overlap_trials() {
         }
     }
 }
+
+/// A sentinel whose process is stopped (a hung host, a paused VM) still accepts TCP connections,
+/// so every question to it waits for the whole read timeout. With one of three frozen, and listed
+/// first, the two others still make a majority: building a client must stay quick, and no
+/// background thread may wait on the frozen one for longer than the work it owes others. Two
+/// clients each queue a waiter; the first one's server check runs every second (the other's
+/// every minute, as by default: clients check at different moments). Its janitor must keep its
+/// waiter alive all the same, or the other client's heartbeat purges it as dead and it queues
+/// again at the back: both keep their places and are served in the order they queued.
+#[test]
+fn a_frozen_sentinel_neither_stalls_the_janitor_nor_costs_waiters_their_places() {
+    let group = SentinelGroup::start();
+    let master = group.master_port();
+    let urls = group.sentinel_urls();
+    // after the group: continued (SIGCONT) before the group kills it, on a panic too
+    let _frozen = group.freeze_sentinel(group.sentinel_ports()[0]);
+    // default connect and read timeouts (2 s, 5 s): what a frozen sentinel costs by default
+    let build = |server_check: Duration| {
+        let sentinels: Vec<&str> = urls.iter().map(String::as_str).collect();
+        let started = Instant::now();
+        let client = fairlock::LockClient::builder_sentinel("mymaster", &sentinels)
+            .janitor_interval(Duration::from_millis(300))
+            .server_check_interval(server_check)
+            .failover_timeout(SECS_30)
+            .build()
+            .expect("a client through 2 of 3 sentinels");
+        (client, started.elapsed())
+    };
+    let queue = || -> Vec<String> {
+        redis::cmd("ZRANGE")
+            .arg("fairlock:{frozen}:queue")
+            .arg(0)
+            .arg(-1)
+            .query(&mut group.conn_to(master))
+            .unwrap_or_default()
+    };
+    let mut problems = vec![];
+    let mut builds = vec![];
+
+    let (holder, took) = build(SECS_60);
+    builds.push(took);
+    let lock = holder.lock("frozen").unwrap();
+    let guard = lock.lock().unwrap();
+    let after = guard.fencing_token();
+    let (grants_tx, grants) = mpsc::channel();
+    let mut clients = vec![];
+    let mut waiters = vec![];
+    for i in 0..2 {
+        let every = if i == 0 {
+            Duration::from_secs(1)
+        } else {
+            SECS_60
+        };
+        let (client, took) = build(every);
+        builds.push(took);
+        let lock = client.lock("frozen").unwrap();
+        let grants_tx = grants_tx.clone();
+        waiters.push(thread::spawn(move || match lock.try_lock_for(SECS_60) {
+            Ok(Some(g)) => {
+                let _ = grants_tx.send((g.fencing_token(), i));
+                thread::sleep(Duration::from_millis(20));
+                g.unlock().map_err(|e| format!("waiter {i} release: {e}"))
+            }
+            Ok(None) => Err(format!("waiter {i} not served in 60 s")),
+            Err(e) => Err(format!("waiter {i}: {e}")),
+        }));
+        assert!(
+            support::eventually(SECS_30, || queue().len() == i + 1),
+            "waiter {i} did not queue: {:?}",
+            queue()
+        );
+        clients.push(client);
+    }
+    drop(grants_tx);
+
+    // eight server checks of the first client (every second) and some 26 heartbeats of each
+    // (every 300 ms; a waiter silent for 900 ms is dead): the queue must stay as it is
+    let ids: Vec<String> = clients.iter().map(|c| format!("{}:", c.id())).collect();
+    let places = |q: &[String]| -> Vec<Option<usize>> {
+        q.iter()
+            .map(|owner| ids.iter().position(|id| owner.starts_with(id)))
+            .collect()
+    };
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(8) {
+        let q = places(&queue());
+        if q != [Some(0), Some(1)] {
+            problems.push(format!(
+                "{:?} after the second waiter queued the queue was {q:?} (waiter 0, then \
+                 waiter 1 expected): a waiter lost its place",
+                watched.elapsed()
+            ));
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+
+    guard.unlock().expect("the holder's release");
+    let mut served = vec![];
+    for _ in 0..2 {
+        match grants.recv_timeout(SECS_60) {
+            Ok(grant) => served.push(grant),
+            Err(_) => break,
+        }
+    }
+    for w in waiters {
+        if let Err(e) = w.join().expect("a waiter panicked") {
+            problems.push(e);
+        }
+    }
+    served.sort();
+    let order: Vec<usize> = served.iter().map(|&(_, i)| i).collect();
+    if order != [0, 1] {
+        problems.push(format!(
+            "served {served:?} (token, waiter): not in queue order"
+        ));
+    }
+    if served.first().is_some_and(|&(token, _)| token <= after) {
+        problems.push(format!("tokens {served:?} after {after}"));
+    }
+    eprintln!("build() with 1 of 3 sentinels frozen took {builds:?}");
+    if builds.iter().any(|b| *b >= Duration::from_secs(2)) {
+        problems.push(format!(
+            "build() took {builds:?} with 1 of 3 sentinels frozen (2 s at most expected)"
+        ));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

@@ -234,6 +234,31 @@ impl SentinelGroup {
         self.node_mut(port).kill();
     }
 
+    /// SIGSTOP the sentinel on `port`, as a hung host or a paused VM: the kernel still accepts
+    /// TCP connections to it, but it never answers. It runs again (SIGCONT) when the returned
+    /// guard is dropped, on a panic too; declare the guard after the group, so that it drops
+    /// first (the group's drop SIGKILLs a stopped process all the same).
+    pub fn freeze_sentinel(&self, port: u16) -> Frozen {
+        let node = self
+            .sentinels
+            .iter()
+            .find(|s| s.port == port)
+            .unwrap_or_else(|| panic!("no sentinel of the group on port {port}"));
+        let pid = node
+            .child
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} is not running", node.name))
+            .id() as libc::pid_t;
+        // SAFETY: kill(2) on our own child, not reaped (the group reaps it when it kills it)
+        let sent = unsafe { libc::kill(pid, libc::SIGSTOP) } == 0;
+        assert!(
+            sent,
+            "kill -STOP {pid}: {}",
+            std::io::Error::last_os_error()
+        );
+        Frozen { pid }
+    }
+
     /// Wait until every running sentinel reports the same master (`GET-MASTER-ADDR-BY-NAME`),
     /// not `old_port`, with the failover over (no `failover_in_progress`, `s_down` or `o_down`
     /// in `SENTINEL MASTER`: the leader answers with the promoted replica while it still
@@ -392,6 +417,18 @@ impl SentinelGroup {
     /// Panic with `what` and the tail of every log of the group.
     fn fail(&self, what: &str) -> ! {
         fail(what, self.nodes.iter().chain(&self.sentinels))
+    }
+}
+
+/// A process stopped by [`SentinelGroup::freeze_sentinel`]; dropping this continues it.
+pub struct Frozen {
+    pid: libc::pid_t,
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on a child of the group, which outlives this guard
+        unsafe { libc::kill(self.pid, libc::SIGCONT) };
     }
 }
 
