@@ -8,12 +8,25 @@
 -- leaves a receipt (its token in the hash's `released`, with the last few others), so a retry
 -- reports success instead of a false "not held" while the lock's hash remembers it (the hash
 -- lives on through the next holds; a tombstone for the rest of the released lease). Tokens
--- are unique per hold, so a late release never touches a later hold. When asked, the outermost
--- release (whatever it finds) leaves a left mark for the hold's attempt (state.lua,
--- mark_left), so a copy of its acquire that arrives afterwards does nothing instead of taking
--- the lock for a thread that holds no guard.
+-- are unique per hold, so a late release never touches a later hold. When asked (ARGV[6]),
+-- the outermost release (whatever it finds) leaves a left mark for the hold's attempt
+-- (state.lua, mark_left), so a copy of its acquire that arrives afterwards does nothing
+-- instead of taking the lock for a thread that holds no guard; and a hold of that very
+-- attempt with another token (such a copy arrived after the thread's own hold was lost:
+-- force-unlocked, or run out) is freed with it, since no guard of it exists.
 -- Cost: with nobody waiting HMGET, ZRANGE (the queue's head), HSET.
 local owner, token, depth, mark = ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+
+-- Free the hold `h` (as read) or grant it to the next live waiter; `...`: more fields for the
+-- hash. Returns the next owner or ''.
+local function pass_on(h, ...)
+  local next = front()[1] and grant_next(h, ...)
+  if not next then
+    redis.call('HSET', k.lock, 'owner', '', ...)
+  end
+  return next or ''
+end
+
 return run(function()
   -- the marks' key is undeclared: touched before the first write (see "Undeclared keys")
   if mark and depth <= 1 then left_mark(owner) end
@@ -24,15 +37,13 @@ return run(function()
       redis.call('HSET', k.lock, 'count', depth - 1)
       return { 'held', depth - 1 }
     end
-    local receipts = with_receipt(h.released, token)
-    -- (the queue's first members, which the grant needs anyway, also say whether anyone waits)
-    local next = front()[1] and grant_next(h, 'released', receipts)
-    if not next then
-      redis.call('HSET', k.lock, 'owner', '', 'released', receipts)
-    end
-    result = { 'released', next or '' }
+    result = { 'released', pass_on(h, 'released', with_receipt(h.released, token)) }
   elseif depth == 1 and has_receipt(h.released, token) then
     result = { 'released', '' }
+  elseif mark and depth <= 1 and h.owner == owner and h.attempt == mark then
+    -- a late copy of this attempt's acquire took the lock after the thread's hold was lost
+    pass_on(h)
+    result = { 'not_held', '' }
   else
     result = { 'not_held', h.owner or '' }
   end

@@ -169,7 +169,14 @@ impl<'a> Attempt<'a> {
             let sent = BootInstant::now();
             let grant = match self.request(&call, sent)? {
                 Requested::Granted { token, expires } => Some((token, expires)),
-                Requested::Busy => return Ok(None),
+                Requested::Busy => {
+                    if self.unanswered.get() {
+                        // a copy of this try may still arrive and find the lock free: the
+                        // leave's left mark makes it do nothing
+                        self.leave_quietly();
+                    }
+                    return Ok(None);
+                }
                 Requested::Queued { pttl_ms } => {
                     let Some(registration) = &registration else {
                         return Err(Error::protocol(
@@ -219,13 +226,16 @@ impl<'a> Attempt<'a> {
 
     /// Run `call`; a reply that `granted` says grants this attempt the lock must, with replica
     /// acknowledgements asked for, have them (else it is given up: [`Error::NotReplicated`]).
-    /// A request sent more than once, or without a reply, may still arrive: noted for the leave.
+    /// A request sent more than once, or without a reply, may still arrive: noted for the end
+    /// of the attempt (its leave or its release leaves a left mark). On a Cluster every request
+    /// counts as sent more than once: the redis crate's cluster connection repeats a failed
+    /// request on its own, unseen here.
     fn run_granting<T>(&self, call: &Call<T>, granted: fn(&T) -> bool) -> Result<T> {
         let mut sends = 0;
         let result = self.client().with_conn(call.during(), |c| {
             sends += 1;
             let reply = call.run(c);
-            if reply.is_err() || sends > 1 {
+            if reply.is_err() || sends > 1 || c.is_cluster() {
                 self.unanswered.set(true);
             }
             let reply = reply?;

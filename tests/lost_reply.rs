@@ -364,3 +364,41 @@ fn a_late_copy_of_a_repeated_acquire_after_the_release_takes_nothing() {
         .unwrap();
     assert!(other.is_some(), "the lock is held by nobody's guard");
 }
+
+/// Found by the fuzzer's ghost-hold check: a `try_lock` whose request was sent twice and that
+/// was answered busy left nothing behind, so its other copy, arriving once the lock was free,
+/// took it for a thread that got `None`. A try that may have a copy on the way now leaves with
+/// a mark.
+#[test]
+fn a_busy_try_lock_sent_twice_leaves_a_mark_for_its_copy() {
+    use fairlock::raw::{Acquire, Mode, RawLock, Settings};
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let client = proxied_client(&proxy);
+    let holder = support::client(&server)
+        .lock("busy-twice")
+        .unwrap()
+        .lock()
+        .unwrap();
+    let lock = client.lock("busy-twice").unwrap();
+    proxy.arm();
+    assert!(lock.try_lock().unwrap().is_none());
+    assert_eq!(proxy.cuts(), 1);
+    let mut c = server.conn();
+    let marks: Vec<(String, u64)> = redis::cmd("HGETALL")
+        .arg("fairlock:{busy-twice}:left")
+        .query::<Vec<(String, u64)>>(&mut c)
+        .unwrap()
+        .into_iter()
+        .filter(|(field, _)| field != "~")
+        .collect();
+    assert_eq!(marks.len(), 1, "{marks:?}");
+    holder.unlock().unwrap();
+    let (owner, attempt) = marks[0].clone();
+    let raw = RawLock::new("fairlock", "busy-twice", Settings::default()).unwrap();
+    let copy = raw
+        .acquire(&owner, attempt, Duration::from_secs(30), Mode::Try, "m")
+        .run(&mut c)
+        .unwrap();
+    assert_eq!(copy, Acquire::Stale);
+}

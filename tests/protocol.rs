@@ -941,3 +941,27 @@ fn a_fence_beyond_the_tokens_range_is_refused_and_left_as_it_was() {
     assert_eq!(t, 9007199254740991);
     assert_eq!(holding_attempt(&mut c, &lock), Some(1));
 }
+
+/// Found by the fuzzer's ghost-hold check (review 3's generator for fault 2): a copy of an
+/// acquire that was sent twice arrived after the thread's own hold was lost (force-unlocked,
+/// or run out) but while the thread still held its guard, and took the lock for that very
+/// attempt with a new token nobody will release. The guard's release (which asks for a mark,
+/// as the acquire was sent twice) now frees such a hold of its own attempt.
+#[test]
+fn a_marking_release_frees_a_late_copys_hold_of_its_own_attempt() {
+    let (_server, mut c, lock) = start("own-ghost");
+    let copy = lock.acquire("c1:1", 4, LEASE, Mode::Wait, "m");
+    let t1 = granted(copy.run(&mut c).unwrap());
+    assert!(matches!(
+        lock.force_unlock("c1:1", t1).run(&mut c).unwrap(),
+        ForceUnlock::Released { .. }
+    ));
+    let t2 = granted(copy.run(&mut c).unwrap()); // the late copy
+    assert!(t2 > t1);
+    assert_eq!(
+        lock.release_marking("c1:1", t1, 1, 4).run(&mut c).unwrap(),
+        Release::NotHeld { holder: None }
+    );
+    assert_eq!(holder(&mut c, &lock), (None, None), "the late copy's hold");
+    assert_eq!(copy.run(&mut c).unwrap(), Acquire::Stale);
+}

@@ -5,10 +5,13 @@
 
 use std::time::Duration;
 
-use fairlock::raw::{self, Acquire, LateAcquire, Leave, LeaveMode, Mode, Release, Wake};
+use fairlock::raw::{
+    self, judge_handoff, Acquire, Handoff, LateAcquire, Leave, LeaveMode, Mode, Release, Wake,
+    Witness,
+};
 
 use crate::checks::Check;
-use crate::model::{Hold, State, Wait};
+use crate::model::{Hold, LocalMs, State, Wait};
 use crate::steps::{AcquireStep, Fault, Who};
 use crate::world::{describe, fault_name, Plan, World};
 
@@ -82,11 +85,20 @@ impl World {
             lease_ms: plan.lease_ms,
             expires,
             origin: format!("{via} pttl={}ms sent at {sent:.0}ms", g.pttl_ms),
+            late_acquire: plan.unanswered.then_some(plan.attempt),
         });
         true
     }
 
-    pub fn run_acquire(&mut self, c: usize, t: usize, mut plan: Plan, fault: Fault, then: Fault) {
+    pub fn run_acquire(&mut self, c: usize, t: usize, plan: Plan, fault: Fault, then: Fault) {
+        let outer = self.clients[c].threads[t]
+            .calling
+            .replace((plan.lock, plan.attempt));
+        self.run_acquire_calls(c, t, plan, fault, then);
+        self.clients[c].threads[t].calling = outer;
+    }
+
+    fn run_acquire_calls(&mut self, c: usize, t: usize, mut plan: Plan, fault: Fault, then: Fault) {
         let mut fault = fault;
         for round in 0..3 {
             if round > 0 {
@@ -101,7 +113,10 @@ impl World {
                 mode,
                 &format!("fuzz|{c}|{t}"),
             );
-            let label = format!("c{c}:t{t} acquire attempt={}", plan.attempt);
+            let label = format!(
+                "c{c}:t{t} acquire lock={} attempt={}",
+                plan.lock, plan.attempt
+            );
             let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
             plan.unanswered |= fault != Fault::None;
             fault = then;
@@ -124,13 +139,28 @@ impl World {
                     if plan.wait {
                         self.violate(Check::BadReply, "acquire in wait mode answered busy".into());
                     }
+                    if plan.unanswered {
+                        // a copy of this try may still arrive and find the lock free: as the
+                        // real client, leave with a mark so it does nothing
+                        self.leave_quietly(c, t, plan, then);
+                    }
                     *self.state(c, t) = State::Idle;
                     return;
                 }
-                Acquire::Queued { server_ms, .. } => {
+                Acquire::Queued {
+                    server_ms,
+                    last_token,
+                    ..
+                } => {
                     if !plan.wait {
                         self.violate(Check::BadReply, "acquire in try mode queued".into());
                     }
+                    // the client's witness: kept across re-runs of the attempt, the newest wins
+                    let mut witness = match self.state(c, t) {
+                        State::Waiting(w) if w.attempt == plan.attempt => w.witness,
+                        _ => Witness::none(LocalMs(s.sent_real)),
+                    };
+                    witness.observe(LocalMs(s.sent_real), last_token);
                     *self.state(c, t) = State::Waiting(Wait {
                         lock: plan.lock,
                         attempt: plan.attempt,
@@ -138,6 +168,8 @@ impl World {
                         deadline: plan.deadline,
                         sent: s.sent,
                         server_ms,
+                        witness,
+                        grant_forward: None,
                         place: true,
                         refreshed: s.sent_real,
                         forward_steps: 0,
@@ -173,6 +205,11 @@ impl World {
         let label = format!("c{c}:t{t} leave pass attempt={}", plan.attempt);
         let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
         self.say(format!(" -> {}", describe(&s.reply)));
+        if matches!(fault, Fault::Dropped | Fault::Late) {
+            self.clients[c].threads[t]
+                .unsure_end
+                .insert((plan.lock, plan.attempt));
+        }
         *self.state(c, t) = State::Idle;
     }
 
@@ -191,7 +228,9 @@ impl World {
     }
 
     /// The client's waker pops the wake list of the lock thread `t` waits on, and hands the
-    /// message to the thread of the client that waits with its attempt (`src/waker.rs`).
+    /// message to the thread of the client that waits with its attempt (`src/waker.rs`). With
+    /// `Fault::Late` the popped message is held up on its way to the client (a slow link, a
+    /// stalled process, the leader's wait for replica acks) and handed over by a later step.
     pub fn pop(&mut self, c: usize, t: usize, fault: Fault, then: Fault) -> bool {
         if !self.fits(c, t) {
             return false;
@@ -227,7 +266,8 @@ impl World {
             }
         };
         if fault != Fault::None {
-            self.stats.add(&format!("fault: {}", fault_name(fault)), 1);
+            self.stats
+                .add(&format!("fault: pop {}", fault_name(fault)), 1);
         }
         let msg = match popped {
             Err(_) => {
@@ -248,52 +288,92 @@ impl World {
             }
             Ok(Some(msg)) => msg,
         };
+        if fault == Fault::Late {
+            self.say(format!(" -> {msg:?} [held up on its way to the client]"));
+            self.late_pops.push((c, lock, msg));
+            return true;
+        }
         self.say(format!(" -> {msg:?}"));
-        let wake = match raw::parse_wake(&msg) {
+        self.hand_over(c, lock, &msg, then);
+        true
+    }
+
+    /// The waker hands a popped message of `lock` to client `c`'s thread that waits with its
+    /// attempt (dropped when none does), which reacts as the real `Attempt` does: a hand-off is
+    /// held only when `judge_handoff` (the client's own decision) says its lease surely lasts,
+    /// else confirmed with a re-run of acquire; a retry re-runs acquire.
+    pub fn hand_over(&mut self, c: usize, lock: usize, msg: &str, then: Fault) {
+        let wake = match raw::parse_wake(msg) {
             Ok(w) => w,
             Err(e) => {
                 self.violate(Check::BadReply, format!("wake-up message {msg:?}: {e}"));
-                return true;
+                return;
             }
         };
         let to = (0..self.clients[c].threads.len())
             .find(|&t2| self.clients[c].threads[t2].state_waits_with(lock, wake.attempt()));
         let Some(t) = to else {
             self.say(" (no thread waits with that attempt: dropped)");
-            return true;
+            return;
         };
+        if !self.active(c) {
+            // a paused process reads it when it runs again: held up further
+            self.late_pops.push((c, lock, msg.to_string()));
+            self.say(" (its process is paused: held up further)");
+            return;
+        }
         self.say(format!(" to t{t}"));
+        let now_real = self.clock.real();
+        let forward_now = self.clock.forward();
         let w = self.waiting(c, t).expect("found waiting above");
         let plan = Plan::of(w);
-        let (sent0, server0, lease) = (w.sent, w.server_ms, w.lease_ms);
+        let (sent0, server0, lease, witness) = (w.sent, w.server_ms, w.lease_ms, w.witness);
+        let grant_forward = w.grant_forward;
         match wake {
             Wake::Grant {
                 token, server_ms, ..
             } => {
-                let now = self.clock.fz();
-                let queued_for = ((server_ms - server0).max(0) as f64).min(now - sent0);
-                let expires = sent0 + queued_for + lease as f64;
-                if expires > now {
-                    *self.state(c, t) = State::Holding(Hold {
-                        lock: plan.lock,
-                        attempt: plan.attempt,
-                        token,
-                        depth: 1,
-                        lease_ms: lease,
-                        expires,
-                        origin: format!(
-                            "hand-off at server {server_ms}ms, queued at server {server0}ms \
-                             by a request sent at {sent0:.0}ms, popped at {now:.0}ms"
-                        ),
-                    });
-                } else {
-                    self.say(" (lease over by the estimate)");
-                    self.run_acquire(c, t, plan, then, Fault::None);
+                let verdict = judge_handoff(
+                    token,
+                    witness,
+                    Duration::from_millis(lease),
+                    LocalMs(now_real),
+                );
+                match verdict {
+                    Handoff::Hold { expires } => {
+                        // on the fuzzer clock: forward steps after the grant age the hold (a
+                        // documented limit), those before it do not
+                        let forward = grant_forward.unwrap_or_else(|| {
+                            self.stats
+                                .add("hand-off whose grant the model did not see", 1);
+                            forward_now
+                        });
+                        *self.state(c, t) = State::Holding(Hold {
+                            lock: plan.lock,
+                            attempt: plan.attempt,
+                            token,
+                            depth: 1,
+                            lease_ms: lease,
+                            expires: expires.0 + forward,
+                            origin: format!(
+                                "hand-off at server {server_ms}ms, queued at server \
+                                 {server0}ms by a request sent at {sent0:.0}ms, witness sent \
+                                 at real {:.0}ms (last token {}), handed over at real \
+                                 {now_real:.0}ms",
+                                witness.sent.0, witness.last_token
+                            ),
+                            late_acquire: plan.unanswered.then_some(plan.attempt),
+                        });
+                    }
+                    Handoff::Confirm => {
+                        self.say(" (confirmed with Redis before it is held)");
+                        self.stats.add("hand-off confirmed with a re-run", 1);
+                        self.run_acquire(c, t, plan, then, Fault::None);
+                    }
                 }
             }
             Wake::Retry { .. } => self.run_acquire(c, t, plan, then, Fault::None),
         }
-        true
     }
 
     /// A hold that was force-unlocked, evicted or lost with the data is gone for good (tokens
@@ -345,10 +425,25 @@ impl World {
                     h.depth += 1;
                 }
             }
-            Ok(raw::Reenter::Lost) => *self.state(c, t) = State::Idle,
+            Ok(raw::Reenter::Lost) => self.drop_lost_guard(c, t, &h),
             Err(_) => {}
         }
         true
+    }
+
+    /// The hold `h` was found lost (a re-entry or renewal said so): the caller drops its guard,
+    /// whose release asks for the attempt's left mark when a copy of its acquire may still
+    /// arrive (and frees a hold such a copy took), as the real guard's drop does.
+    fn drop_lost_guard(&mut self, c: usize, t: usize, h: &Hold) {
+        if let Some(attempt) = h.late_acquire {
+            let owner = self.owner(c, t);
+            self.say("; its guard is dropped");
+            let call = self.locks[h.lock].release_marking(&owner, h.token, 1, attempt);
+            let label = format!("c{c}:t{t} release token={} depth=1", h.token);
+            let s = self.exec(Some(Who::Thread(c, t)), label, call, Fault::None);
+            self.say(format!(" -> {}", describe(&s.reply)));
+        }
+        *self.state(c, t) = State::Idle;
     }
 
     pub fn release(&mut self, c: usize, t: usize, fault: Fault) -> bool {
@@ -369,9 +464,18 @@ impl World {
             "c{c}:t{t} release token={} depth={}",
             h.token, h.depth
         ));
-        let call = self.locks[h.lock].release(&owner, h.token, h.depth);
+        let call = match h.late_acquire {
+            Some(attempt) => self.locks[h.lock].release_marking(&owner, h.token, h.depth, attempt),
+            None => self.locks[h.lock].release(&owner, h.token, h.depth),
+        };
         let label = format!("c{c}:t{t} release token={} depth={}", h.token, h.depth);
         let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
+        if h.late_acquire.is_some() && h.depth <= 1 && matches!(fault, Fault::Dropped | Fault::Late)
+        {
+            self.clients[c].threads[t]
+                .unsure_end
+                .insert((h.lock, h.attempt));
+        }
         self.say(format!(" -> {}", describe(&s.reply)));
         match s.reply {
             Ok(Release::Released { .. }) if h.depth > 1 => self.violate(
@@ -419,7 +523,7 @@ impl World {
                     hh.origin = format!("renewal sent at {:.0}ms", s.sent);
                 }
             }
-            Ok(false) => *self.state(c, t) = State::Idle,
+            Ok(false) => self.drop_lost_guard(c, t, &h),
             Err(_) => {}
         }
         true
@@ -444,7 +548,11 @@ impl World {
         ));
         let call = self.locks[plan.lock].leave(&owner, plan.attempt, LeaveMode::Claim, late(&plan));
         let label = format!("c{c}:t{t} leave claim attempt={}", plan.attempt);
+        let outer = self.clients[c].threads[t]
+            .calling
+            .replace((plan.lock, plan.attempt));
         let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
+        self.clients[c].threads[t].calling = outer;
         self.say(format!(" -> {}", describe(&s.reply)));
         match s.reply {
             Ok(Leave::Granted(g)) => {
@@ -500,6 +608,8 @@ impl World {
         if let Ok(hb) = s.reply {
             for (t, owner, attempt) in pairs {
                 if let Some(w) = self.waiting(c, t).filter(|w| w.attempt == attempt) {
+                    // the janitor renews every registered attempt's witness
+                    w.witness.observe(LocalMs(s.sent_real), hb.last_token);
                     if hb.told_to_retry.contains(&owner) {
                         w.place = false;
                     } else {

@@ -26,6 +26,12 @@ pub enum Check {
     BadReply,
     ScriptError,
     Liveness,
+    /// A hold granted to an attempt that has ended (a late copy of its acquire).
+    GhostHold,
+    /// Redis's keys hold more than the live participants explain.
+    KeySize,
+    /// A dead waiter was granted the lock, or kept it, longer than the bounds allow.
+    DeadWaiter,
 }
 
 #[derive(Clone, Debug)]
@@ -71,6 +77,9 @@ pub struct Checker {
     exempt: Vec<HashSet<u64>>,
     /// The fence may be gone (evicted, data loss) since the last grant.
     pub fence_lost: Vec<bool>,
+    /// The queue key was evicted while the waiters hash lived on: its entries may outlive their
+    /// places until the hash goes (heartbeats tell their owners to retry).
+    pub queue_lost: Vec<bool>,
 }
 
 impl Checker {
@@ -80,6 +89,7 @@ impl Checker {
             max_token: vec![0; locks],
             exempt: vec![HashSet::new(); locks],
             fence_lost: vec![false; locks],
+            queue_lost: vec![false; locks],
         }
     }
 
@@ -195,6 +205,18 @@ impl World {
         }
     }
 
+    /// The thread whose owner id is `owner` (crashed clients' old ids have none).
+    fn thread_of(&self, owner: &str) -> Option<(usize, usize)> {
+        for (c, cl) in self.clients.iter().enumerate() {
+            for (t, th) in cl.threads.iter().enumerate() {
+                if th.owner == owner {
+                    return Some((c, t));
+                }
+            }
+        }
+        None
+    }
+
     /// The thread waiting on `lock` as `owner` with `attempt`, if any.
     fn waiter(&self, owner: &str, lock: usize, attempt: u64) -> Option<(usize, usize)> {
         for (c, cl) in self.clients.iter().enumerate() {
@@ -248,9 +270,9 @@ impl World {
             if cur.fence >= self.checker.max_token[l] {
                 self.checker.fence_lost[l] = false;
             }
-            // 4. no live waiter overtaken (a holder renewing itself with a newer attempt of
-            //    the same thread takes nothing from the queue: the lock never became free)
-            if prev.owner != cur.owner {
+            // 4. no live waiter overtaken, not even by the holder's own thread taking the lock
+            //    again with a newer attempt (a leaked or locally lost hold: it queues)
+            if prev.owner != cur.owner || prev.attempt != cur.attempt {
                 let x_score = prev
                     .queue
                     .iter()
@@ -284,9 +306,66 @@ impl World {
                     }
                 }
             }
+            // 6. no ghost hold: a new hold goes to an attempt that is still under way (queued,
+            //    or in its own acquire or leave call), never to one that has ended
+            if let Some((c, t)) = self.thread_of(&cur.owner) {
+                let th = &self.clients[c].threads[t];
+                // (a thread that still holds a guard of that attempt, whose hold was lost,
+                // ends the new one with its release: release_marking frees a hold of its own
+                // attempt)
+                let under_way = th.calling == Some((l, cur.attempt))
+                    || matches!(&th.state, State::Waiting(w) if w.lock == l && w.attempt == cur.attempt)
+                    || matches!(&th.state, State::Holding(h) if h.lock == l && h.attempt == cur.attempt && h.late_acquire.is_some());
+                if !under_way {
+                    if cur.attempt <= th.marks_lost_upto {
+                        self.stats.add(
+                            "exempt: late acquire of an attempt whose mark was lost with the data",
+                            1,
+                        );
+                    } else if th.unsure_end.contains(&(l, cur.attempt)) {
+                        self.stats
+                            .add("exempt: late acquire of an attempt whose mark was lost", 1);
+                    } else {
+                        self.violate(
+                            Check::GhostHold,
+                            format!(
+                                "lock {l} granted (token {}) to c{c}:t{t} ({} attempt {}), an \
+                                 attempt that has ended: nobody holds a guard of it",
+                                cur.token, cur.owner, cur.attempt
+                            ),
+                        );
+                    }
+                }
+            } else {
+                self.stats.add("grant to a crashed client's attempt", 1);
+            }
+            // 7. in a try-only quiet phase every waiter is dead (the live ones left first):
+            //    a hand-off (a grant to anyone but a caller in its own call) goes to a dead
+            //    waiter, and that must stop within a few waiter timeouts of traffic
+            let own_call = self
+                .thread_of(&cur.owner)
+                .is_some_and(|(c, t)| self.clients[c].threads[t].calling == Some((l, cur.attempt)));
+            if let (Some(q), false) = (&mut self.try_only_quiet, own_call) {
+                let grace = self.cfg.waiter_timeout_ms as f64 + 2.0 * self.cfg.cap_ms();
+                let after = snap.real - q.since;
+                q.handoffs.insert(l, (cur.token, snap.real));
+                if after > grace {
+                    self.violate(
+                        Check::DeadWaiter,
+                        format!(
+                            "lock {l} handed (token {}) to {} attempt {}, a waiter dead since \
+                             before the quiet phase, {after:.0}ms into it (only try_lock callers \
+                             came by; dead waiters must be passed over within {grace:.0}ms)",
+                            cur.token, cur.owner, cur.attempt
+                        ),
+                    );
+                }
+            }
             if let Some((c, t)) = self.waiter(&cur.owner, l, cur.attempt) {
+                let forward = self.clock.forward();
                 if let State::Waiting(w) = &mut self.clients[c].threads[t].state {
                     w.granted_seen = true;
+                    w.grant_forward.get_or_insert(forward);
                     w.handoff = Some(Handoff {
                         token: cur.token,
                         earliest_end: sent + w.lease_ms as f64,
@@ -307,6 +386,26 @@ impl World {
             self.violate(Check::KeyWithoutTtl, format!("keys without a TTL: {bad:?}"));
         }
         for (l, cur) in snap.locks.iter().enumerate() {
+            // 8. key sizes: a waiters entry exists only for a queued owner, so the waiters
+            //    hash never outgrows the queue (each entry is a participant's place)
+            if cur.waiters.is_empty() {
+                self.checker.queue_lost[l] = false;
+            } else if !self.checker.queue_lost[l] {
+                let extra: Vec<&String> = cur
+                    .waiters
+                    .keys()
+                    .filter(|o| !cur.queue.iter().any(|(q, _)| q == *o))
+                    .collect();
+                if !extra.is_empty() {
+                    self.violate(
+                        Check::KeySize,
+                        format!(
+                            "lock {l}: waiters entries {extra:?} without a queue place (queue {:?})",
+                            cur.queue
+                        ),
+                    );
+                }
+            }
             // 1. mutual exclusion, and Redis agrees with the holder
             let mut holders = vec![];
             for (c, cl) in self.clients.iter().enumerate() {

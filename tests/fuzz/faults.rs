@@ -40,7 +40,7 @@ impl World {
         let call = self.locks[lock].force_unlock(&owner, token);
         let fault = match fault {
             Fault::Lost | Fault::Retried => Fault::Retried,
-            Fault::Late => Fault::Late,
+            Fault::Late | Fault::SlowFirst => Fault::Late,
             Fault::None | Fault::Dropped => Fault::None,
         };
         let mut s = self.exec(Some(Who::Operator), label.clone(), call, fault);
@@ -66,6 +66,13 @@ impl World {
             return false;
         };
         self.say(format!("stray duplicate of \"{}\"", last.label()));
+        // a duplicate its client never learns of: nothing can mark its attempt (a late copy
+        // of it that takes a free lock is the documented limit of unseen duplicates)
+        if let (Who::Thread(c, t), Some((lock, attempt))) = (who, acquire_of(last.label())) {
+            self.clients[c].threads[t]
+                .unsure_end
+                .insert((lock, attempt));
+        }
         let sent = self.clock.fz();
         let reply = last.resend(&mut self.conns[Self::conn_of(Some(who))]);
         self.after_call(None, sent);
@@ -98,6 +105,30 @@ impl World {
             self.say("; ");
             self.deliver_late(0);
         }
+        while !self.late_pops.is_empty() {
+            self.say("; ");
+            self.deliver_pop(0);
+        }
+    }
+
+    /// A wake-up popped earlier reaches its client's waiting thread only now (an old one
+    /// first, or the newest: a message held up behind others, or just a little late).
+    pub fn deliver_pop(&mut self, n: usize) -> bool {
+        if self.late_pops.is_empty() {
+            return false;
+        }
+        let i = if n.is_multiple_of(2) {
+            0
+        } else {
+            (n / 2) % self.late_pops.len()
+        };
+        let (c, lock, msg) = self.late_pops.remove(i);
+        self.say(format!(
+            "c{c} waker gets the held-up wake-up {msg:?} of lock {lock}"
+        ));
+        self.stats.add("slow wake-up delivered", 1);
+        self.hand_over(c, lock, &msg, crate::steps::Fault::None);
+        true
     }
 
     // ---- process faults --------------------------------------------------------------------
@@ -184,6 +215,9 @@ impl World {
             }
             EvictKey::Queue | EvictKey::Waiters => {
                 self.places_lost(lock);
+                if key == EvictKey::Queue {
+                    self.checker.queue_lost[lock] = true;
+                }
                 names[if key == EvictKey::Queue { 2 } else { 3 }].clone()
             }
             EvictKey::Wake(c, t) => {
@@ -212,6 +246,12 @@ impl World {
             self.exempt_current_holds(lock);
             self.places_lost(lock);
             self.checker.fence_lost[lock] = true;
+        }
+        for cl in &mut self.clients {
+            let upto = cl.next_attempt.saturating_sub(1);
+            for th in &mut cl.threads {
+                th.marks_lost_upto = upto;
+            }
         }
         let conn = &mut self.conns[0];
         let _: redis::RedisResult<()> = redis::cmd("FLUSHALL").query(conn);
@@ -259,4 +299,11 @@ impl World {
         );
         true
     }
+}
+
+/// (lock, attempt) of an acquire request's label ("c0:t1 acquire lock=0 attempt=7").
+fn acquire_of(label: &str) -> Option<(usize, u64)> {
+    let rest = label.split(" acquire lock=").nth(1)?;
+    let (lock, attempt) = rest.split_once(" attempt=")?;
+    Some((lock.parse().ok()?, attempt.parse().ok()?))
 }

@@ -1,11 +1,13 @@
 //! What the simulated clients believe: their threads' holds and waits, with the lease estimates
 //! the real client keeps, and the fuzzer's clock those estimates are measured on.
 
+use std::collections::HashSet;
 use std::fmt;
+use std::ops::Add;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use fairlock::raw::Runner;
+use fairlock::raw::{Runner, Witness};
 
 use crate::rng::{mix, Rng};
 use crate::world::Resend;
@@ -29,17 +31,28 @@ pub struct Config {
     /// How the calls reach the scripts: every fourth seed (3, 7, ...) sends them whole
     /// (`EVALSHA`, Redis 6.2's way), the others call the function library (`FCALL`).
     pub runner: Runner,
+    /// Whether the clients' janitors heartbeat in the quiet phase. Every third seed (2, 5, ...)
+    /// they do not: the waiting threads leave, and only `try_lock` callers come by (cron jobs
+    /// with `--no-wait`), so dead waiters must be passed over and dead grantees revoked by that
+    /// traffic alone, within explicit bounds (`quiet` in runner.rs). Those seeds hold longer
+    /// leases, so a dead grantee kept for its lease shows.
+    pub quiet_heartbeats: bool,
 }
 
 impl Config {
     pub fn for_seed(seed: u64) -> Config {
         let mut rng = Rng::new(mix(seed ^ 0xC0F1_6000));
+        let quiet_heartbeats = seed % 3 != 2;
         Config {
             seed,
             locks: rng.range(1, 2) as usize,
             clients: rng.range(3, 5) as usize,
             threads: rng.range(1, 3) as usize,
-            lease_ms: (300, 800),
+            lease_ms: if quiet_heartbeats {
+                (300, 800)
+            } else {
+                (1500, 3000)
+            },
             waiter_timeout_ms: 600,
             cap_pttl_at_lease: true,
             lazy_expiry_only: false,
@@ -48,6 +61,7 @@ impl Config {
             } else {
                 Runner::Functions
             },
+            quiet_heartbeats,
         }
     }
 
@@ -61,7 +75,7 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "seed={} locks={} clients={} threads={} lease={}..{}ms waiter_timeout={}ms runner={:?}",
+            "seed={} locks={} clients={} threads={} lease={}..{}ms waiter_timeout={}ms runner={:?}{}",
             self.seed,
             self.locks,
             self.clients,
@@ -69,7 +83,12 @@ impl fmt::Display for Config {
             self.lease_ms.0,
             self.lease_ms.1,
             self.waiter_timeout_ms,
-            self.runner
+            self.runner,
+            if self.quiet_heartbeats {
+                ""
+            } else {
+                " quiet=try-only"
+            }
         )
     }
 }
@@ -102,6 +121,23 @@ impl Clock {
     pub fn step_forward(&mut self, ms: f64) {
         self.forward_ms += ms;
     }
+
+    /// All forward steps so far: `fz - real`.
+    pub fn forward(&self) -> f64 {
+        self.forward_ms
+    }
+}
+
+/// A reading of a client's own clock (real time, ms since the run began): what the real
+/// client's lease arithmetic (`fairlock::raw::judge_handoff`) runs on.
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+pub struct LocalMs(pub f64);
+
+impl Add<Duration> for LocalMs {
+    type Output = LocalMs;
+    fn add(self, d: Duration) -> LocalMs {
+        LocalMs(self.0 + d.as_secs_f64() * 1000.0)
+    }
 }
 
 /// A logical client: an id (new after a crash), an attempt counter that only grows, threads.
@@ -123,6 +159,9 @@ impl Client {
                     owner: format!("{id}:{t}"),
                     state: State::Idle,
                     last: None,
+                    calling: None,
+                    unsure_end: HashSet::new(),
+                    marks_lost_upto: 0,
                 })
                 .collect(),
             id,
@@ -144,6 +183,19 @@ pub struct Thread {
     pub state: State,
     /// The last command this thread sent, for a stray duplicate (the "retry" fault).
     pub last: Option<Rc<dyn Resend>>,
+    /// (lock, attempt) of the acquire or leave call this thread is in, if any: a grant to it
+    /// during that call is its own.
+    pub calling: Option<(usize, u64)>,
+    /// (lock, attempt) of attempts that ended here while Redis may not know it yet: the leave
+    /// or release that ends them (and writes their left mark) was lost or is late, or a copy
+    /// of their acquire went out that the client never learnt of. Redis may still grant them
+    /// the lock: a hand-off its janitor no longer refreshes (revoked as a dead grantee's), or a
+    /// late copy's hold (the README's limits). Every other grant to an ended attempt is a
+    /// ghost.
+    pub unsure_end: HashSet<(usize, u64)>,
+    /// Attempts up to this one ended before the left marks were lost with all data (a restart
+    /// without persistence): a late copy of them may act, as the README's limits say.
+    pub marks_lost_upto: u64,
 }
 
 impl Thread {
@@ -166,10 +218,17 @@ pub struct Wait {
     pub lease_ms: u64,
     /// A timed wait leaves (claiming a grant) once this fuzzer time has passed.
     pub deadline: Option<f64>,
-    /// The (send time, server ms) of the acquire call whose `Queued` reply came last: a grant
-    /// popped later is mapped onto the local clock through them.
+    /// The (send time, server ms) of the acquire call whose `Queued` reply came last (kept for
+    /// the log and for planting the old estimate).
     pub sent: f64,
     pub server_ms: i64,
+    /// The client's witness for its hand-off (see `fairlock::raw::judge_handoff`), on the
+    /// client's own clock (real time, which a server clock step does not move): renewed by the
+    /// queueing reply and by every heartbeat of the client on that lock.
+    pub witness: Witness<LocalMs>,
+    /// `Clock::forward` when the model saw Redis grant this attempt the lock: forward steps
+    /// after it age the hold (Redis TTLs count wall time), steps before it do not.
+    pub grant_forward: Option<f64>,
     /// Its queue place exists as far as the model knows (no fault removed it, no retry told).
     pub place: bool,
     /// Real time the last refresh of its deadline was sent (acquire or heartbeat), and forward
@@ -219,6 +278,9 @@ pub struct Hold {
     pub lease_ms: u64,
     /// Conservative lease end on the fuzzer clock.
     pub expires: f64,
+    /// The attempt that got it, when one of its acquire requests may still arrive: the
+    /// outermost release asks for a left mark (`release_marking`), as the real guard's does.
+    pub late_acquire: Option<u64>,
     /// How the estimate was made (for a violation report).
     pub origin: String,
 }

@@ -123,6 +123,24 @@ impl World {
         for cl in &mut self.clients {
             cl.paused_until = 0.0;
         }
+        let heartbeats = self.cfg.quiet_heartbeats;
+        if !heartbeats {
+            self.say("; no heartbeats from now on: clients with waiters crash (their waiters are dead), only try_lock callers come by");
+            for c in 0..self.clients.len() {
+                let waits = self.clients[c]
+                    .threads
+                    .iter()
+                    .any(|th| matches!(th.state, State::Waiting(_)));
+                if waits {
+                    self.say("; ");
+                    self.crash(c);
+                }
+            }
+            self.try_only_quiet = Some(crate::world::TryOnlyQuiet {
+                since: self.clock.real(),
+                handoffs: Default::default(),
+            });
+        }
         lines.push(std::mem::take(&mut self.line));
         // threads that held the lock since the faults stopped
         let mut served: HashSet<(usize, usize)> = HashSet::new();
@@ -136,7 +154,7 @@ impl World {
                 });
             }
             self.line.clear();
-            if self.clock.real() - last_heartbeat >= QUIET_HEARTBEAT_MS {
+            if heartbeats && self.clock.real() - last_heartbeat >= QUIET_HEARTBEAT_MS {
                 last_heartbeat = self.clock.real();
                 for c in 0..self.clients.len() {
                     for lock in 0..self.locks.len() {
@@ -157,6 +175,9 @@ impl World {
                             served.insert((c, t));
                             self.release(c, t, Fault::None);
                         }
+                        State::Waiting(_) if !heartbeats => {
+                            self.leave_pass(c, t, Fault::None);
+                        }
                         State::Waiting(w) if w.deadline.is_some_and(|d| d <= now) => {
                             self.leave_claim(c, t, Fault::None, Fault::None);
                         }
@@ -164,7 +185,8 @@ impl World {
                             self.pop(c, t, Fault::None, Fault::None);
                         }
                         State::Idle if !served.contains(&(c, t)) => {
-                            self.acquire(AcquireStep::plain(c, t, c % self.locks.len(), true, 500));
+                            let lock = c % self.locks.len();
+                            self.acquire(AcquireStep::plain(c, t, lock, heartbeats, 500));
                         }
                         State::Idle => {}
                     }
@@ -174,6 +196,7 @@ impl World {
                 }
             }
             self.step_checks();
+            self.check_dead_grantees();
             let quiet_line: String = self
                 .line
                 .split("; ")
@@ -210,6 +233,31 @@ impl World {
     }
 
     /// Who was not served, and what Redis holds for them.
+    /// Try-only quiet phase: a hand-off to a dead waiter is revoked within two waiter timeouts
+    /// of try_lock traffic (it is never popped; acquire revokes it once its deadline passes on
+    /// the lock's clock, which that traffic moves on).
+    fn check_dead_grantees(&mut self) {
+        let Some(q) = &self.try_only_quiet else {
+            return;
+        };
+        let bound = 2.0 * self.cfg.waiter_timeout_ms as f64;
+        let now = self.clock.real();
+        let mut late = vec![];
+        for (&l, &(token, seen)) in &q.handoffs {
+            if self.checker.last[l].token == token && now - seen > bound {
+                late.push(format!(
+                    "lock {l}: the hand-off of token {token} to {} (a dead waiter) still holds \
+                     the lock {:.0}ms after it was made (bound {bound:.0}ms)",
+                    self.checker.last[l].owner,
+                    now - seen
+                ));
+            }
+        }
+        if let Some(msg) = late.first() {
+            self.violate(Check::DeadWaiter, msg.clone());
+        }
+    }
+
     fn liveness_report(
         &mut self,
         served: &HashSet<(usize, usize)>,

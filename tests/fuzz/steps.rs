@@ -20,6 +20,10 @@ pub enum Fault {
     Dropped,
     /// The connection layer sends it twice; the caller sees the second reply.
     Retried,
+    /// The first copy is held up in the network; the connection layer gives up on it and sends
+    /// it again, and the caller sees the second copy's reply. The first arrives after later
+    /// steps (the success path of a repeat: every call through Sentinel or Cluster).
+    SlowFirst,
 }
 
 impl fmt::Display for Fault {
@@ -30,6 +34,7 @@ impl fmt::Display for Fault {
             Fault::Late => " [delivered late]",
             Fault::Dropped => " [request lost]",
             Fault::Retried => " [sent twice]",
+            Fault::SlowFirst => " [first copy held up, sent again]",
         })
     }
 }
@@ -143,6 +148,11 @@ pub enum Step {
     DeliverLate {
         n: usize,
     },
+    /// A wake-up the waker popped reaches the thread only now: its BLPOP reply was held up on
+    /// the way (a slow link, a stalled process, the leader's wait for replica acks).
+    DeliverPop {
+        n: usize,
+    },
     Crash {
         c: usize,
     },
@@ -178,6 +188,7 @@ impl Step {
             Step::ForceUnlock { .. } => "force-unlock",
             Step::Resend { .. } => "stray duplicate",
             Step::DeliverLate { .. } => "late delivery",
+            Step::DeliverPop { .. } => "slow wake-up delivered",
             Step::Crash { .. } => "crash",
             Step::Pause { .. } => "pause",
             Step::Sleep { .. } => "time passes",
@@ -207,7 +218,7 @@ impl fmt::Display for Step {
                 let how = match fault {
                     Fault::None | Fault::Dropped => "",
                     Fault::Lost | Fault::Retried => " [retried by the connection layer]",
-                    Fault::Late => " [retried now, first copy delivered late]",
+                    Fault::Late | Fault::SlowFirst => " [retried now, first copy delivered late]",
                 };
                 write!(f, "operator force-unlock lock={lock}{how}")
             }
@@ -216,6 +227,7 @@ impl fmt::Display for Step {
             } => write!(f, "c{c}:t{t} stray duplicate"),
             Step::Resend { who: Who::Operator } => write!(f, "operator stray duplicate"),
             Step::DeliverLate { n } => write!(f, "deliver late request #{n}"),
+            Step::DeliverPop { n } => write!(f, "deliver held-up wake-up #{n}"),
             Step::Crash { c } => write!(f, "c{c} crashes"),
             Step::Pause { c, ms } => write!(f, "c{c} pauses for {ms}ms"),
             Step::Sleep { ms } => write!(f, "time passes: {ms}ms"),
@@ -236,11 +248,12 @@ fn then_text(then: Fault) -> String {
 
 pub fn fault(rng: &mut Rng) -> Fault {
     rng.weighted(&[
-        (84.0, Fault::None),
+        (82.0, Fault::None),
         (5.0, Fault::Lost),
         (4.0, Fault::Late),
         (2.0, Fault::Dropped),
-        (5.0, Fault::Retried),
+        (4.0, Fault::Retried),
+        (3.0, Fault::SlowFirst),
     ])
 }
 
@@ -257,6 +270,7 @@ enum Kind {
     ForceUnlock,
     Resend,
     DeliverLate,
+    DeliverPop,
     Crash,
     Pause,
     Sleep,
@@ -313,6 +327,7 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
         (1.0, Kind::ForceUnlock),
         (on(!with_last.is_empty(), 2.5), Kind::Resend),
         (on(!w.late.is_empty(), 4.0), Kind::DeliverLate),
+        (on(!w.late_pops.is_empty(), 3.0), Kind::DeliverPop),
         (0.4, Kind::Crash),
         (0.6, Kind::Pause),
         (0.8, Kind::Sleep),
@@ -342,9 +357,10 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
                 c,
                 t,
                 fault: rng.weighted(&[
-                    (92.0, Fault::None),
+                    (88.0, Fault::None),
                     (5.0, Fault::Lost),
                     (3.0, Fault::Dropped),
+                    (4.0, Fault::Late),
                 ]),
                 then: fault(rng),
             }
@@ -410,6 +426,9 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
             who: rng.pick(&with_last),
         },
         Kind::DeliverLate => Step::DeliverLate {
+            n: rng.below(1000) as usize,
+        },
+        Kind::DeliverPop => Step::DeliverPop {
             n: rng.below(1000) as usize,
         },
         Kind::Crash => Step::Crash {

@@ -109,6 +109,8 @@ pub struct World {
     pub clock: Clock,
     /// Requests held in the network.
     pub late: Vec<Rc<dyn Resend>>,
+    /// Wake-ups a client's waker popped that have not reached it yet: (client, lock, message).
+    pub late_pops: Vec<(usize, usize, String)>,
     pub operator_last: Option<Rc<dyn Resend>>,
     pub checker: Checker,
     /// The log line of the step being applied.
@@ -116,6 +118,15 @@ pub struct World {
     pub stats: Stats,
     pub violation: Option<Violation>,
     pub max_offset_ms: i64,
+    /// In a quiet phase without heartbeats (`Config::quiet_heartbeats` off): when it began
+    /// (real ms), and per lock the hand-off to a dead waiter seen last (token, real ms seen).
+    pub try_only_quiet: Option<TryOnlyQuiet>,
+}
+
+/// What the try-only quiet phase watches (see `runner.rs`).
+pub struct TryOnlyQuiet {
+    pub since: f64,
+    pub handoffs: BTreeMap<usize, (u64, f64)>,
 }
 
 impl World {
@@ -148,11 +159,13 @@ impl World {
             locks,
             clock: Clock::new(),
             late: Vec::new(),
+            late_pops: Vec::new(),
             operator_last: None,
             line: String::new(),
             stats: Stats::default(),
             violation: None,
             max_offset_ms: 0,
+            try_only_quiet: None,
         }
     }
 
@@ -245,6 +258,11 @@ impl World {
                 self.say(format!(" [sent twice; first reply {}]", describe(&first)));
                 send(self)
             }
+            Fault::SlowFirst => {
+                self.late.push(call.clone());
+                self.say(" [first copy held up in the network; sent again]");
+                send(self)
+            }
         };
         if fault != Fault::None {
             self.stats.add(&format!("fault: {}", fault_name(fault)), 1);
@@ -270,6 +288,7 @@ impl World {
             Step::ForceUnlock { lock, fault } => self.force_unlock(lock, fault),
             Step::Resend { who } => self.resend(who),
             Step::DeliverLate { n } => self.deliver_late(n),
+            Step::DeliverPop { n } => self.deliver_pop(n),
             Step::Crash { c } => self.crash(c),
             Step::Pause { c, ms } => self.pause(c, ms),
             Step::Sleep { ms } => self.sleep(ms),
@@ -291,5 +310,6 @@ pub fn fault_name(f: Fault) -> &'static str {
         Fault::Late => "late delivery",
         Fault::Dropped => "lost request",
         Fault::Retried => "sent twice",
+        Fault::SlowFirst => "held up and sent again",
     }
 }
