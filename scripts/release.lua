@@ -13,7 +13,8 @@
 -- (state.lua, mark_left), so a copy of its acquire that arrives afterwards does nothing
 -- instead of taking the lock for a thread that holds no guard; and a hold of that very
 -- attempt with another token (such a copy arrived after the thread's own hold was lost:
--- force-unlocked, or run out) is freed with it, since no guard of it exists.
+-- force-unlocked, or run out) is freed with it, and a queue place of that attempt removed,
+-- since no guard of it exists and nobody waits with it.
 -- Cost: with nobody waiting HMGET, ZRANGE (the queue's head), HSET.
 local owner, token, depth, mark = ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 
@@ -47,6 +48,11 @@ return run(function()
   else
     result = { 'not_held', h.owner or '' }
   end
-  if mark and depth <= 1 then mark_left(owner, mark) end
+  if mark and depth <= 1 then
+    -- and a queue place such a copy took meanwhile goes too (nobody waits with it)
+    local ghost = waiter_entry(owner)
+    if ghost and ghost.attempt == mark then forget_waiter(owner) end
+    mark_left(owner, mark)
+  end
   return result
 end)

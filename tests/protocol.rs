@@ -965,3 +965,29 @@ fn a_marking_release_frees_a_late_copys_hold_of_its_own_attempt() {
     assert_eq!(holder(&mut c, &lock), (None, None), "the late copy's hold");
     assert_eq!(copy.run(&mut c).unwrap(), Acquire::Stale);
 }
+
+/// Found by the fuzzer's ghost-hold check: a late copy of an acquire sent twice arrived after
+/// the thread's hold was force-unlocked and the lock taken by another, so it *queued* for that
+/// attempt; the thread's guard was dropped (its release marked the attempt) but the queue place
+/// stayed, and the next release handed the lock to an attempt nobody waits with. A marking
+/// release now removes a queue place of its attempt too.
+#[test]
+fn a_marking_release_removes_a_late_copys_queue_place() {
+    let (_server, mut c, lock) = start("own-ghost-queued");
+    let copy = lock.acquire("c1:1", 2, LEASE, Mode::Wait, "m");
+    let t1 = granted(copy.run(&mut c).unwrap());
+    lock.force_unlock("c1:1", t1).run(&mut c).unwrap();
+    let t_other = take(&mut c, &lock, "c2:1", 3);
+    queued(copy.run(&mut c).unwrap()); // the late copy queues
+    assert_eq!(
+        lock.release_marking("c1:1", t1, 1, 2).run(&mut c).unwrap(),
+        Release::NotHeld {
+            holder: Some("c2:1".into())
+        }
+    );
+    assert!(queue(&mut c, &lock).is_empty(), "the late copy's place stayed");
+    assert_eq!(
+        lock.release("c2:1", t_other, 1).run(&mut c).unwrap(),
+        Release::Released { next: None }
+    );
+}

@@ -107,15 +107,18 @@ impl World {
         }
         while !self.late_pops.is_empty() {
             self.say("; ");
-            self.deliver_pop(0);
+            self.deliver_pop(0, 0);
         }
     }
 
     /// A wake-up popped earlier reaches its client's waiting thread only now (an old one
     /// first, or the newest: a message held up behind others, or just a little late).
-    pub fn deliver_pop(&mut self, n: usize) -> bool {
+    pub fn deliver_pop(&mut self, n: usize, wait_ms: u64) -> bool {
         if self.late_pops.is_empty() {
             return false;
+        }
+        if wait_ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(wait_ms));
         }
         let i = if n.is_multiple_of(2) {
             0
@@ -124,7 +127,7 @@ impl World {
         };
         let (c, lock, msg) = self.late_pops.remove(i);
         self.say(format!(
-            "c{c} waker gets the held-up wake-up {msg:?} of lock {lock}"
+            "c{c} waker gets the held-up wake-up {msg:?} of lock {lock} ({wait_ms}ms more)"
         ));
         self.stats.add("slow wake-up delivered", 1);
         self.hand_over(c, lock, &msg, crate::steps::Fault::None);

@@ -152,6 +152,9 @@ pub enum Step {
     /// the way (a slow link, a stalled process, the leader's wait for replica acks).
     DeliverPop {
         n: usize,
+        /// How much longer (ms) it is held up first: long enough, now and then, for the
+        /// grant's lease to run out on the server before the client reads it.
+        wait_ms: u64,
     },
     Crash {
         c: usize,
@@ -227,7 +230,9 @@ impl fmt::Display for Step {
             } => write!(f, "c{c}:t{t} stray duplicate"),
             Step::Resend { who: Who::Operator } => write!(f, "operator stray duplicate"),
             Step::DeliverLate { n } => write!(f, "deliver late request #{n}"),
-            Step::DeliverPop { n } => write!(f, "deliver held-up wake-up #{n}"),
+            Step::DeliverPop { n, wait_ms } => {
+                write!(f, "deliver held-up wake-up #{n} after {wait_ms}ms more")
+            }
             Step::Crash { c } => write!(f, "c{c} crashes"),
             Step::Pause { c, ms } => write!(f, "c{c} pauses for {ms}ms"),
             Step::Sleep { ms } => write!(f, "time passes: {ms}ms"),
@@ -430,6 +435,11 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
         },
         Kind::DeliverPop => Step::DeliverPop {
             n: rng.below(1000) as usize,
+            wait_ms: if rng.chance(0.3) {
+                rng.range(cfg.lease_ms.0 / 2, cfg.lease_ms.1 * 2)
+            } else {
+                0
+            },
         },
         Kind::Crash => Step::Crash {
             c: rng.below(cfg.clients as u64) as usize,

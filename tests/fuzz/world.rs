@@ -288,7 +288,7 @@ impl World {
             Step::ForceUnlock { lock, fault } => self.force_unlock(lock, fault),
             Step::Resend { who } => self.resend(who),
             Step::DeliverLate { n } => self.deliver_late(n),
-            Step::DeliverPop { n } => self.deliver_pop(n),
+            Step::DeliverPop { n, wait_ms } => self.deliver_pop(n, wait_ms),
             Step::Crash { c } => self.crash(c),
             Step::Pause { c, ms } => self.pause(c, ms),
             Step::Sleep { ms } => self.sleep(ms),
