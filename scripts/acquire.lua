@@ -28,8 +28,11 @@ return run(function()
   if h.owner == owner then
     if h.attempt > attempt then return { 'stale' } end
     if h.attempt == attempt then
-      -- this very attempt was granted; its reply or its hand-off message was lost
-      forget_waiter(owner)
+      -- this very attempt was granted; its reply or its hand-off message was lost (or this
+      -- is a late copy while the thread still holds it). Its own queue entry and hand-off
+      -- message go; a newer attempt of the thread queued behind this hold keeps its place.
+      local mine = waiter_entry(owner)
+      if not (mine and mine.attempt > attempt) then forget_waiter(owner) end
       return { 'granted', h.token_text, now_ms(), grant_pttl(h) }
     end
   elseif h.owner and h.wdl then

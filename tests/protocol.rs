@@ -985,9 +985,31 @@ fn a_marking_release_removes_a_late_copys_queue_place() {
             holder: Some("c2:1".into())
         }
     );
-    assert!(queue(&mut c, &lock).is_empty(), "the late copy's place stayed");
+    assert!(
+        queue(&mut c, &lock).is_empty(),
+        "the late copy's place stayed"
+    );
     assert_eq!(
         lock.release("c2:1", t_other, 1).run(&mut c).unwrap(),
         Release::Released { next: None }
     );
+}
+
+/// Found by the fuzzer (a live waiter lost its place): a thread whose release was lost still
+/// held the lock with attempt 1 and queued behind it with attempt 2; a late copy of attempt 1's
+/// acquire, answered with the grant it already had, removed the thread's queue entry, which is
+/// attempt 2's. Only an entry of that attempt (or an older one) goes now.
+#[test]
+fn a_late_copy_of_a_granted_acquire_keeps_the_threads_newer_queue_place() {
+    let (_server, mut c, lock) = start("newer-place");
+    let copy = lock.acquire("c1:1", 1, LEASE, Mode::Wait, "m");
+    let t1 = granted(copy.run(&mut c).unwrap());
+    enqueue(&mut c, &lock, "c1:1", 2); // its release was lost: it queues behind its own hold
+    assert_eq!(granted(copy.run(&mut c).unwrap()), t1);
+    assert_eq!(queue(&mut c, &lock), ["c1:1"], "attempt 2 lost its place");
+    let waiters: Vec<String> = redis::cmd("HKEYS")
+        .arg(lock.key_names()[3])
+        .query(&mut c)
+        .unwrap();
+    assert!(waiters.contains(&"c1:1".to_string()), "{waiters:?}");
 }

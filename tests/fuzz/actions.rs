@@ -498,7 +498,7 @@ impl World {
             Ok(Release::StillHeld) if h.depth > 1 => {
                 self.check_gone(c, t, &h, "released a level of")
             }
-            Ok(Release::NotHeld { .. }) if h.depth > 1 => *self.state(c, t) = State::Idle,
+            Ok(Release::NotHeld { .. }) if h.depth > 1 => self.drop_lost_guard(c, t, &h),
             _ => {}
         }
         true

@@ -125,16 +125,20 @@ impl World {
         }
         let heartbeats = self.cfg.quiet_heartbeats;
         if !heartbeats {
-            self.say("; no heartbeats from now on: clients with waiters crash (their waiters are dead), only try_lock callers come by");
-            for c in 0..self.clients.len() {
-                let waits = self.clients[c]
-                    .threads
-                    .iter()
-                    .any(|th| matches!(th.state, State::Waiting(_)));
-                if waits {
-                    self.say("; ");
-                    self.crash(c);
+            // dead waiters, many: every client but the last queues its idle threads, then all
+            // of them crash (a holder among them holds until its lease ends)
+            self.say("; no heartbeats from now on: all clients but the last queue and crash (dead holders and waiters), only try_lock callers come by");
+            let last = self.clients.len() - 1;
+            for c in 0..last {
+                for t in 0..self.clients[c].threads.len() {
+                    if matches!(self.state(c, t), State::Idle) {
+                        self.say("; ");
+                        let lock = t % self.locks.len();
+                        self.acquire(AcquireStep::plain(c, t, lock, true, 1500));
+                    }
                 }
+                self.say("; ");
+                self.crash(c);
             }
             self.try_only_quiet = Some(crate::world::TryOnlyQuiet {
                 since: self.clock.real(),

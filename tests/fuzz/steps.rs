@@ -435,7 +435,7 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
         },
         Kind::DeliverPop => Step::DeliverPop {
             n: rng.below(1000) as usize,
-            wait_ms: if rng.chance(0.3) {
+            wait_ms: if rng.chance(0.15) {
                 rng.range(cfg.lease_ms.0 / 2, cfg.lease_ms.1 * 2)
             } else {
                 0
