@@ -349,6 +349,8 @@ impl World {
                 let grace = self.cfg.waiter_timeout_ms as f64 + 2.0 * self.cfg.cap_ms();
                 let after = snap.real - q.since;
                 q.handoffs.insert(l, (cur.token, snap.real));
+                self.stats
+                    .add("try-only quiet: hand-off to a dead waiter", 1);
                 if after > grace {
                     self.violate(
                         Check::DeadWaiter,
