@@ -135,6 +135,7 @@ impl World {
                     self.release(last, t, Fault::None);
                 }
             }
+            let mut first = true;
             for c in 0..last {
                 for t in 0..self.clients[c].threads.len() {
                     while matches!(self.state(c, t), State::Holding(_)) {
@@ -147,7 +148,11 @@ impl World {
                     }
                     if matches!(self.state(c, t), State::Idle) {
                         self.say("; ");
-                        self.acquire(AcquireStep::plain(c, t, 0, true, 1500));
+                        // the first (usually the holder) briefly, so the next is handed the
+                        // lock while still alive by its deadline, dies, and must be revoked
+                        let lease = if first { 300 } else { 2500 };
+                        first = false;
+                        self.acquire(AcquireStep::plain(c, t, 0, true, lease));
                     }
                 }
                 self.say("; ");
