@@ -57,7 +57,11 @@
 -- *virtual clock* per key (field ~clock of the waiters hash, field vc of the lock hash): it
 -- advances with the wall clock, but by at most CAP (a third of the waiter timeout) from the
 -- stored reading, and never backwards from it, so a clock step of either sign neither purges live
--- waiters nor keeps dead ones for more than a few calls. Every script that judges waiters or a
+-- waiters nor keeps dead ones for more than a few calls. Clients with different waiter timeouts
+-- may wait on one lock: a clock advances by at most the smallest CAP of the clients that queued
+-- on it (field ~cap of the waiters hash, field vcap of the lock hash for a hand-off's clock), so
+-- a client with a long timeout cannot, after a step, advance it by more than a short-timeout
+-- waiter's whole timeout. Every script that judges waiters or a
 -- hand-off stores the reading it took (acquire, release, leave, force_unlock, heartbeat; not
 -- status, which only reads), so the clock moves on with whatever traffic the lock has: a dead
 -- waiter is found dead by the next call after its deadline however that call came (a cron job's
@@ -224,11 +228,12 @@ end
 
 -- A virtual clock's reading now, from its stored "v|real" (false or nil: a new clock, at the
 -- real time). See "Time" above.
-local function advance(stored)
+-- `cap`: the most it may advance in one reading (CAP, or less: see "Time").
+local function advance(stored, cap)
   local real = now_ms()
   local v, r = string.match(stored or '', '^(%d+)|(%d+)$')
   if not v then return real end
-  return tonumber(v) + math.min(math.max(real - tonumber(r), 0), CAP)
+  return tonumber(v) + math.min(math.max(real - tonumber(r), 0), cap or CAP)
 end
 
 -- The stored form of a virtual clock reading `v` taken now.

@@ -35,8 +35,11 @@ return run(function()
         write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
       elseif not (w and w.attempt > attempt) then
         if w then forget_waiter(owner) end
-        push_wakeup(owner, 'r|' .. fmt(attempt), WAITER_TTL)
-        told[#told + 1] = owner
+        -- (a wake list that cannot be reached now is told at the next heartbeat)
+        if can_wake(owner) then
+          push_wakeup(owner, 'r|' .. fmt(attempt), WAITER_TTL)
+          told[#told + 1] = owner
+        end
       end
     end
   end

@@ -14,12 +14,13 @@
 -- it has no owner field, so it is either missing or another program's hash (fairlock's always
 -- has one: '' for a tombstone); `take` tells which before it writes.
 local function read_lock()
-  local v = read(k.lock, 'HMGET', 'owner', 'attempt', 'token', 'lease', 'released', 'wdl', 'vc')
+  local v = read(k.lock, 'HMGET', 'owner', 'attempt', 'token', 'lease', 'released', 'wdl', 'vc',
+    'vcap')
   local owner = v[1]
   if owner == '' then owner = false end
   return { owner = owner, attempt = tonumber(v[2]) or 0, token = tonumber(v[3]), token_text = v[3],
            lease = tonumber(v[4]) or 0, released = v[5] or '', wdl = tonumber(v[6]), vc = v[7],
-           unread = not v[1] }
+           vcap = math.min(tonumber(v[8]) or CAP, CAP), unread = not v[1] }
 end
 
 -- The last token handed out as far as this run can tell (the fence, or the hash's token when
@@ -185,7 +186,7 @@ end
 local W, Q
 
 local function reset_state()
-  W = { now = nil, tail = 0, existed = false, entries = {}, readonly = false }
+  W = { now = nil, tail = 0, existed = false, entries = {}, readonly = false, cap = CAP }
   Q = nil
 end
 
@@ -202,9 +203,10 @@ local function waiter_entry(owner)
   if W.now then
     e = parse_waiter(read(k.waiters, 'HGET', owner))
   else
-    local v = read(k.waiters, 'HMGET', owner, '~clock', '~tail')
+    local v = read(k.waiters, 'HMGET', owner, '~clock', '~tail', '~cap')
     e = parse_waiter(v[1])
-    W.now, W.tail, W.existed = advance(v[2]), tonumber(v[3]) or 0, v[2] and true or false
+    W.cap = math.min(tonumber(v[4]) or CAP, CAP)
+    W.now, W.tail, W.existed = advance(v[2], W.cap), tonumber(v[3]) or 0, v[2] and true or false
     if v[2] and not W.readonly then
       redis.call('HSET', k.waiters, '~clock', clock_value(W.now))
     elseif not v[2] and v[1] then
@@ -234,7 +236,8 @@ end
 local function write_waiter(owner, attempt, deadline, lease, meta, ...)
   if not W.existed then check_waiters_ours() end
   local e = fmt(attempt) .. '|' .. fmt(deadline) .. '|' .. fmt(lease) .. '|' .. meta
-  redis.call('HSET', k.waiters, owner, e, '~clock', clock_value(waiters_now()), ...)
+  redis.call('HSET', k.waiters, owner, e, '~clock', clock_value(waiters_now()), '~cap',
+    fmt(W.cap), ...)
   W.entries[owner] = parse_waiter(e)
 end
 
@@ -286,7 +289,8 @@ local function dequeue(owner)
     check_waiters_ours()
     redis.call('DEL', k.waiters)
   end
-  W = { now = W.now, tail = 0, existed = false, entries = {}, readonly = W.readonly }
+  W = { now = W.now, tail = 0, existed = false, entries = {}, readonly = W.readonly,
+        cap = W.cap }
   Q = {}
 end
 
@@ -310,6 +314,8 @@ local function enqueue(owner, attempt, lease, meta, mine)
     -- the old grant for a new one.
     drop_wakeups(owner)
     check_waiters_ours()
+    -- without a waiters hash of ours the queue is new, or another program's zset: looked at
+    if not W.existed then front() end
     local score = math.max(now_us(), W.tail + 1)
     read(k.queue, 'ZADD', fmt(score), owner)
     redis.call('PEXPIRE', k.queue, QUEUE_TTL)
@@ -372,7 +378,8 @@ local function drop_orphaned_waiters()
   if not W.now then waiter_entry('~clock') end
   if W.existed then
     redis.call('DEL', k.waiters)
-    W = { now = W.now, tail = 0, existed = false, entries = {}, readonly = W.readonly }
+    W = { now = W.now, tail = 0, existed = false, entries = {}, readonly = W.readonly,
+        cap = W.cap }
   end
 end
 
@@ -405,8 +412,9 @@ local function grant_next(h, ...)
   local left = math.max(w.deadline - waiters_now(), 0)
   local now = now_ms()
   local vc = fmt(now) .. '|' .. fmt(now)
-  local token = take(h, head, w.attempt, w.lease, w.meta, 'vc', vc, 'wdl', fmt(now + left), ...)
-  h.wdl, h.vc = now + left, vc
+  local token = take(h, head, w.attempt, w.lease, w.meta, 'vc', vc, 'vcap', fmt(W.cap),
+    'wdl', fmt(now + left), ...)
+  h.wdl, h.vc, h.vcap = now + left, vc, W.cap
   dequeue(head)
   -- the list lives at least as long as the grant; a message popped after the grant's lease is
   -- refused by its waiter's own estimate (it knows when it queued), and a stale message of an
@@ -428,7 +436,7 @@ end
 -- The lock hash's virtual clock now (see "Time" in common.lua), stored: every script that
 -- judges a hand-off's deadline moves it on, not only heartbeats.
 local function lock_clock(h)
-  local now = advance(h.vc)
+  local now = advance(h.vc, h.vcap)
   h.vc = clock_value(now)
   redis.call('HSET', k.lock, 'vc', h.vc)
   return now

@@ -1013,3 +1013,222 @@ fn a_late_copy_of_a_granted_acquire_keeps_the_threads_newer_queue_place() {
         .unwrap();
     assert!(waiters.contains(&"c1:1".to_string()), "{waiters:?}");
 }
+
+/// Review 3's generator for foreign data (faults 9 and 10): every script, in every state of a
+/// lock, against another program's data of every kind at each of the lock's keys that the state
+/// does not use (the same type as fairlock's, another type, numeric extremes at the fence). A
+/// script either refuses (`ForeignData`) or succeeds, and the foreign key is left exactly as
+/// it was (its value and its TTL).
+#[test]
+fn foreign_data_of_any_kind_at_any_key_in_any_state_is_refused_or_left_untouched() {
+    type Put = fn(&mut redis::Connection, &str);
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let hash: Put = |c, k| {
+        redis::cmd("HSET")
+            .arg(k)
+            .arg("user")
+            .arg("alice")
+            .query::<()>(c)
+            .unwrap()
+    };
+    let string: Put = |c, k| redis::cmd("SET").arg(k).arg("x").query::<()>(c).unwrap();
+    let zset: Put = |c, k| {
+        redis::cmd("ZADD")
+            .arg(k)
+            .arg(1)
+            .arg("job-a")
+            .query::<()>(c)
+            .unwrap()
+    };
+    let list: Put = |c, k| {
+        redis::cmd("RPUSH")
+            .arg(k)
+            .arg("hello")
+            .query::<()>(c)
+            .unwrap()
+    };
+    let big: Put = |c, k| redis::cmd("SET").arg(k).arg("1e20").query::<()>(c).unwrap();
+    let inf: Put = |c, k| redis::cmd("SET").arg(k).arg("inf").query::<()>(c).unwrap();
+    let over: Put = |c, k| {
+        redis::cmd("SET")
+            .arg(k)
+            .arg("9223372036854775808")
+            .query::<()>(c)
+            .unwrap()
+    };
+    let digits: Put = |c, k| {
+        redis::cmd("SET")
+            .arg(k)
+            .arg("99999999999999999999")
+            .query::<()>(c)
+            .unwrap()
+    };
+    // (key suffix, foreign values): "" the lock hash; "wake-me"/"wake-w" the wake lists of the
+    // caller's client and of the queued waiter's
+    let kinds: [(&str, Vec<(&str, Put)>); 7] = [
+        ("", vec![("hash", hash), ("string", string), ("zset", zset)]),
+        (
+            ":fence",
+            vec![
+                ("1e20", big),
+                ("inf", inf),
+                ("2^63", over),
+                ("20 digits", digits),
+                ("hash", hash),
+            ],
+        ),
+        (":queue", vec![("zset", zset), ("list", list)]),
+        (":waiters", vec![("hash", hash), ("string", string)]),
+        (":left", vec![("hash", hash), ("zset", zset)]),
+        ("wake-me", vec![("list", list), ("string", string)]),
+        ("wake-w", vec![("list", list), ("hash", hash)]),
+    ];
+    let states = ["free", "held", "queued", "handed-off", "released"];
+    let mut runs = 0;
+    for (s, state) in states.iter().enumerate() {
+        for (k, (suffix, values)) in kinds.iter().enumerate() {
+            for (v, (what, put)) in values.iter().enumerate() {
+                for call in 0..12 {
+                    let name = format!("fd-{s}-{k}-{v}-{call}");
+                    let lock = raw_lock(&name);
+                    // the state, with h:1 (token th) holding and w:1 queued as set up
+                    let mut th = 0;
+                    if *state != "free" {
+                        th = take(&mut c, &lock, "h:1", 1);
+                    }
+                    if matches!(*state, "queued" | "handed-off") {
+                        enqueue(&mut c, &lock, "w:1", 2);
+                    }
+                    if *state == "handed-off" {
+                        lock.release("h:1", th, 1).run(&mut c).unwrap();
+                    }
+                    if *state == "released" {
+                        lock.release("h:1", th, 1).run(&mut c).unwrap();
+                    }
+                    let key = match *suffix {
+                        "wake-me" => lock.wake_key("me:1"),
+                        "wake-w" => lock.wake_key("w:1"),
+                        s => format!("{}{s}", lock.key_names()[0]),
+                    };
+                    let exists: bool = redis::cmd("EXISTS").arg(&key).query(&mut c).unwrap();
+                    if exists {
+                        continue; // fairlock's own key in this state
+                    }
+                    put(&mut c, &key);
+                    let before: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut c).unwrap();
+                    let r: Result<String, Error> = match call {
+                        0 => lock
+                            .acquire("me:1", 5, LEASE, Mode::Try, "m")
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        1 => lock
+                            .acquire("me:1", 5, LEASE, Mode::Wait, "m")
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        2 => lock
+                            .release("h:1", th, 1)
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        3 => lock
+                            .release_marking("h:1", th, 1, 1)
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        4 => lock
+                            .renew("h:1", th, LEASE)
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        5 => lock
+                            .reenter("h:1", th, 1)
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        6 => lock
+                            .leave("w:1", 2, LeaveMode::Claim, LateAcquire::Possible)
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        7 => lock
+                            .leave("w:1", 2, LeaveMode::Pass, LateAcquire::Possible)
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        8 => lock
+                            .heartbeat([("w:1", 2), ("me:1", 5)])
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        9 => lock
+                            .force_unlock("h:1", th)
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        10 => lock.status().run(&mut c).map(|r| format!("{r:?}")),
+                        _ => lock
+                            .leave("me:1", 5, LeaveMode::Pass, LateAcquire::Possible)
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                    };
+                    runs += 1;
+                    let context = format!("state {state}, {what} at {key}, call {call}: {r:?}");
+                    assert!(
+                        matches!(r, Ok(_) | Err(Error::ForeignData { .. })),
+                        "{context}"
+                    );
+                    let after: Vec<u8> = redis::cmd("DUMP")
+                        .arg(&key)
+                        .query(&mut c)
+                        .unwrap_or_default();
+                    assert_eq!(before, after, "the foreign data changed: {context}");
+                    let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c).unwrap();
+                    assert_eq!(ttl, -1, "the foreign data got a TTL: {context}");
+                }
+            }
+        }
+    }
+    assert!(runs > 500, "{runs} runs");
+}
+
+/// Found by the fresh review of issue 23: clients with different waiter timeouts on one lock.
+/// After a forward step of the server clock the first script advanced the shared virtual clock
+/// by *its caller's* third of a waiter timeout (1 s for a 3 s timeout), which is more than a
+/// 150 ms waiter's whole timeout: the live short-timeout waiter, heartbeating on time, was
+/// purged and queued again at the back. A clock now advances by at most the smallest third of
+/// the clients queued on it.
+#[test]
+fn a_long_timeout_client_cannot_age_a_short_timeout_waiter_out_after_a_clock_step() {
+    let mut server = faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let short = RawLock::new(
+        "fairlock",
+        "mixed",
+        Settings {
+            waiter_timeout: Duration::from_millis(150),
+            ..Settings::default()
+        },
+    )
+    .unwrap();
+    let long = RawLock::new(
+        "fairlock",
+        "mixed",
+        Settings {
+            waiter_timeout: Duration::from_millis(3000),
+            ..Settings::default()
+        },
+    )
+    .unwrap();
+    take(&mut c, &long, "h:1", 1);
+    queued(
+        short
+            .acquire("b:1", 2, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    queued(
+        long.acquire("a:1", 3, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    short.heartbeat([("b:1", 2)]).run(&mut c).unwrap();
+    server.set_offset_ms(2_000);
+    // A's heartbeat runs first after the step, then B's, on time
+    long.heartbeat([("a:1", 3)]).run(&mut c).unwrap();
+    let hb = short.heartbeat([("b:1", 2)]).run(&mut c).unwrap();
+    assert!(hb.told_to_retry.is_empty(), "B was purged: {hb:?}");
+    assert_eq!(queue(&mut c, &short), ["b:1", "a:1"]);
+}
