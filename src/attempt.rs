@@ -207,6 +207,11 @@ impl<'a> Attempt<'a> {
                     expires: sent + ms(g.pttl_ms).min(self.lock.lease()),
                 },
                 Acquire::Busy { .. } => Requested::Busy,
+                Acquire::Stale if self.abandoned() => {
+                    return Err(Error::Abandoned {
+                        name: self.lock.name().to_string(),
+                    })
+                }
                 Acquire::Stale => {
                     return Err(Error::protocol(format!(
                         "Redis knows a newer attempt of owner {} than this one, or that this one left (WaitCanceller::abandon); is the client id shared with another process?",
@@ -359,6 +364,16 @@ impl<'a> Attempt<'a> {
     /// otherwise). After `MAX_WAIT_FAILURES` late grants in a row, fail.
     fn fresh_hold(&self, token: u64, expires: BootInstant) -> Result<Option<LockGuard>> {
         if BootInstant::now() < expires {
+            // the hold is this thread's only if no WaitCanceller gave the wait up first: the
+            // claim and the canceller's take the same entry, and whoever takes it first wins
+            // (a canceller that comes later does nothing; one that came first passes the grant
+            // on, as this thread does too, in case the canceller's leave did not arrive)
+            if !self.claim() {
+                self.leave_quietly();
+                return Err(Error::Abandoned {
+                    name: self.lock.name().to_string(),
+                });
+            }
             let late = self.unanswered.get().then_some(self.number);
             return Ok(Some(LockGuard::new_hold(self.lock, token, expires, late)));
         }
@@ -420,6 +435,23 @@ impl<'a> Attempt<'a> {
             Leave::Granted(g) => Some((g.token, at + ms(g.pttl_ms).min(self.lock.lease()))),
             Leave::Left | Leave::Passed { .. } => None,
         })
+    }
+
+    /// This attempt's entry in the client's `waiting` map, which a [`WaitCanceller`] takes.
+    ///
+    /// [`WaitCanceller`]: crate::WaitCanceller
+    fn waiting_key(&self) -> (String, String) {
+        (self.lock.raw().keys().lock.clone(), self.owner.clone())
+    }
+
+    /// Take this attempt's `waiting` entry: `false` when a canceller took it first.
+    fn claim(&self) -> bool {
+        self.client().waiting.lock().remove(&self.waiting_key()) == Some(self.number)
+    }
+
+    /// Whether a canceller gave this attempt up (its `waiting` entry is gone).
+    fn abandoned(&self) -> bool {
+        self.client().waiting.lock().get(&self.waiting_key()) != Some(&self.number)
     }
 
     fn late_acquire(&self) -> LateAcquire {

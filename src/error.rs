@@ -102,6 +102,12 @@ pub enum Error {
         /// The setting, its value, and what to do.
         detail: String,
     },
+    /// The wait was given up by [`WaitCanceller::abandon`](crate::WaitCanceller::abandon) from
+    /// another thread: nothing is held (a grant that reached the wait was passed on).
+    Abandoned {
+        /// The lock name.
+        name: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -157,6 +163,10 @@ impl fmt::Display for Error {
                 "this LockClient was created before the process forked; create a new LockClient in the child process"
             ),
             Error::UnsafeServer { detail } => write!(f, "unsafe Redis configuration: {detail}"),
+            Error::Abandoned { name } => write!(
+                f,
+                "the wait for lock {name:?} was abandoned (WaitCanceller::abandon); nothing is held"
+            ),
         }
     }
 }

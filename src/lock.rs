@@ -428,7 +428,9 @@ impl WaitCanceller {
     }
 
     /// Give up that thread's queue place, and hand on a grant that already reached it. Its
-    /// acquire call is not woken, so exit right after. Without this the place lapses only when
+    /// acquire call returns [`Error::Abandoned`] once it wakes (at its next wake-up or
+    /// re-check: not at once), never a guard; if it took the lock before this call, this does
+    /// nothing and the thread keeps it. Without this the place lapses only when
     /// the janitor stops refreshing it, and a grant made to it meanwhile waits to be revoked.
     /// Does nothing when the thread is not waiting on this lock. The attempt is marked as left
     /// (key `<prefix>:{name}:left`, for 10 minutes), so that if the waiting thread runs its
@@ -440,7 +442,10 @@ impl WaitCanceller {
     pub fn abandon(&self) -> Result<()> {
         let lock = &self.lock;
         let key = (lock.raw.keys().lock.clone(), self.owner.clone());
-        let Some(attempt) = lock.client.waiting.lock().get(&key).copied() else {
+        // taken, not read: the waiting thread claims the same entry before it holds a grant,
+        // so either it holds the lock and this does nothing, or this gives the wait up and the
+        // thread gets Error::Abandoned (never both: a guard whose grant was passed on)
+        let Some(attempt) = lock.client.waiting.lock().remove(&key) else {
             return Ok(());
         };
         // the waiting thread may be re-running its acquire right now: mark it as left, so that

@@ -62,10 +62,10 @@ use crate::raw::{self, Wake};
 /// The longest single BLPOP: the leader re-blocks at least this often, which bounds how long a
 /// silently dead connection (no RST) can hide, and how late an UNBLOCK that failed is made up for.
 const MAX_BLOCK: Duration = Duration::from_secs(10);
-/// The longest single BLPOP on a server that refuses `CLIENT` (an ACL without it, a managed
-/// service that renames it): no `CLIENT UNBLOCK` can make the BLPOP take up a newly watched
-/// list, so it re-blocks this often instead, which bounds how late a first wake-up on a newly
-/// waited-on lock can be.
+/// The longest single BLPOP on a server that refuses `CLIENT UNBLOCK` (an ACL without `CLIENT`
+/// or without `@admin`, a managed service that renames it): nothing can make the BLPOP take up
+/// a newly watched list, so it re-blocks this often instead, which bounds how late a first
+/// wake-up on a newly waited-on lock can be.
 const NO_UNBLOCK_BLOCK: Duration = Duration::from_millis(500);
 /// BLPOP timeouts below 1 ms turned into "forever" on Redis < 7.0.8 (redis/redis#11688).
 const MIN_BLOCK: Duration = Duration::from_millis(2);
@@ -513,15 +513,20 @@ impl Waker {
             key,
             redis::cmd("CLIENT").arg("SETNAME").arg(CONNECTION_NAME),
         );
+        // CLIENT UNBLOCK is what the id is for, and many restricted users are refused it alone
+        // (it is @admin): tried on this very connection (not blocked, so it answers 0)
         let id = match named
             .and_then(|()| conn.query_at::<i64>(key, redis::cmd("CLIENT").arg("ID")))
-        {
+            .and_then(|id| {
+                conn.query_at::<i64>(key, redis::cmd("CLIENT").arg("UNBLOCK").arg(id))
+                    .map(|_| id)
+            }) {
             Ok(id) => Some(id),
             Err(e)
                 if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
                     || is_refused_command(&e) =>
             {
-                log::debug!("fairlock: the server refuses CLIENT ({e}); waiting threads re-block every {NO_UNBLOCK_BLOCK:?} to take up new locks");
+                log::debug!("fairlock: the server refuses CLIENT or CLIENT UNBLOCK ({e}); waiting threads re-block every {NO_UNBLOCK_BLOCK:?} to take up new locks");
                 None
             }
             Err(e) => return Err(e),

@@ -557,3 +557,64 @@ fn leaking_a_nested_guard_keeps_the_lock_until_its_lease_and_stops_renewal() {
     assert!(inner.is_lost());
     drop(inner);
 }
+
+/// Found by the fresh review of issue 23: `WaitCanceller::abandon` racing a grant. The waiting
+/// thread popped its hand-off and returned a guard, and the canceller's leave, sent a moment
+/// later, passed that very hold on: two owners, the guard saying `is_lost() == false`. Now the
+/// thread and the canceller take one entry and whoever is first wins: a thread that returns a
+/// guard holds the lock, and one given up returns `Error::Abandoned`.
+#[test]
+fn abandon_racing_a_grant_never_leaves_a_guard_whose_lock_was_passed_on() {
+    let server = RedisServer::start();
+    let holder = support::client(&server);
+    let waiter = support::client(&server);
+    let (mut guards, mut abandoned) = (0, 0);
+    for trial in 0..60u64 {
+        let name = format!("race-{trial}");
+        let held = holder.lock(&name).unwrap().lock().unwrap();
+        let lock = waiter.lock(&name).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let t = thread::spawn(move || {
+            tx.send(lock.wait_canceller()).unwrap();
+            let got = lock.try_lock_for(Duration::from_secs(5));
+            let verdict = match &got {
+                // the guard must own the lock in Redis after the canceller is done
+                Ok(Some(g)) => {
+                    done_rx.recv_timeout(SECS_5).unwrap();
+                    Ok(g.is_held().unwrap())
+                }
+                Ok(None) => Err("timed out".to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            drop(got);
+            verdict
+        });
+        let canceller = rx.recv().unwrap();
+        assert!(eventually(SECS_5, || {
+            holder.lock(&name).unwrap().status().unwrap().waiters.len() == 1
+        }));
+        held.unlock().unwrap();
+        thread::sleep(Duration::from_micros(trial * 7 % 400));
+        canceller.abandon().unwrap();
+        done_tx.send(()).unwrap();
+        match t.join().unwrap() {
+            Ok(held_in_redis) => {
+                guards += 1;
+                assert!(
+                    held_in_redis,
+                    "trial {trial}: a guard whose lock was passed on"
+                );
+            }
+            Err(e) => {
+                abandoned += 1;
+                assert!(e.contains("abandoned"), "trial {trial}: {e}");
+            }
+        }
+    }
+    // both outcomes happened, so the race was run
+    assert!(
+        guards > 0 && abandoned > 0,
+        "{guards} guards, {abandoned} abandoned"
+    );
+}

@@ -709,6 +709,14 @@ fn with_a_connection_per_thread_each_waiter_blocks_on_its_own_and_fifo_holds() {
 /// `CLIENT` now: the BLPOP re-blocks every half second to take up a newly waited-on lock.
 #[test]
 fn waiting_works_for_a_user_the_server_refuses_client_to() {
+    // (the fresh review of issue 23 found the second: CLIENT SETNAME and ID allowed, CLIENT
+    // UNBLOCK refused with @admin; a hand-off on a second lock then came up to 10 s late)
+    for refused in ["-client", "-@admin"] {
+        waiting_works_for_a_user_refused(refused);
+    }
+}
+
+fn waiting_works_for_a_user_refused(refused: &str) {
     let _turn = serial();
     let server = RedisServer::start();
     let mut admin = server.conn();
@@ -720,7 +728,7 @@ fn waiting_works_for_a_user_the_server_refuses_client_to() {
         .arg("~*")
         .arg("&*")
         .arg("+@all")
-        .arg("-client")
+        .arg(refused)
         .query(&mut admin)
         .unwrap();
     let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port);
@@ -746,9 +754,16 @@ fn waiting_works_for_a_user_the_server_refuses_client_to() {
     }
     let token_b = held_b.fencing_token();
     held_b.unlock().unwrap();
+    let released = Instant::now();
+    // (within about one re-block of the BLPOP, 500 ms, not its 10 s)
     let (name, got) = rx
         .recv_timeout(SECS_10)
         .expect("the waiter on B was served");
+    assert!(
+        released.elapsed() < Duration::from_secs(3),
+        "{refused}: served {:?} after the release",
+        released.elapsed()
+    );
     assert_eq!(name, "no-client-b");
     assert!(got.expect("lock() as a user without CLIENT") > token_b);
     let token_a = held_a.fencing_token();
