@@ -734,3 +734,83 @@ fn a_password_protected_cluster_takes_the_urls_credentials() {
         Ok(_) => panic!("a client without the password"),
     }
 }
+
+/// Review 3, fault 6: during a slot migration a release that hands off aborted half-way: the
+/// grant wrote the new owner, then Redis refused the grantee's wake list (a key the script does
+/// not declare, missing on the migrating node), so the head waited a lease for a message never
+/// pushed. A grant now touches the wake list before it writes anything: refused, the release
+/// leaves the lock free with its queue, and the waiter's heartbeat grants it once the slot has
+/// moved. A queueing acquire refused there adds no queue entry either.
+#[test]
+fn a_release_during_a_slot_migration_never_leaves_half_a_hand_off() {
+    use fairlock::raw::{self, Acquire, Mode, RawLock, Release, Settings};
+    let cluster = RedisCluster::start();
+    let (name, from) = names_on_every_master(&cluster, "half").remove(0);
+    let slot = cluster.slot_of(&lock_key(&name));
+    let to = *cluster.master_ports().iter().find(|&&p| p != from).unwrap();
+    for port in cluster.master_ports() {
+        raw::load_library(&mut cluster.conn_to(port)).unwrap();
+    }
+    let lock = RawLock::new("fairlock", &name, Settings::default()).unwrap();
+    let lease = Duration::from_secs(30);
+    let mut a = cluster.conn_to(from);
+    let token = match lock
+        .acquire("h:1", 1, lease, Mode::Wait, "m")
+        .run(&mut a)
+        .unwrap()
+    {
+        Acquire::Granted(g) => g.token,
+        other => panic!("{other:?}"),
+    };
+    let queued = lock
+        .acquire("w:1", 2, lease, Mode::Wait, "m")
+        .run(&mut a)
+        .unwrap();
+    assert!(matches!(queued, Acquire::Queued { .. }), "{queued:?}");
+    let owner_and_queue = |c: &mut redis::Connection| -> (String, Vec<String>) {
+        let owner: Option<String> = redis::cmd("HGET")
+            .arg(lock_key(&name))
+            .arg("owner")
+            .query(c)
+            .unwrap();
+        let queue: Vec<String> = redis::cmd("ZRANGE")
+            .arg(format!("fairlock:{{{name}}}:queue"))
+            .arg(0)
+            .arg(-1)
+            .query(c)
+            .unwrap();
+        (owner.unwrap_or_default(), queue)
+    };
+    cluster.migrate_slot_with(slot, to, |from| {
+        let mut a = cluster.conn_to(from);
+        let released = lock.release("h:1", token, 1).run(&mut a);
+        assert_eq!(
+            released.unwrap(),
+            Release::Released { next: None },
+            "the release during the migration"
+        );
+        // not half done: free, with the waiter still queued (no owner without a wake-up)
+        assert_eq!(
+            owner_and_queue(&mut a),
+            (String::new(), vec!["w:1".to_string()])
+        );
+        let newcomer = lock.acquire("x:1", 3, lease, Mode::Wait, "m").run(&mut a);
+        assert!(newcomer.is_err(), "{newcomer:?}");
+        assert_eq!(owner_and_queue(&mut a).1, ["w:1"], "a half-queued newcomer");
+    });
+    // the slot has moved: the waiter's heartbeat hands it the lock there
+    let mut b = cluster.conn_to(to);
+    lock.heartbeat([("w:1", 2)]).run(&mut b).unwrap();
+    assert_eq!(owner_and_queue(&mut b).0, "w:1");
+    let msg: Option<String> = redis::cmd("LPOP")
+        .arg(lock.wake_key("w:1"))
+        .query(&mut b)
+        .unwrap();
+    assert!(
+        matches!(
+            msg.as_deref().map(raw::parse_wake),
+            Some(Ok(raw::Wake::Grant { attempt: 2, .. }))
+        ),
+        "{msg:?}"
+    );
+}

@@ -732,6 +732,12 @@ impl RedisCluster {
     /// `SETSLOT NODE` on the new owner, the old one and the other masters; waits (10 s) until
     /// every running node agrees.
     pub fn migrate_slot(&self, slot: u16, to_port: u16) {
+        self.migrate_slot_with(slot, to_port, |_| {});
+    }
+
+    /// As [`RedisCluster::migrate_slot`], running `during` (given the old owner's port) while
+    /// the slot is MIGRATING and IMPORTING, before any key has moved.
+    pub fn migrate_slot_with(&self, slot: u16, to_port: u16, during: impl FnOnce(u16)) {
         let map = self.slot_map();
         let from_port = owner(&map, slot).expect("a settled map covers every slot");
         if from_port == to_port {
@@ -756,6 +762,7 @@ impl RedisCluster {
         };
         setslot(&mut to, "IMPORTING", &from_id);
         setslot(&mut from, "MIGRATING", &to_id);
+        during(from_port);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let keys: Vec<Vec<u8>> = redis::cmd("CLUSTER")
