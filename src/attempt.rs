@@ -60,7 +60,10 @@ struct Streak {
 impl Streak {
     /// Count one more; returns the length of the streak it is in.
     fn add(&self) -> u32 {
-        let now = Instant::now();
+        self.add_at(Instant::now())
+    }
+
+    fn add_at(&self, now: Instant) -> u32 {
         let in_streak = self
             .last
             .get()
@@ -476,5 +479,39 @@ impl<'a> Attempt<'a> {
                 self.lock.name()
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review 3, fault 12: the failure count was never reset, so three isolated hiccups in an
+    /// hours-long wait ended it.
+    #[test]
+    fn failures_further_apart_than_the_window_start_the_count_again() {
+        let s = Streak::default();
+        let t0 = Instant::now();
+        let minute = Duration::from_secs(60);
+        assert_eq!(s.add_at(t0), 1);
+        assert_eq!(s.add_at(t0 + minute), 1);
+        assert_eq!(s.add_at(t0 + 2 * minute), 1);
+        // a burst is a streak
+        let t1 = t0 + 3 * minute;
+        assert_eq!(s.add_at(t1), 1);
+        assert_eq!(s.add_at(t1 + Duration::from_millis(10)), 2);
+        assert_eq!(s.add_at(t1 + Duration::from_millis(20)), 3);
+        assert_eq!(s.add_at(t1 + FAILURE_WINDOW * 2), 1);
+    }
+
+    /// Review 3, fault 12: a read interrupted by a signal (a Ctrl-Z and `fg`) counted as a
+    /// failure of the server; it is re-checked like a dropped connection now.
+    #[test]
+    fn a_read_interrupted_by_a_signal_is_recognised() {
+        use crate::connection::is_interrupted;
+        let eintr = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::Interrupted));
+        assert!(is_interrupted(&eintr), "{eintr}");
+        let timeout = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert!(!is_interrupted(&timeout), "{timeout}");
     }
 }

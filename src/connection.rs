@@ -306,15 +306,13 @@ pub(crate) fn is_server_gone(e: &redis::RedisError) -> bool {
 /// (Ctrl-Z and `fg`, a debugger, a cgroup freeze). The reply may be lost with the connection, but
 /// the server is fine: not a failure.
 pub(crate) fn is_interrupted(e: &redis::RedisError) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            return io.kind() == std::io::ErrorKind::Interrupted;
-        }
-        source = s.source();
+    // The crate keeps the io::Error behind an Arc that `source()` does not lead into, so its
+    // text tells: the OS's "Interrupted system call (os error 4)", or the kind's own text.
+    if !e.is_io_error() {
+        return false;
     }
-    // (not every error the crate builds keeps its cause as a source)
-    e.is_io_error() && e.to_string().contains("(os error 4)")
+    let text = e.to_string();
+    text.contains("(os error 4)") || text.contains("operation interrupted")
 }
 
 pub(crate) fn is_connection_error(e: &redis::RedisError) -> bool {

@@ -13,14 +13,25 @@
 //! watchdog): see `fuzz/actions.rs`; requests and their network faults go through
 //! `fuzz/world.rs`, the other faults are in `fuzz/faults.rs`.
 //!
+//! Threads take the real client's decisions where it has them as functions: a popped hand-off is
+//! judged by `fairlock::raw::judge_handoff` on the client's own clock (real time, which a server
+//! clock step does not move) with the witness the client keeps (its queueing reply and every
+//! heartbeat report the last token handed out). Review 3 added generators for what the fuzzer
+//! missed: a popped wake-up held up on its way to the client, now and then for longer than a
+//! lease (`Fault::Late` on a pop, `Step::DeliverPop`); a request whose first copy is held up
+//! while the connection layer sends it again and the caller sees the second reply
+//! (`Fault::SlowFirst`, the success path of a repeat); and every third seed's quiet phase without
+//! heartbeats (below).
+//!
 //! Checked after every request and every step (`fuzz/checks.rs`):
 //! 1. **Mutual exclusion**: at most one thread holds a lock by its own conservative estimate
-//!    (send time of the granting request + the pttl in its reply; a popped hand-off: send time of
-//!    the acquire that queued it + min(grant − queue server time, local time elapsed) + lease; a
-//!    renewal: its send time + lease), and Redis shows that very holder and token.
+//!    (send time of the granting request + the pttl in its reply; a popped hand-off: the
+//!    client's `judge_handoff`, counting forward clock steps only from the grant on; a renewal:
+//!    its send time + lease), and Redis shows that very holder and token.
 //! 2. **Tokens strictly rise**: each new hold's token exceeds every token granted before.
 //! 3. **Key hygiene**: every key on the server has a TTL.
-//! 4. **No live waiter overtaken**: no grant while a live waiter is queued ahead of the grantee,
+//! 4. **No live waiter overtaken**: no grant while a live waiter is queued ahead of the grantee
+//!    (a thread re-taking the lock with a newer attempt included),
 //!    a live waiter never loses its place, and a live waiter's hand-off stays until its lease
 //!    could have run out. *Live*: queued (its `Queued` reply seen, no fault took its place since),
 //!    its client neither crashed nor paused, heartbeated within the waiter timeout (less a
@@ -30,6 +41,16 @@
 //!    release receipts, wake lists that expire within the waiter timeout and left marks that
 //!    expire within the queue's TTL (plus however far the server clock is behind its furthest). A waiter that Redis forgot (no queue entry, no
 //!    grant, no retry coming) fails here, or earlier in check 4.
+//! 6. **No ghost hold**: a new hold goes only to an attempt under way (waiting, in its own call,
+//!    or whose guard still lives and will mark it); exempt and counted: crashed clients, marks
+//!    lost with all data, an ending leave or release that was lost or is late, and stray
+//!    duplicates the client never learnt of.
+//! 7. **Dead waiters without heartbeats** (every third seed, `Config::quiet_heartbeats`): at the
+//!    end the clients but the last end their waits and holds, queue on one lock and crash; only
+//!    `try_lock` callers come by. A hand-off to a dead waiter later than a waiter timeout and two
+//!    thirds of one into that phase, or one still holding two waiter timeouts after it was made,
+//!    is a violation.
+//! 8. **Key sizes**: waiters entries only for queued owners (but after a queue key's eviction).
 //!
 //! Also: replies the scripts never give (a stale answer to a thread's newest attempt, a busy
 //! answer to a wait, a re-entry count other than depth + 1), script errors, a depth-1 release
@@ -39,14 +60,15 @@
 //! Exemptions, faults Redis by design cannot survive: a hold whose hash was evicted, a hold
 //! lost with all data, and a force-unlocked hold are released from check 1 (by token). A
 //! forward clock step of S ms is not exempt: Redis TTLs count wall time, so it is modelled as
-//! S ms passing for every estimate (the fuzzer clock is real time + all forward steps); a
-//! backward step only lengthens TTLs. Clock assumption of check 2: a token is seeded from the
+//! S ms passing for every estimate made before it (the fuzzer clock is real time + all forward
+//! steps; a hand-off's estimate counts only the steps after its grant, as a step before the
+//! grant does not age that hold); a backward step only lengthens TTLs. Clock assumption of check 2: a token is seeded from the
 //! server clock when the fence is lost, so after a fence eviction or data loss while the clock
 //! is stepped back below its furthest, the check restarts from the next token (counted as
 //! "exempt: token after fence loss ..."); backward steps never go more than 60 s below the
 //! furthest offset, so the 1 h fence cannot expire under a lagging clock. A holder renewing its
-//! own lock with a newer attempt (acquire.lua's `held < attempt`) is not an overtake: the lock
-//! never became free.
+//! own lock with a newer attempt queues behind that hold (review 3), so it is checked as any
+//! grant is.
 //!
 //! Found by this fuzzer and fixed (regression test `backward_step_then_lost_renewal`): after a
 //! backward step of the server clock a re-reported grant's pttl exceeded the lease, the client
