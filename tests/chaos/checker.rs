@@ -924,7 +924,7 @@ fn any_fault(faults: &[Fault], lease_ns: u64, from: u64, to: u64, skip: Option<&
         } else {
             from
         };
-        f.overlaps(from, to) && skip.is_none_or(|s| !std::ptr::eq(s, f))
+        f.overlaps(from, to) && skip.is_none_or(|s| !std::ptr::eq(s, f)) && !f.kind.is_benign()
     })
 }
 
@@ -932,7 +932,9 @@ fn any_fault(faults: &[Fault], lease_ns: u64, from: u64, to: u64, skip: Option<&
 /// must not).
 fn order_fault(faults: &[Fault], from: u64, to: u64) -> bool {
     faults.iter().any(|f| {
-        f.overlaps(from, to) && !matches!(f.kind, FaultKind::ClockStep | FaultKind::ForceUnlock)
+        f.overlaps(from, to)
+            && !matches!(f.kind, FaultKind::ClockStep | FaultKind::ForceUnlock)
+            && !f.kind.is_benign()
     })
 }
 

@@ -514,15 +514,24 @@ impl Run<'_> {
     fn fault_kinds(&self) -> Vec<FaultKind> {
         let Redis::Single(d) = &self.redis else {
             // a topology: the worker faults, and two master kills per graceful failover (the
-            // kills are what asynchronous replication can lose writes in)
-            return vec![
+            // kills are what asynchronous replication can lose writes in), a frozen sentinel or
+            // a slot migration
+            let mut kinds = vec![
                 FaultKind::SigkillHolder,
                 FaultKind::SigkillWaiter,
                 FaultKind::Sigstop,
+                FaultKind::WaiterHiccup,
                 FaultKind::KillMaster,
                 FaultKind::KillMaster,
                 FaultKind::Failover,
             ];
+            if let Redis::Topology { topology, .. } = &self.redis {
+                kinds.push(match topology {
+                    Topology::Sentinel(_) => FaultKind::StopSentinel,
+                    Topology::Cluster(_) => FaultKind::MigrateSlot,
+                });
+            }
+            return kinds;
         };
         let restart = if self.s.aof {
             FaultKind::RestartAof
@@ -539,6 +548,7 @@ impl Run<'_> {
             FaultKind::Latency,
             FaultKind::LateDelivery,
             FaultKind::ForceUnlock,
+            FaultKind::WaiterHiccup,
         ];
         if d.server.can_step_clock() {
             // cheap and instant: twice per deck
@@ -646,7 +656,47 @@ impl Run<'_> {
             FaultKind::ClockStep => self.clock_step(),
             FaultKind::KillMaster => self.kill_master(),
             FaultKind::Failover => self.graceful_failover(),
+            FaultKind::WaiterHiccup => self.waiter_hiccup(),
+            FaultKind::StopSentinel => {
+                let pick = self.rng.range(0, 2) as usize;
+                let id = self.fault_start(kind, None, "sigstop-one-sentinel");
+                let frozen = self.topology().freeze_a_sentinel(pick);
+                self.sleep_ms(3000, 6000);
+                let port = frozen.map(|(port, guard)| {
+                    drop(guard);
+                    port
+                });
+                self.fault_end(id, kind, &format!("port={port:?}"));
+            }
+            FaultKind::MigrateSlot => {
+                let lock =
+                    self.locks[self.rng.range(0, self.locks.len() as u64 - 1) as usize].clone();
+                let id = self.fault_start(kind, None, &format!("lock={lock}"));
+                let moved = self.topology().migrate_lock(&lock);
+                self.fault_end(id, kind, &format!("moved={moved:?}"));
+            }
         }
+    }
+
+    /// Stop and continue a waiting worker three times, briefly (50-150 ms: well within its
+    /// janitor's interval, so it is no dead waiter), as Ctrl-Z and `fg` do.
+    fn waiter_hiccup(&mut self) {
+        let kind = FaultKind::WaiterHiccup;
+        let waiters = self.waiter_pids();
+        let Some(pid) = self.pick(&waiters) else {
+            let id = self.fault_start(kind, None, "no-waiter");
+            self.fault_end(id, kind, "");
+            return;
+        };
+        let i = self.workers.iter().position(|w| w.pid() == pid).unwrap();
+        let id = self.fault_start(kind, Some(pid), "stop-continue-x3");
+        for _ in 0..3 {
+            self.workers[i].signal(libc::SIGSTOP);
+            self.sleep_ms(50, 150);
+            self.workers[i].signal(libc::SIGCONT);
+            self.sleep_ms(100, 300);
+        }
+        self.fault_end(id, kind, "");
     }
 
     /// SIGKILL the master of a lock (in a Cluster, of a lock's shard), read the fencing

@@ -99,10 +99,19 @@ pub enum FaultKind {
     /// Sentinel and Cluster modes: a graceful failover (`SENTINEL FAILOVER`, or `CLUSTER
     /// FAILOVER` sent to a replica), until the old master is a linked replica again.
     Failover,
+    /// A waiting worker is stopped and continued three times, 50-150 ms each (Ctrl-Z and `fg`,
+    /// a debugger, a cgroup freeze): its blocked reads fail with EINTR. It must keep its place.
+    WaiterHiccup,
+    /// Sentinel mode: one sentinel stopped (SIGSTOP) for 3-6 s: it accepts connections and
+    /// answers nothing. Nobody may lose a hold or a place for it.
+    StopSentinel,
+    /// Cluster mode: the slot of a lock migrates to another master under load (MIGRATING and
+    /// IMPORTING, MIGRATE of its keys, SETSLOT NODE). Nobody may lose a hold or a place for it.
+    MigrateSlot,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 14] = [
+    pub const ALL: [FaultKind; 17] = [
         FaultKind::SigkillHolder,
         FaultKind::SigkillWaiter,
         FaultKind::Sigstop,
@@ -117,6 +126,9 @@ impl FaultKind {
         FaultKind::ClockStep,
         FaultKind::KillMaster,
         FaultKind::Failover,
+        FaultKind::WaiterHiccup,
+        FaultKind::StopSentinel,
+        FaultKind::MigrateSlot,
     ];
 
     pub fn name(self) -> &'static str {
@@ -135,6 +147,9 @@ impl FaultKind {
             FaultKind::ClockStep => "clock-step",
             FaultKind::KillMaster => "kill-master",
             FaultKind::Failover => "failover",
+            FaultKind::WaiterHiccup => "waiter-hiccup",
+            FaultKind::StopSentinel => "stop-sentinel",
+            FaultKind::MigrateSlot => "migrate-slot",
         }
     }
 
@@ -160,6 +175,15 @@ impl FaultKind {
     }
 
     /// The network faults that hold back or cut *every* connection's traffic.
+    /// Faults the protocol must absorb without any effect on its guarantees (review 3): they
+    /// explain nothing, no overtake, no lost hold, no slow recovery.
+    pub fn is_benign(self) -> bool {
+        matches!(
+            self,
+            FaultKind::WaiterHiccup | FaultKind::StopSentinel | FaultKind::MigrateSlot
+        )
+    }
+
     pub fn is_proxy(self) -> bool {
         matches!(
             self,

@@ -136,6 +136,32 @@ impl Topology {
     }
 
     /// The masters of a settled topology (waits for the nodes to agree; at the end of a run).
+    /// Sentinel mode: stop one sentinel (SIGSTOP) until the returned guard is dropped.
+    pub fn freeze_a_sentinel(
+        &self,
+        pick: usize,
+    ) -> Option<(u16, crate::support::topology::Frozen)> {
+        let Topology::Sentinel(g) = self else {
+            return None;
+        };
+        let ports = g.sentinel_ports();
+        let port = ports[pick % ports.len()];
+        Some((port, g.freeze_sentinel(port)))
+    }
+
+    /// Cluster mode: migrate the slot of `lock` to another master; (from, to).
+    pub fn migrate_lock(&self, lock: &str) -> Option<(u16, u16)> {
+        let Topology::Cluster(c) = self else {
+            return None;
+        };
+        let key = lock_key(lock);
+        let slot = c.slot_of(&key);
+        let from = c.master_for_slot(slot);
+        let to = *c.master_ports().iter().find(|&&p| p != from)?;
+        c.migrate_slot(slot, to);
+        Some((from, to))
+    }
+
     pub fn master_ports(&self) -> Vec<u16> {
         match self {
             Topology::Sentinel(g) => vec![g.master_port()],
