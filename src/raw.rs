@@ -784,9 +784,7 @@ impl RawLock {
 
     /// The holder of `token` releases one level; `depth` is its depth before (1: the whole hold).
     pub fn release(&self, owner: &str, token: u64, depth: u32) -> Call<Release> {
-        let mut c = self.call(&RELEASE, "releasing", parse_release);
-        c.cmd.arg(owner).arg(token).arg(depth.max(1)).arg("");
-        c
+        self.release_call(owner, token, depth, None)
     }
 
     /// As [`RawLock::release`], for a hold that `attempt` got while one of its acquire requests
@@ -800,8 +798,22 @@ impl RawLock {
         depth: u32,
         attempt: u64,
     ) -> Call<Release> {
+        self.release_call(owner, token, depth, Some(attempt))
+    }
+
+    fn release_call(
+        &self,
+        owner: &str,
+        token: u64,
+        depth: u32,
+        mark: Option<u64>,
+    ) -> Call<Release> {
         let mut c = self.call(&RELEASE, "releasing", parse_release);
-        c.cmd.arg(owner).arg(token).arg(depth.max(1)).arg(attempt);
+        c.cmd.arg(owner).arg(token).arg(depth.max(1));
+        match mark {
+            Some(attempt) => c.cmd.arg(attempt),
+            None => c.cmd.arg(""),
+        };
         c
     }
 

@@ -108,6 +108,17 @@ fn proxied_client(proxy: &Proxy) -> fairlock::LockClient {
     client
 }
 
+/// The left marks of lock `name`: (owner, newest marked attempt), without the hash's marker.
+fn left_marks(c: &mut redis::Connection, name: &str) -> Vec<(String, u64)> {
+    redis::cmd("HGETALL")
+        .arg(format!("fairlock:{{{name}}}:left"))
+        .query::<Vec<(String, u64)>>(c)
+        .unwrap()
+        .into_iter()
+        .filter(|(field, _)| field != "~")
+        .collect()
+}
+
 /// A client through the proxy whose janitor stays quiet for the length of a test (no warm-up).
 fn quiet_client(proxy: &Proxy) -> fairlock::LockClient {
     fairlock::LockClient::builder(&proxy.url())
@@ -307,13 +318,7 @@ fn a_waiter_whose_acquire_was_sent_twice_leaves_a_mark_when_it_gives_up() {
     assert_eq!(proxy.cuts(), 1);
 
     let mut c = server.conn();
-    let marks: Vec<(String, u64)> = redis::cmd("HGETALL")
-        .arg("fairlock:{marked}:left")
-        .query::<Vec<(String, u64)>>(&mut c)
-        .unwrap()
-        .into_iter()
-        .filter(|(field, _)| field != "~") // the marks hash's own marker
-        .collect();
+    let marks = left_marks(&mut c, "marked");
     assert_eq!(marks.len(), 1, "{marks:?}");
     let (owner, attempt) = marks[0].clone();
     let raw = RawLock::new("fairlock", "marked", Settings::default()).unwrap();
@@ -385,13 +390,7 @@ fn a_busy_try_lock_sent_twice_leaves_a_mark_for_its_copy() {
     assert!(lock.try_lock().unwrap().is_none());
     assert_eq!(proxy.cuts(), 1);
     let mut c = server.conn();
-    let marks: Vec<(String, u64)> = redis::cmd("HGETALL")
-        .arg("fairlock:{busy-twice}:left")
-        .query::<Vec<(String, u64)>>(&mut c)
-        .unwrap()
-        .into_iter()
-        .filter(|(field, _)| field != "~")
-        .collect();
+    let marks = left_marks(&mut c, "busy-twice");
     assert_eq!(marks.len(), 1, "{marks:?}");
     holder.unlock().unwrap();
     let (owner, attempt) = marks[0].clone();

@@ -1021,74 +1021,39 @@ fn a_late_copy_of_a_granted_acquire_keeps_the_threads_newer_queue_place() {
 /// it was (its value and its TTL).
 #[test]
 fn foreign_data_of_any_kind_at_any_key_in_any_state_is_refused_or_left_untouched() {
-    type Put = fn(&mut redis::Connection, &str);
     let server = RedisServer::start();
     let mut c = server.conn();
-    let hash: Put = |c, k| {
-        redis::cmd("HSET")
-            .arg(k)
-            .arg("user")
-            .arg("alice")
-            .query::<()>(c)
-            .unwrap()
-    };
-    let string: Put = |c, k| redis::cmd("SET").arg(k).arg("x").query::<()>(c).unwrap();
-    let zset: Put = |c, k| {
-        redis::cmd("ZADD")
-            .arg(k)
-            .arg(1)
-            .arg("job-a")
-            .query::<()>(c)
-            .unwrap()
-    };
-    let list: Put = |c, k| {
-        redis::cmd("RPUSH")
-            .arg(k)
-            .arg("hello")
-            .query::<()>(c)
-            .unwrap()
-    };
-    let big: Put = |c, k| redis::cmd("SET").arg(k).arg("1e20").query::<()>(c).unwrap();
-    let inf: Put = |c, k| redis::cmd("SET").arg(k).arg("inf").query::<()>(c).unwrap();
-    let over: Put = |c, k| {
-        redis::cmd("SET")
-            .arg(k)
-            .arg("9223372036854775808")
-            .query::<()>(c)
-            .unwrap()
-    };
-    let digits: Put = |c, k| {
-        redis::cmd("SET")
-            .arg(k)
-            .arg("99999999999999999999")
-            .query::<()>(c)
-            .unwrap()
-    };
+    // (what, the command that writes it, without its key)
+    type Foreign = (&'static str, &'static [&'static str]);
+    let hash = ("hash", &["HSET", "user", "alice"][..]);
+    let string = ("string", &["SET", "x"][..]);
+    let zset = ("zset", &["ZADD", "1", "job-a"][..]);
+    let list = ("list", &["RPUSH", "hello"][..]);
     // (key suffix, foreign values): "" the lock hash; "wake-me"/"wake-w" the wake lists of the
     // caller's client and of the queued waiter's
-    let kinds: [(&str, Vec<(&str, Put)>); 7] = [
-        ("", vec![("hash", hash), ("string", string), ("zset", zset)]),
+    let kinds: [(&str, Vec<Foreign>); 7] = [
+        ("", vec![hash, string, zset]),
         (
             ":fence",
             vec![
-                ("1e20", big),
-                ("inf", inf),
-                ("2^63", over),
-                ("20 digits", digits),
-                ("hash", hash),
+                ("1e20", &["SET", "1e20"]),
+                ("inf", &["SET", "inf"]),
+                ("2^63", &["SET", "9223372036854775808"]),
+                ("20 digits", &["SET", "99999999999999999999"]),
+                hash,
             ],
         ),
-        (":queue", vec![("zset", zset), ("list", list)]),
-        (":waiters", vec![("hash", hash), ("string", string)]),
-        (":left", vec![("hash", hash), ("zset", zset)]),
-        ("wake-me", vec![("list", list), ("string", string)]),
-        ("wake-w", vec![("list", list), ("hash", hash)]),
+        (":queue", vec![zset, list]),
+        (":waiters", vec![hash, string]),
+        (":left", vec![hash, zset]),
+        ("wake-me", vec![list, string]),
+        ("wake-w", vec![list, hash]),
     ];
     let states = ["free", "held", "queued", "handed-off", "released"];
     let mut runs = 0;
     for (s, state) in states.iter().enumerate() {
         for (k, (suffix, values)) in kinds.iter().enumerate() {
-            for (v, (what, put)) in values.iter().enumerate() {
+            for (v, (what, write)) in values.iter().enumerate() {
                 for call in 0..12 {
                     let name = format!("fd-{s}-{k}-{v}-{call}");
                     let lock = raw_lock(&name);
@@ -1115,7 +1080,11 @@ fn foreign_data_of_any_kind_at_any_key_in_any_state_is_refused_or_left_untouched
                     if exists {
                         continue; // fairlock's own key in this state
                     }
-                    put(&mut c, &key);
+                    let _: () = redis::cmd(write[0])
+                        .arg(&key)
+                        .arg(&write[1..])
+                        .query(&mut c)
+                        .unwrap();
                     let before: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut c).unwrap();
                     let r: Result<String, Error> = match call {
                         0 => lock
@@ -1194,24 +1163,14 @@ fn foreign_data_of_any_kind_at_any_key_in_any_state_is_refused_or_left_untouched
 fn a_long_timeout_client_cannot_age_a_short_timeout_waiter_out_after_a_clock_step() {
     let mut server = faketime::FakeClockRedis::start();
     let mut c = server.conn();
-    let short = RawLock::new(
-        "fairlock",
-        "mixed",
-        Settings {
-            waiter_timeout: Duration::from_millis(150),
+    let with_timeout = |ms| {
+        let settings = Settings {
+            waiter_timeout: Duration::from_millis(ms),
             ..Settings::default()
-        },
-    )
-    .unwrap();
-    let long = RawLock::new(
-        "fairlock",
-        "mixed",
-        Settings {
-            waiter_timeout: Duration::from_millis(3000),
-            ..Settings::default()
-        },
-    )
-    .unwrap();
+        };
+        RawLock::new("fairlock", "mixed", settings).unwrap()
+    };
+    let (short, long) = (with_timeout(150), with_timeout(3000));
     take(&mut c, &long, "h:1", 1);
     queued(
         short
