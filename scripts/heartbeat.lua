@@ -8,7 +8,7 @@
 -- 3. Dead waiters at the head of the queue are purged; a stranded lock (free, waiters queued:
 --    the holder died, or a grant's wake list could not be reached) goes to the live head.
 -- The last token lets each waiter tell which grants came after this heartbeat ran (the
--- client's `handoff_lease_start`).
+-- client's `judge_handoff` (src/lease_estimate.rs)).
 -- Cost: O(this client's waiters + dead heads), never a scan of all waiters.
 -- Network: a retry refreshes again; a late heartbeat for an attempt that has moved on does
 -- nothing (a newer attempt's entry) or pushes a "retry" for that old attempt, which its client's

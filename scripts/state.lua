@@ -26,7 +26,7 @@ end
 -- The last token handed out as far as this run can tell (the fence, or the hash's token when
 -- the fence is gone; 0 when both are): every grant made after this run has a greater token, so
 -- a waiter that reads it knows which grants came after its request (see the client's
--- `handoff_lease_start`).
+-- `judge_handoff` (src/lease_estimate.rs)).
 local function last_token(h)
   return math.max(h.token or 0, read_fence() or 0)
 end

@@ -481,7 +481,7 @@ pub enum Acquire {
         /// call to keep queueing cheap.
         pttl_ms: i64,
         /// The last token handed out when the caller was queued: a grant with a greater token
-        /// was made after this request reached Redis (see [`handoff_lease_start`]).
+        /// was made after this request reached Redis (see [`judge_handoff`]).
         last_token: u64,
     },
     /// A newer attempt of this owner reached Redis first: this request came late and did
@@ -549,7 +549,7 @@ pub enum ForceUnlock {
 pub struct Heartbeat {
     /// The holder's lease left (ms; 0 when free).
     pub pttl_ms: i64,
-    /// The last token handed out when the heartbeat ran (see [`handoff_lease_start`]).
+    /// The last token handed out when the heartbeat ran (see [`judge_handoff`]).
     pub last_token: u64,
     /// Owners whose attempt had lost its place and were told to retry.
     pub told_to_retry: Vec<String>,
