@@ -666,7 +666,10 @@ impl Run<'_> {
                     drop(guard);
                     port
                 });
-                self.fault_end(id, kind, &format!("port={port:?}"));
+                // the continued sentinel reconnects and catches up before the next fault (the
+                // harness's own failover waits ask every sentinel)
+                let settled = self.topology().settle_sentinels();
+                self.fault_end(id, kind, &format!("port={port:?} settled={settled}"));
             }
             FaultKind::MigrateSlot => {
                 let lock =

@@ -149,6 +149,15 @@ impl Topology {
         Some((port, g.freeze_sentinel(port)))
     }
 
+    /// Sentinel mode: wait (30 s at most) until the sentinels agree and see their master up
+    /// again, so the next fault starts from a settled group; whether they did.
+    pub fn settle_sentinels(&self) -> bool {
+        match self {
+            Topology::Sentinel(g) => g.wait_for_sentinels_settled(FAILOVER_LIMIT),
+            Topology::Cluster(_) => true,
+        }
+    }
+
     /// Cluster mode: migrate the slot of `lock` to another master; (from, to).
     pub fn migrate_lock(&self, lock: &str) -> Option<(u16, u16)> {
         let Topology::Cluster(c) = self else {

@@ -294,6 +294,21 @@ impl SentinelGroup {
         })
     }
 
+    /// Wait (`timeout` at most) until every running sentinel names the same master and sees it
+    /// up (after a frozen sentinel is continued, it reconnects and catches up); whether they do.
+    pub fn wait_for_sentinels_settled(&self, timeout: Duration) -> bool {
+        poll(timeout, || {
+            let agreed = agreed_port(&self.sentinel_answers())?;
+            let up = self.sentinels.iter().filter(|s| s.running()).all(|s| {
+                sentinel_master_flags(s.port)
+                    .as_deref()
+                    .is_some_and(flags_up)
+            });
+            up.then_some(agreed)
+        })
+        .is_some()
+    }
+
     /// A graceful failover (`SENTINEL FAILOVER`, retried for up to 10 s while a sentinel
     /// refuses, e.g. `INPROG`), then [`SentinelGroup::wait_for_new_master`] (30 s); returns the
     /// new master's port. The old master stays a master until the sentinels convert it, about
