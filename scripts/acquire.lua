@@ -1,13 +1,16 @@
 -- acquire.lua: an attempt of a thread that holds no guard of the lock (and every retry of it).
 -- ARGV: [3] owner [4] attempt [5] lease ms [6] 'try' (never queue) or 'wait' [7] meta "host|pid|thread"
+--       [8] 'keep' when the thread leaked a hold of this lock that is to run out by its lease, else ''
 -- Returns {'granted', token, now_ms, pttl} | {'busy', holder pttl} | {'queued', now_ms, holder
 --       lease ms (an upper bound of what it has left; 0 when free), last token handed out}
 --       | {'stale'} (a newer attempt of this owner exists, or this one has ended: this request
 --       came late or twice, nothing done)
 -- No barging: a free lock with live waiters goes to the head, never to the caller; nor does a
--- lock this very thread holds with an older attempt (a leaked guard, or one its client gave up
--- as lost): that hold runs out by its lease like anyone else's, and this attempt queues or is
--- busy behind it.
+-- lock this very thread holds with an older attempt. A hold the thread leaked on purpose
+-- ('keep') runs out by its lease like anyone else's, and this attempt queues or is busy behind
+-- it; any other older hold of the thread has no guard (a grant refused for too few replicas
+-- whose leave went to a master that failed over, a hold the client gave up as lost): it is
+-- passed on as a release would (to the queue's head), and this attempt is a newcomer.
 -- A hand-off whose grantee is dead (its deadline passed on the lock's clock, its wake-up never
 -- popped) is revoked here too, so no one has to heartbeat the lock for that (heartbeat.lua).
 -- Network: a retry of the same attempt (reply lost, or a hand-off whose pop was lost) keeps the
@@ -23,6 +26,7 @@
 -- queueing behind a holder is HMGET, HGET (the left marks), HMGET, HSET (the clock), GET (the
 -- fence), TIME, LRANGE (the wake list), ZADD, PEXPIRE, HSET; behind a hand-off, HSET (its clock).
 local owner, attempt, lease, mode, meta = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local keep = ARGV[8] == 'keep'
 return run(function()
   local h = read_lock()
   if h.owner == owner then
@@ -34,6 +38,14 @@ return run(function()
       local mine = waiter_entry(owner)
       if not (mine and mine.attempt > attempt) then forget_waiter(owner) end
       return { 'granted', h.token_text, now_ms(), grant_pttl(h) }
+    end
+    if not keep then
+      -- an older hold of this thread that nobody keeps: passed on (FIFO), as a release would
+      drop_wakeups(owner)
+      if not (front()[1] and grant_next(h)) then
+        redis.call('HSET', k.lock, 'owner', '')
+        h.owner = false
+      end
     end
   elseif h.owner and h.wdl then
     revoke_stale_handoff(h, lock_clock(h))

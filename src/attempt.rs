@@ -152,13 +152,26 @@ impl<'a> Attempt<'a> {
             Wait::No => Mode::Try,
             Wait::Until(_) | Wait::Forever => Mode::Wait,
         };
-        let call = self.lock.raw().acquire(
-            &self.owner,
-            self.number,
-            self.lock.lease(),
-            mode,
-            &self.meta,
-        );
+        // a hold this thread leaked on purpose is waited for; any other older hold of it has no
+        // guard and is passed on by the script (see acquire.lua)
+        let raw = self.lock.raw();
+        let call = if crate::hold::leaked_and_running(&self.lock.hold_key()) {
+            raw.acquire_behind_leaked_hold(
+                &self.owner,
+                self.number,
+                self.lock.lease(),
+                mode,
+                &self.meta,
+            )
+        } else {
+            raw.acquire(
+                &self.owner,
+                self.number,
+                self.lock.lease(),
+                mode,
+                &self.meta,
+            )
+        };
         // before the request: a grant may be popped before its reply arrives
         let registration = (mode == Mode::Wait).then(|| {
             let lock_key = self.lock.raw().key_names()[0];

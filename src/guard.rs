@@ -161,6 +161,7 @@ impl LockGuard {
         self.hold.depth.set(depth.saturating_sub(1));
         self.hold.leaked.set(true);
         self.lock.forget_hold(&self.hold);
+        crate::hold::remember_leaked(self.lock.hold_key(), *self.hold.state.expires.lock());
         self.hold.token
     }
 

@@ -56,6 +56,28 @@ pub(crate) type HoldKey = (String, String);
 
 thread_local! {
     static HOLDS: RefCell<HashMap<HoldKey, Rc<Hold>>> = RefCell::new(HashMap::new());
+    /// Holds the thread leaked on purpose, with the (early) end of their lease: until then its
+    /// next acquisition of that lock queues behind the leaked hold instead of passing it on.
+    static LEAKED: RefCell<HashMap<HoldKey, BootInstant>> = RefCell::new(HashMap::new());
+}
+
+/// The thread leaked its hold of `key`, whose lease ends at `expires` by the local estimate.
+pub(crate) fn remember_leaked(key: HoldKey, expires: BootInstant) {
+    let _ = LEAKED.try_with(|l| l.borrow_mut().insert(key, expires));
+}
+
+/// Whether the thread leaked a hold of `key` whose lease has not run out by the estimate.
+pub(crate) fn leaked_and_running(key: &HoldKey) -> bool {
+    LEAKED
+        .try_with(|l| {
+            let mut l = l.borrow_mut();
+            let running = l.get(key).is_some_and(|&end| end > BootInstant::now());
+            if !running {
+                l.remove(key);
+            }
+            running
+        })
+        .unwrap_or(false)
 }
 
 /// The calling thread's hold of `key`, if any.

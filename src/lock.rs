@@ -292,7 +292,7 @@ impl FairLock {
         &self.raw
     }
 
-    fn hold_key(&self) -> HoldKey {
+    pub(crate) fn hold_key(&self) -> HoldKey {
         (self.client.id.clone(), self.raw.keys().lock.clone())
     }
 

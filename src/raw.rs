@@ -754,6 +754,8 @@ impl RawLock {
     }
 
     /// An attempt to take the lock (`Mode::Wait`: or queue for it).
+    /// An older attempt's hold of the same thread, if the lock has one, is passed on first (the
+    /// thread has no guard of it: see `acquire.lua`).
     pub fn acquire(
         &self,
         owner: &str,
@@ -761,6 +763,31 @@ impl RawLock {
         lease: Duration,
         mode: Mode,
         meta: &str,
+    ) -> Call<Acquire> {
+        self.acquire_call(owner, attempt, lease, mode, meta, false)
+    }
+
+    /// As [`RawLock::acquire`], for a thread that leaked a hold of this lock which is to run out
+    /// by its lease: that hold is kept, and this attempt is busy or queues behind it.
+    pub fn acquire_behind_leaked_hold(
+        &self,
+        owner: &str,
+        attempt: u64,
+        lease: Duration,
+        mode: Mode,
+        meta: &str,
+    ) -> Call<Acquire> {
+        self.acquire_call(owner, attempt, lease, mode, meta, true)
+    }
+
+    fn acquire_call(
+        &self,
+        owner: &str,
+        attempt: u64,
+        lease: Duration,
+        mode: Mode,
+        meta: &str,
+        keep: bool,
     ) -> Call<Acquire> {
         let mut c = self.call(&ACQUIRE, "acquiring", parse_acquire);
         c.cmd
@@ -771,7 +798,8 @@ impl RawLock {
                 Mode::Try => "try",
                 Mode::Wait => "wait",
             })
-            .arg(meta);
+            .arg(meta)
+            .arg(if keep { "keep" } else { "" });
         c
     }
 

@@ -288,15 +288,13 @@ fn an_acquire_that_arrives_after_its_attempts_leave_does_nothing() {
 
 /// Fault 4: a release that timed out unapplied, then a new acquire by the same thread. The new
 /// hold used to get the old token, so the late release matched it and freed the new hold.
-/// (Since review 3, fault 7, the new attempt no longer takes over the old hold at once: it
-/// queues behind it, and gets the lock once that hold has run out.)
+/// (Since review 3 the new attempt passes the old hold on as a release would, and takes the
+/// lock as a newcomer: here nobody waits, so it takes it at once, with a new token.)
 #[test]
 fn a_new_hold_of_the_same_thread_gets_a_new_token_a_late_release_cannot_free() {
     let (_server, mut c, lock) = start("retaken");
     let t1 = take(&mut c, &lock, "w:1", 1);
     let late_release = lock.release("w:1", t1, 1);
-    enqueue(&mut c, &lock, "w:1", 2);
-    expire_hold(&mut c, &lock);
     let t2 = take(&mut c, &lock, "w:1", 2);
     assert!(t2 > t1, "tokens {t1} then {t2}");
     assert_eq!(
@@ -723,15 +721,17 @@ fn holding_attempt(c: &mut redis::Connection, lock: &RawLock) -> Option<u64> {
 
 /// Review 3, fault 7: a thread re-took its own leaked (or locally lost) hold with a new attempt
 /// at once, ahead of the waiters queued behind it (barging), and `try_lock` succeeded while
-/// others waited. Now the old hold counts like anyone's: a new attempt of the same thread is
-/// busy, or queues behind the waiters.
+/// others waited. Now a leaked hold counts like anyone's (the client says so: 'keep'): a new
+/// attempt of the same thread is busy, or queues behind the waiters. Any other older hold of the
+/// thread (no guard keeps it) is passed on to the queue's head, and the new attempt is a
+/// newcomer behind it: no barging either way.
 #[test]
 fn a_thread_does_not_retake_its_own_leaked_hold_ahead_of_the_queue() {
     let (_server, mut c, lock) = start("leaked");
     let t1 = take(&mut c, &lock, "job:1", 1);
     enqueue(&mut c, &lock, "other:1", 2);
     let again = lock
-        .acquire("job:1", 3, LEASE, Mode::Try, "m")
+        .acquire_behind_leaked_hold("job:1", 3, LEASE, Mode::Try, "m")
         .run(&mut c)
         .unwrap();
     assert!(
@@ -739,11 +739,26 @@ fn a_thread_does_not_retake_its_own_leaked_hold_ahead_of_the_queue() {
         "try_lock of the leaking thread: {again:?}"
     );
     assert_eq!(holder(&mut c, &lock), (Some("job:1".into()), Some(t1)));
-    enqueue(&mut c, &lock, "job:1", 4);
+    queued(
+        lock.acquire_behind_leaked_hold("job:1", 4, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
     assert_eq!(queue(&mut c, &lock), ["other:1", "job:1"]);
     // the leaked hold runs out: the head, not the leaking thread, gets the lock
     expire_hold(&mut c, &lock);
     lock.heartbeat([("job:1", 4)]).run(&mut c).unwrap();
+    assert_eq!(holder(&mut c, &lock).0.as_deref(), Some("other:1"));
+
+    // an older hold nobody keeps (its leave went astray in a failover): passed on, FIFO
+    let (_server, mut c, lock) = start("orphaned");
+    take(&mut c, &lock, "job:1", 1);
+    enqueue(&mut c, &lock, "other:1", 2);
+    let again = lock
+        .acquire("job:1", 3, LEASE, Mode::Try, "m")
+        .run(&mut c)
+        .unwrap();
+    assert!(matches!(again, Acquire::Busy { .. }), "{again:?}");
     assert_eq!(holder(&mut c, &lock).0.as_deref(), Some("other:1"));
 }
 
@@ -995,8 +1010,8 @@ fn a_marking_release_removes_a_late_copys_queue_place() {
     );
 }
 
-/// Found by the fuzzer (a live waiter lost its place): a thread whose release was lost still
-/// held the lock with attempt 1 and queued behind it with attempt 2; a late copy of attempt 1's
+/// Found by the fuzzer (a live waiter lost its place): a thread still held the lock with
+/// attempt 1 and queued behind it with attempt 2; a late copy of attempt 1's
 /// acquire, answered with the grant it already had, removed the thread's queue entry, which is
 /// attempt 2's. Only an entry of that attempt (or an older one) goes now.
 #[test]
@@ -1004,7 +1019,12 @@ fn a_late_copy_of_a_granted_acquire_keeps_the_threads_newer_queue_place() {
     let (_server, mut c, lock) = start("newer-place");
     let copy = lock.acquire("c1:1", 1, LEASE, Mode::Wait, "m");
     let t1 = granted(copy.run(&mut c).unwrap());
-    enqueue(&mut c, &lock, "c1:1", 2); // its release was lost: it queues behind its own hold
+    // it leaked that hold: it queues behind it
+    queued(
+        lock.acquire_behind_leaked_hold("c1:1", 2, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
     assert_eq!(granted(copy.run(&mut c).unwrap()), t1);
     assert_eq!(queue(&mut c, &lock), ["c1:1"], "attempt 2 lost its place");
     let waiters: Vec<String> = redis::cmd("HKEYS")
