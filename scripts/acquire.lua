@@ -21,7 +21,14 @@
 -- release for one). Only one that arrives later than QUEUE_TTL after the mark, or after a hold
 -- that was never released ran out (its process died), queues (or holds) a place nobody
 -- refreshes: it is purged as dead (or the hold runs out after its lease), so it delays others
--- but never gives two owners.
+-- but never gives two owners. Passing on an older hold of the thread is safe the same way: a
+-- repeat finds this attempt's own hold or queue entry (nothing older to pass on), and a late
+-- copy was sent when the thread had no guard of that older hold (the client sends 'keep'
+-- while a leaked one runs), so it only hands on what nobody holds.
+-- Undeclared keys (common.lua): the left marks (read before any write of the queueing path),
+-- the caller's wake list (dropped before the orphan is passed on, and before queueing), and a
+-- grantee's wake list (probed before a grant). Refused midway, only the lock's clock (vc) or a
+-- complete grant has been written: the caller's retry finds a consistent state.
 -- Cost: a free lock nobody waits for is HMGET, EXISTS, TIME, SET (the fence), HSET, PEXPIRE;
 -- queueing behind a holder is HMGET, HGET (the left marks), HMGET, HSET (the clock), GET (the
 -- fence), TIME, LRANGE (the wake list), ZADD, PEXPIRE, HSET; behind a hand-off, HSET (its clock).

@@ -4,6 +4,7 @@
 -- gone), and fence is the last token handed out (the fence; the hash's token if the fence is
 -- gone).
 -- Network: reads only.
+-- Undeclared keys: none (it reads the four declared ones).
 return run(function()
   W.readonly = true
   local v = read(k.lock, 'HMGET', 'owner', 'count', 'token', 'since', 'meta')
