@@ -240,3 +240,17 @@ end
 local function clock_value(v)
   return fmt(v) .. '|' .. fmt(now_ms())
 end
+
+-- Whether a clock stored as `stored` (advancing by at most `cap`) is to be stored again now.
+-- A reading taken less than cap/10 after the stored one is the stored reading plus the real
+-- time since, which any later reading computes again from the stored one: storing it changes
+-- no judgement, and skipping the write keeps it off the hand-off's path. A later reading (or
+-- one after a backward step of the server clock, so that the clock runs on from the new real
+-- time) is stored: after a long quiet spell the clock then runs at most cap/10 behind a clock
+-- stored by every run, so a dead waiter is found dead at most that much later.
+local function clock_due(stored, cap)
+  local r = tonumber(string.match(stored or '', '|(%d+)$'))
+  if not r then return true end
+  local since = now_ms() - r
+  return since < 0 or since > (cap or CAP) / 10
+end

@@ -23,12 +23,14 @@ local function read_lock()
            vcap = math.min(tonumber(v[8]) or CAP, CAP), unread = not v[1] }
 end
 
--- The last token handed out as far as this run can tell (the fence, or the hash's token when
--- the fence is gone; 0 when both are): every grant made after this run has a greater token, so
+-- The last token handed out as far as this run can tell (the hash's token, or the fence when
+-- the hash is gone; 0 when both are): every grant made after this run has a greater token, so
 -- a waiter that reads it knows which grants came after its request (see the client's
 -- `judge_handoff` (src/lease_estimate.rs)).
 local function last_token(h)
-  return math.max(h.token or 0, read_fence() or 0)
+  -- every take writes the fence and the hash's token together, so a hash with a token holds
+  -- the fence's value (or a greater one, when the fence alone was evicted)
+  return h.token or read_fence() or 0
 end
 
 -- ---- wake lists -----------------------------------------------------------------------------
@@ -208,7 +210,7 @@ local function waiter_entry(owner)
     W.cap = math.min(tonumber(v[4]) or CAP, CAP)
     W.now, W.tail, W.existed = advance(v[2], W.cap), tonumber(v[3]) or 0, v[2] and true or false
     if v[2] and not W.readonly then
-      redis.call('HSET', k.waiters, '~clock', clock_value(W.now))
+      if clock_due(v[2], W.cap) then redis.call('HSET', k.waiters, '~clock', clock_value(W.now)) end
     elseif not v[2] and v[1] then
       refuse(k.waiters, FOREIGN_WAITERS)
     end
@@ -437,8 +439,10 @@ end
 -- judges a hand-off's deadline moves it on, not only heartbeats.
 local function lock_clock(h)
   local now = advance(h.vc, h.vcap)
-  h.vc = clock_value(now)
-  redis.call('HSET', k.lock, 'vc', h.vc)
+  if clock_due(h.vc, h.vcap) then
+    h.vc = clock_value(now)
+    redis.call('HSET', k.lock, 'vc', h.vc)
+  end
   return now
 end
 
