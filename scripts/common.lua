@@ -62,10 +62,11 @@
 -- on it (field ~cap of the waiters hash, field vcap of the lock hash for a hand-off's clock), so
 -- a client with a long timeout cannot, after a step, advance it by more than a short-timeout
 -- waiter's whole timeout. Every script that judges waiters or a hand-off stores the reading it
--- took (acquire, release, leave, force_unlock, heartbeat; not status, which only reads), so the
--- clock moves on with whatever traffic the lock has: a dead waiter is found dead by the next
--- call after its deadline however that call came (a cron job's try_lock), not only by another
--- waiter's heartbeat. Leases are Redis TTLs: a forward step of the server clock shortens them
+-- took once it is due (clock_due: cap/10 after the stored one, or after a backward step), by
+-- acquire, release, leave, force_unlock or heartbeat (not status, which only reads), so the
+-- clock moves on with whatever traffic the lock has: a dead waiter is found dead by a call at
+-- most cap/10 after its deadline however that call came (a cron job's try_lock), not only by
+-- another waiter's heartbeat. Leases are Redis TTLs: a forward step of the server clock shortens them
 -- (README: Limits).
 --
 -- Foreign data. Another program's data at a lock's key is never modified: every key is read or
