@@ -1,6 +1,7 @@
 //! [`LockClient`]: connections, configuration and the background threads of one client.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,10 +111,20 @@ impl Default for Config {
 ///     .build()?;
 /// # Ok::<(), fairlock::Error>(())
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct LockClientBuilder {
     url: String,
     config: Config,
+}
+
+/// The URL without its password ([`redact_url`](crate::redact_url)).
+impl fmt::Debug for LockClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClientBuilder")
+            .field("url", &crate::redact::redact_url(&self.url))
+            .field("config", &self.config)
+            .finish()
+    }
 }
 
 impl LockClientBuilder {
@@ -402,6 +413,17 @@ pub(crate) fn validate_lease(setting: &'static str, lease: Duration) -> Result<(
 #[derive(Clone)]
 pub struct LockClient {
     pub(crate) inner: Arc<ClientInner>,
+}
+
+/// The client id, the URL without its password and the settings.
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("id", &self.inner.id)
+            .field("url", &crate::redact::redact_url(&self.inner.url))
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
 }
 
 pub(crate) struct ClientInner {

@@ -386,10 +386,7 @@ impl Manager {
         read_timeout: Duration,
         failover_timeout: Duration,
     ) -> Result<Manager> {
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: url.to_string(),
-            reason,
-        };
+        let invalid = |reason: String| Error::invalid_url(url, reason);
         let (target, patience) = match url.strip_prefix(SENTINEL_SCHEME) {
             Some(rest) => {
                 let (hosts, name) = rest.split_once('/').unwrap_or((rest, ""));

@@ -24,7 +24,9 @@ pub enum Error {
     },
     /// The Redis URL could not be parsed.
     InvalidUrl {
-        /// The URL as given.
+        /// The URL as given, with its password replaced by `***` ([`redact_url`]).
+        ///
+        /// [`redact_url`]: crate::redact_url
         url: String,
         /// What the parser said.
         reason: String,
@@ -52,6 +54,8 @@ pub enum Error {
     /// A key that fairlock uses for this lock holds data of another type, written by someone else.
     /// fairlock leaves that data untouched.
     ForeignData {
+        /// The key that holds the other program's data, when the server named it.
+        key: Option<String>,
         /// The server's explanation, naming the key.
         detail: String,
     },
@@ -137,7 +141,7 @@ impl fmt::Display for Error {
                 f,
                 "Redis {version} is too old: fairlock needs Redis 6.2 or newer"
             ),
-            Error::ForeignData { detail } => write!(f, "{detail}"),
+            Error::ForeignData { detail, .. } => write!(f, "{detail}"),
             Error::NotReplicated { name, acked, wanted } => write!(
                 f,
                 "the grant of lock {name:?} reached {acked} of the {wanted} replicas asked for in time, so a failover could lose it; it was given up (passed on): check the replicas, then retry"
@@ -185,8 +189,74 @@ impl std::error::Error for Error {
     }
 }
 
+/// What kind of failure an [`Error`] is, and so what a caller can do about it
+/// ([`Error::kind`]). New kinds may be added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A name, setting or URL the caller gave is unusable ([`Error::InvalidName`],
+    /// [`Error::InvalidConfig`], [`Error::InvalidUrl`]): fix the input; retrying cannot help.
+    InvalidInput,
+    /// Redis is unreachable, failing over, or could not make a grant safe just now
+    /// ([`Error::Connection`], [`Error::NotReplicated`]): retrying later may work.
+    Unavailable,
+    /// The server cannot serve fairlock as configured ([`Error::NotRedis`],
+    /// [`Error::UnsupportedServer`], [`Error::UnsafeServer`]): fix the server or the URL.
+    Server,
+    /// Another program's data sits at one of the lock's keys ([`Error::ForeignData`]): choose
+    /// another lock name or key prefix.
+    ForeignData,
+    /// The hold was not (or no longer) the lock's owner ([`Error::NotHeld`]): its lease ran out
+    /// or it was force-released; whatever it protected may have been touched by another owner.
+    NotHeld,
+    /// The wait was given up by a [`WaitCanceller`](crate::WaitCanceller)
+    /// ([`Error::Abandoned`]): an outcome the caller asked for, not a failure.
+    Abandoned,
+    /// This client cannot be used in this process any more ([`Error::Forked`]), or the
+    /// operating system refused a thread ([`Error::Io`]).
+    Client,
+    /// Redis answered in a way fairlock did not expect ([`Error::Redis`],
+    /// [`Error::Protocol`]): another fairlock version under the same key prefix, a server
+    /// that restricts commands, or a bug; the message says what came back.
+    Unexpected,
+}
+
 impl Error {
-    /// True when the error came from the network or server availability, so retrying later may work.
+    /// The kind of failure, for callers that react by kind rather than by variant.
+    ///
+    /// ```
+    /// use fairlock::{Error, ErrorKind};
+    /// let e = Error::NotReplicated { name: "job".into(), acked: 0, wanted: 1 };
+    /// assert_eq!(e.kind(), ErrorKind::Unavailable);
+    /// assert!(e.is_retryable());
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidName { .. } | Error::InvalidConfig { .. } | Error::InvalidUrl { .. } => {
+                ErrorKind::InvalidInput
+            }
+            Error::Connection { .. } | Error::NotReplicated { .. } => ErrorKind::Unavailable,
+            Error::NotRedis { .. }
+            | Error::UnsupportedServer { .. }
+            | Error::UnsafeServer { .. } => ErrorKind::Server,
+            Error::ForeignData { .. } => ErrorKind::ForeignData,
+            Error::NotHeld { .. } => ErrorKind::NotHeld,
+            Error::Abandoned { .. } => ErrorKind::Abandoned,
+            Error::Forked | Error::Io { .. } => ErrorKind::Client,
+            Error::Redis(_) | Error::Protocol { .. } => ErrorKind::Unexpected,
+        }
+    }
+
+    /// Whether the same call may succeed later unchanged: the [`ErrorKind::Unavailable`]
+    /// errors (Redis unreachable or failing over, a grant too few replicas acknowledged).
+    /// Nothing is held after such an error.
+    pub fn is_retryable(&self) -> bool {
+        self.kind() == ErrorKind::Unavailable
+    }
+
+    /// True when the error is [`Error::Connection`]: Redis could not be reached, the
+    /// connection broke, or it did not answer in time. See also [`Error::is_retryable`],
+    /// which covers every error worth retrying.
     pub fn is_connection(&self) -> bool {
         matches!(self, Error::Connection { .. })
     }
@@ -244,16 +314,19 @@ impl Error {
         // A script's `redis.error_reply('FOREIGN key ...')` arrives as a server error with code
         // FOREIGN, which the redis crate displays as `"FOREIGN": key ...`: match on the code.
         if e.code() == Some("FOREIGN") {
+            let detail = e
+                .detail()
+                .unwrap_or("a key of this lock holds foreign data")
+                .to_string();
             return Error::ForeignData {
-                detail: e
-                    .detail()
-                    .unwrap_or("a key of this lock holds foreign data")
-                    .to_string(),
+                key: foreign_key(&detail),
+                detail,
             };
         }
         // Outside the scripts (which refuse foreign data themselves), e.g. `is_locked`'s read.
         if e.code() == Some("WRONGTYPE") {
             return Error::ForeignData {
+                key: None,
                 detail: format!("a key of this lock holds data of another type ({e}); another program uses it: choose another name or key prefix"),
             };
         }
@@ -273,6 +346,22 @@ impl Error {
     pub(crate) fn protocol(detail: String) -> Error {
         Error::Protocol { detail }
     }
+
+    /// An invalid URL, named without its password.
+    pub(crate) fn invalid_url(url: &str, reason: String) -> Error {
+        Error::InvalidUrl {
+            url: crate::redact::redact_url(url),
+            reason,
+        }
+    }
+}
+
+/// The key a script's refusal names: its message is `key <key> holds <what>; ...` (see
+/// `refuse` in scripts/common.lua; what a key holds never says " holds ").
+fn foreign_key(detail: &str) -> Option<String> {
+    let rest = detail.strip_prefix("key ")?;
+    let end = rest.rfind(" holds ")?;
+    Some(rest[..end].to_string())
 }
 
 /// What a server error says about a failover in progress, if it is one: the node was demoted to a
@@ -305,3 +394,106 @@ pub(crate) fn failover_error(e: &redis::RedisError) -> Option<&'static str> {
 
 /// The result type of fairlock.
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error the redis crate makes of the server's error reply `-<line>`.
+    fn server_error(line: &str) -> redis::RedisError {
+        let reply = redis::parse_redis_value(format!("-{line}\r\n").as_bytes())
+            .expect("an error reply parses");
+        reply
+            .extract_error()
+            .expect_err("an error reply is an error")
+    }
+
+    #[test]
+    fn a_scripts_refusal_becomes_foreign_data_naming_its_key() {
+        let e = Error::from_redis(
+            "acquiring",
+            server_error("FOREIGN key fairlock:{a b}:queue holds a zset whose members are not fairlock owners; another program uses this key"),
+        );
+        match &e {
+            Error::ForeignData { key, .. } => {
+                assert_eq!(key.as_deref(), Some("fairlock:{a b}:queue"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(e.kind(), ErrorKind::ForeignData);
+        assert!(!e.is_retryable());
+    }
+
+    #[test]
+    fn the_key_of_a_refusal_is_read_only_from_the_scripts_form() {
+        assert_eq!(
+            foreign_key("key p:{x} holds a list but fairlock expects a hash"),
+            Some("p:{x}".into())
+        );
+        assert_eq!(foreign_key("something else"), None);
+        assert_eq!(foreign_key("key without the verb"), None);
+    }
+
+    #[test]
+    fn unavailability_is_retryable_and_nothing_else_is() {
+        let unavailable = [
+            Error::Connection {
+                during: "x",
+                detail: "y".into(),
+                source: None,
+            },
+            Error::NotReplicated {
+                name: "n".into(),
+                acked: 0,
+                wanted: 1,
+            },
+            Error::from_redis(
+                "x",
+                redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+            ),
+        ];
+        for e in unavailable {
+            assert!(e.is_retryable(), "{e:?}");
+        }
+        let final_ = [
+            Error::InvalidName {
+                name: "".into(),
+                reason: "empty",
+            },
+            Error::invalid_url("redis://u:pw@h:x/", "bad port".into()),
+            Error::NotHeld {
+                name: "n".into(),
+                holder: None,
+            },
+            Error::Abandoned { name: "n".into() },
+            Error::Forked,
+            Error::protocol("odd".into()),
+            Error::from_redis("x", server_error("ERR odd")),
+        ];
+        for e in final_ {
+            assert!(!e.is_retryable(), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn failovers_are_connection_errors() {
+        for code in [
+            "READONLY",
+            "MASTERDOWN",
+            "TRYAGAIN",
+            "CLUSTERDOWN",
+            "LOADING",
+        ] {
+            let e = Error::from_redis("x", server_error(&format!("{code} now")));
+            assert!(e.is_connection(), "{code}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn an_invalid_url_is_named_without_its_password() {
+        let e = Error::invalid_url("redis://u:supersecret@h:notaport/", "bad port".into());
+        assert!(!e.to_string().contains("supersecret"), "{e}");
+        assert!(!format!("{e:?}").contains("supersecret"), "{e:?}");
+        assert!(e.to_string().contains("redis://u:***@h:notaport/"), "{e}");
+    }
+}

@@ -41,6 +41,7 @@
 //!    `attempt`, one acquire call that may wait (the wake-up path).
 
 #![warn(missing_docs)]
+#![warn(missing_debug_implementations)]
 
 mod attempt;
 mod boot_clock;
@@ -56,6 +57,7 @@ mod limits;
 mod lock;
 mod master_watch;
 pub mod raw;
+mod redact;
 mod sentinel;
 mod server_check;
 mod status;
@@ -63,9 +65,10 @@ mod waker;
 mod watchdog;
 
 pub use client::{Config, LockClient, LockClientBuilder, WaitMode};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use guard::LockGuard;
 pub use keys::validate_name;
 pub use limits::{DEFAULT_LEASE, MAX_LEASE, MAX_NAME_LEN, MAX_PREFIX_LEN, MIN_LEASE};
 pub use lock::{FairLock, WaitCanceller};
+pub use redact::redact_url;
 pub use status::{Holder, LockStatus, Origin, Waiter};

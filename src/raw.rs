@@ -13,6 +13,7 @@
 //! every acquire call of a client: scripts act on an owner's queue entry or hold only for the
 //! attempt they were sent for, so a request that arrives after its sender moved on does nothing.
 
+use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -187,6 +188,17 @@ pub struct Script {
     function: String,
 }
 
+/// The script's name, SHA1 and function name (not its code).
+impl fmt::Debug for Script {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Script")
+            .field("name", &self.name)
+            .field("sha", &self.sha)
+            .field("function", &self.function)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Script {
     fn new(source: &Source) -> Script {
         let state = if source.state { STATE } else { "" };
@@ -284,6 +296,18 @@ pub struct Call<T> {
     cmd: redis::Cmd,
     parse: fn(Value) -> Result<T>,
     during: &'static str,
+}
+
+/// The script's name, how it is run and what it is for (the arguments may name owners and
+/// tokens: left out).
+impl<T> fmt::Debug for Call<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Call")
+            .field("script", &self.script.name)
+            .field("runner", &self.runner)
+            .field("during", &self.during)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<T> Call<T> {

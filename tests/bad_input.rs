@@ -167,9 +167,7 @@ fn an_unreachable_server_is_a_connection_error_within_seconds() {
     let url = format!("redis://127.0.0.1:{}/", support::free_port());
     // with the default settings (2 s connect timeout)
     let start = Instant::now();
-    let e = LockClient::connect(&url)
-        .err()
-        .expect("connected to nobody");
+    let e = LockClient::connect(&url).expect_err("connected to nobody");
     assert!(matches!(e, Error::Connection { .. }), "{e:?}");
     assert!(e.is_connection());
     assert!(

@@ -528,6 +528,34 @@ fn unreachable_server_exits_69_and_redis_url_comes_from_flag_or_env() {
     );
 }
 
+/// A password in the URL never reaches the output, whatever goes wrong (the URL does not
+/// parse, nobody listens, the password is refused).
+#[test]
+fn the_password_in_the_url_is_never_printed() {
+    const SECRET: &str = "supersecret-51c9";
+    let server = RedisServer::start();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", "the-right-one"])
+        .query(&mut server.conn())
+        .unwrap();
+    let port = support::free_port();
+    for url in [
+        format!("redis://u:{SECRET}@127.0.0.1:notaport/"),
+        format!("redis://u:{SECRET}@127.0.0.1:{port}/"),
+        format!("redis+sentinel://u:{SECRET}@127.0.0.1:{port}/"),
+        format!("redis://default:{SECRET}@127.0.0.1:{}/", server.port),
+    ] {
+        for args in [&["run", "job", "--", "true"][..], &["status", "job"]] {
+            let out = run_out(fairlock_at(&url).args(args));
+            assert_ne!(out.code, Some(0), "{url} {args:?}");
+            assert_one_line(&out);
+            for text in [&out.stdout, &out.stderr] {
+                assert!(!text.contains(SECRET), "{args:?}: {text}");
+            }
+        }
+    }
+}
+
 /// Review 3, fault 12: each stop and continue of a waiting process (Ctrl-Z and `fg`, a
 /// debugger, a cgroup freeze) makes its blocked read fail with EINTR, and the wait gave up at
 /// the third such hiccup in its whole life (the failure count was never reset), dropping the

@@ -309,20 +309,10 @@ fn connect(url: &str, name: &str, lease: Duration) -> Result<(LockClient, FairLo
     let client = LockClient::builder(url).lease(lease).build().map_err(|e| {
         let mut f = Failure::from(e);
         if f.code == exit::UNAVAILABLE {
-            f.message = format!("{} (Redis URL {})", f.message, redact(url));
+            f.message = format!("{} (Redis URL {})", f.message, fairlock::redact_url(url));
         }
         f
     })?;
     let lock = client.lock(name)?;
     Ok((client, lock))
-}
-
-/// The URL without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_string(),
-    }
 }

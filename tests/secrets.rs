@@ -1,0 +1,124 @@
+//! No password reaches an error message, a `Debug`, or a log line: every error path that
+//! carries a URL, a server that refuses the password, and a whole lock and unlock with a
+//! password, with every log record of the library captured at trace level.
+
+mod support;
+
+use std::sync::{Mutex, Once};
+use std::time::Duration;
+
+use fairlock::{LockClient, LockClientBuilder};
+use support::RedisServer;
+
+const SECRET: &str = "supersecret-7f3a";
+
+/// Every log record of the process, formatted.
+static LOGGED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+struct Capture;
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record) {
+        let line = format!("{} {}: {}", record.level(), record.target(), record.args());
+        LOGGED.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+    }
+    fn flush(&self) {}
+}
+
+fn capture_logs() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        static CAPTURE: Capture = Capture;
+        log::set_logger(&CAPTURE).expect("no other logger in this test binary");
+        log::set_max_level(log::LevelFilter::Trace);
+    });
+}
+
+/// `text` and every source below it, as printed.
+fn printed(e: &fairlock::Error) -> String {
+    let mut out = format!("{e}\n{e:?}");
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        out.push_str(&format!("\n{s}\n{s:?}"));
+        source = s.source();
+    }
+    out
+}
+
+fn assert_secret_free(what: &str, text: &str) {
+    assert!(!text.contains(SECRET), "{what} shows the password: {text}");
+}
+
+fn quick(url: &str) -> LockClientBuilder {
+    LockClient::builder(url)
+        .connect_timeout(Duration::from_millis(500))
+        .failover_timeout(Duration::from_millis(500))
+}
+
+#[test]
+fn no_error_debug_or_log_line_shows_the_password() {
+    capture_logs();
+    let dead = support::free_port();
+    let urls = [
+        // unparsable
+        format!("redis://u:{SECRET}@127.0.0.1:notaport/"),
+        format!("redis://:{SECRET}@127.0.0.1:{dead}/notadb"),
+        format!("http://u:{SECRET}@127.0.0.1:{dead}/"),
+        format!("redis+sentinel://u:{SECRET}@127.0.0.1:{dead}/"),
+        format!("redis+sentinel://u:{SECRET}@/main"),
+        format!("redis+cluster://u:{SECRET}@127.0.0.1:{dead}/db"),
+        format!("redis+cluster://u:{SECRET}@/"),
+        format!("unix:///nonexistent/redis.sock?pass={SECRET}"),
+        // well formed, nobody listens
+        format!("redis://u:{SECRET}@127.0.0.1:{dead}/"),
+        format!("redis+sentinel://u:{SECRET}@127.0.0.1:{dead}/main"),
+        format!("redis+cluster://u:{SECRET}@127.0.0.1:{dead}/"),
+    ];
+    for url in &urls {
+        let builder = quick(url);
+        assert_secret_free("the builder's Debug", &format!("{builder:?}"));
+        let e = builder.build().expect_err(url);
+        assert_secret_free(url, &printed(&e));
+    }
+
+    // a user whose password is the secret: refused with another one, then connected
+    let server = RedisServer::start();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "app",
+            "on",
+            &format!(">{SECRET}"),
+            "~*",
+            "&*",
+            "+@all",
+        ])
+        .query(&mut server.conn())
+        .unwrap();
+    let wrong = format!("redis://app:{SECRET}-not@127.0.0.1:{}/", server.port);
+    let e = quick(&wrong).build().expect_err("the wrong password");
+    assert_secret_free("a refused password", &printed(&e));
+    let url = format!("redis://app:{SECRET}@127.0.0.1:{}/", server.port);
+    let client = quick(&url).build().expect("the right password");
+    assert_secret_free("the client's Debug", &format!("{client:?}"));
+    let lock = client.lock("secrets").unwrap();
+    assert_secret_free("the lock's Debug", &format!("{lock:?}"));
+    let guard = lock.lock().unwrap();
+    assert_secret_free("the guard's Debug", &format!("{guard:?}"));
+    // a second thread waits, so the wake-up path (and its connections) logs too
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| lock.lock().map(|g| g.fencing_token()));
+        std::thread::sleep(Duration::from_millis(100));
+        drop(guard);
+        waiter.join().unwrap().unwrap();
+    });
+    drop(client);
+
+    let logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+    for line in logged.iter() {
+        assert_secret_free("a log line", line);
+    }
+}
