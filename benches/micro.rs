@@ -30,12 +30,14 @@ fn micro(c: &mut Criterion) {
         b.iter(|| trivial.prepare_invoke().invoke::<i64>(&mut conn).unwrap())
     });
 
-    let lock = client.lock(&format!("micro-uncontended-{run}")).unwrap();
+    let lock = client
+        .fair_lock(&format!("micro-uncontended-{run}"))
+        .unwrap();
     g.bench_function("fairlock_uncontended", |b| {
         b.iter(|| lock.lock().unwrap().unlock().unwrap())
     });
 
-    let lock = client.lock(&format!("micro-reentrant-{run}")).unwrap();
+    let lock = client.fair_lock(&format!("micro-reentrant-{run}")).unwrap();
     let outer = lock.lock().unwrap();
     g.bench_function("fairlock_reentrant", |b| {
         b.iter(|| lock.lock().unwrap().unlock().unwrap())

@@ -53,7 +53,7 @@ fn parse_grant(line: &str) -> Option<Grant> {
 
 fn parent(url: &str) -> Result<()> {
     let client = LockClient::connect(url)?;
-    let lock = client.lock(LOCK)?;
+    let lock = client.fair_lock(LOCK)?;
     let mut redis = redis::Client::open(url)
         .and_then(|c| c.get_connection())
         .map_err(|e| fairlock::Error::Connection {
@@ -200,7 +200,7 @@ fn worker(url: &str, round: &str, threads: &str, iterations: &str) -> Result<()>
             std::thread::Builder::new()
                 .name(format!("worker-{t}"))
                 .spawn(move || -> Result<()> {
-                    let lock = client.lock(LOCK)?;
+                    let lock = client.fair_lock(LOCK)?;
                     let mut redis = redis::Client::open(url.as_str())
                         .and_then(|c| c.get_connection())
                         .map_err(|e| fairlock::Error::Connection {

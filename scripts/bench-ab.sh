@@ -45,7 +45,7 @@ build_driver() {
     # revision's fairlock for fresh there, so its fingerprints go first, and the driver is
     # kept in the worktree.
     rm -rf "$shared_target"/release/.fingerprint/fairlock-*
-    (cd "$dir" && CARGO_TARGET_DIR="$shared_target" cargo bench --quiet --no-run --bench driver >&2)
+    (cd "$dir" && CARGO_TARGET_DIR="$shared_target" cargo bench --quiet --all-features --no-run --bench driver >&2)
     cp "$(find "$shared_target/release/deps" -maxdepth 1 -type f -name 'driver-*' ! -name '*.d' \
       -printf '%T@ %p\n' | sort -n | tail -n1 | cut -d' ' -f2)" "$dir/driver"
   fi

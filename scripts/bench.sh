@@ -33,8 +33,8 @@ while [ $# -gt 0 ]; do
 done
 
 ensure_redis_server
-echo "== building the benchmarks (cargo bench --no-run)" >&2
-cargo bench --quiet --no-run >&2
+echo "== building the benchmarks (cargo bench --all-features --no-run)" >&2
+cargo bench --quiet --all-features --no-run >&2
 
 target_dir=$(cargo metadata --format-version 1 --no-deps 2>/dev/null |
   sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
@@ -82,9 +82,9 @@ else
 fi
 if [ ${#only[@]} -eq 0 ] || [[ ",${only[1]}," == *,micro,* ]]; then
   echo "== criterion micro benchmarks" >&2
-  cargo bench --quiet --bench micro -- --noplot "${criterion_args[@]}" >&2
+  cargo bench --quiet --all-features --bench micro -- --noplot "${criterion_args[@]}" >&2
 fi
 
 echo "== driver${quick:+ (quick)}" >&2
 mkdir -p "$(dirname "$out")"
-cargo bench --quiet --bench driver -- $quick --out "$out" --criterion "$target_dir/criterion" "${only[@]}"
+cargo bench --quiet --all-features --bench driver -- $quick --out "$out" --criterion "$target_dir/criterion" "${only[@]}"

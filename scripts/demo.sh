@@ -8,7 +8,7 @@ source scripts/lib.sh
 
 ensure_redis_server
 echo "== building the demo and the command-line tool"
-cargo build --quiet --release --example demo --bin fairlock
+cargo build --quiet --release --features cli --example demo --bin fairlock
 FAIRLOCK=target/release/fairlock
 
 start_redis DEMO

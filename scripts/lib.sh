@@ -46,7 +46,7 @@ require_count() {
 
 # run_long_mode TEST NAME: the ignored test NAME of tests/TEST.rs (a long mode), release build.
 run_long_mode() {
-  cargo test --release --test "$1" -- --ignored --exact "$2" --nocapture
+  cargo test --release --all-features --test "$1" -- --ignored --exact "$2" --nocapture
 }
 
 # A free loopback TCP port (nothing answers on it), below the kernel's ephemeral range

@@ -21,7 +21,7 @@ rounds=${1:-3}
 require_count "$rounds" "usage: scripts/lua-cost.sh [ROUNDS]"
 ensure_redis_server
 command -v redis-benchmark >/dev/null || { echo "lua-cost.sh: redis-benchmark is missing" >&2; exit 1; }
-lua() { cargo run --quiet --example lua_code -- "$1"; }
+lua() { cargo run --quiet --features raw --example lua_code -- "$1"; }
 lua library >/dev/null # build once, before the server starts
 start_redis COST
 trap 'stop_redis "$COST_PID" "$COST_DIR"' EXIT

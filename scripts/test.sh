@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: formatting, lints, unit, integration and doc tests against real
-# redis-server processes that the tests start and stop themselves.
+# Runs the whole test suite: formatting, lints (the library alone and everything with every
+# feature), the docs, the declared MSRV's build, then unit, integration and doc tests against
+# real redis-server processes that the tests start and stop themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -10,8 +11,18 @@ ensure_test_tools
 echo "== cargo fmt --check"
 cargo fmt --check
 
-echo "== cargo clippy --all-targets -- -D warnings"
-cargo clippy --quiet --all-targets -- -D warnings
+echo "== cargo clippy: the library alone, then every target with every feature (-D warnings)"
+cargo clippy --quiet --lib -- -D warnings
+cargo clippy --quiet --all-targets --all-features -- -D warnings
 
-echo "== cargo test"
-cargo test "$@"
+echo "== cargo doc --all-features (-D warnings)"
+RUSTDOCFLAGS="-D warnings" cargo doc --quiet --no-deps --all-features
+
+echo "== the declared MSRV builds the library and the CLI"
+scripts/msrv.sh
+
+echo "== cargo test --lib: the library alone (no feature)"
+cargo test --quiet --lib
+
+echo "== cargo test --all-features"
+cargo test --all-features "$@"

@@ -404,7 +404,7 @@ pub(crate) fn validate_lease(setting: &'static str, lease: Duration) -> Result<(
 ///
 /// ```no_run
 /// let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
-/// let lock = client.lock("orders:close-unpaid")?;
+/// let lock = client.fair_lock("orders:close-unpaid")?;
 /// let guard = lock.lock()?;
 /// println!("fencing token {}", guard.fencing_token());
 /// guard.unlock()?;

@@ -96,7 +96,7 @@ impl LockGuard {
     /// by another owner, a release or re-entry found it lost, or the lease ran out by the local
     /// estimate (a fixed lease's end, or Redis unreachable for longer than the lease). Work done
     /// under a lost lock is not protected any more: stop, and rely on the fencing token. Local:
-    /// no call to Redis (see [`LockGuard::is_held`] for one).
+    /// no call to Redis (see [`LockGuard::is_held_in_redis`] for one).
     pub fn is_lost(&self) -> bool {
         self.hold.is_lost()
     }
@@ -118,7 +118,7 @@ impl LockGuard {
     /// # Errors
     /// [`Error::Connection`] when Redis cannot be reached, [`Error::ForeignData`] when another
     /// program's data sits at the lock's key.
-    pub fn is_held(&self) -> Result<bool> {
+    pub fn is_held_in_redis(&self) -> Result<bool> {
         self.lock.owns(self.hold.token)
     }
 
@@ -148,7 +148,7 @@ impl LockGuard {
     /// ```no_run
     /// # use std::time::Duration;
     /// # let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
-    /// let job = client.lock("close-unpaid-orders")?.with_fixed_lease(Duration::from_secs(60))?;
+    /// let job = client.fair_lock("close-unpaid-orders")?.with_fixed_lease(Duration::from_secs(60))?;
     /// if let Some(guard) = job.try_lock()? {
     ///     // close the unpaid orders; no other server runs this within the next minute
     ///     guard.leak();

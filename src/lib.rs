@@ -8,7 +8,7 @@
 //! use std::time::Duration;
 //!
 //! let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
-//! let lock = client.lock("orders:close-unpaid")?;
+//! let lock = client.fair_lock("orders:close-unpaid")?;
 //!
 //! let guard = lock.lock()?;                       // waits in FIFO order
 //! let token = guard.fencing_token();              // strictly increasing per lock name
@@ -56,7 +56,13 @@ mod lease_estimate;
 mod limits;
 mod lock;
 mod master_watch;
+#[cfg(feature = "raw")]
 pub mod raw;
+// Without the feature the protocol is the library's own; some of its calls serve only the
+// fuzzer, the benchmarks and tools.
+#[cfg(not(feature = "raw"))]
+#[allow(dead_code)]
+mod raw;
 mod redact;
 mod sentinel;
 mod server_check;
@@ -71,4 +77,6 @@ pub use keys::validate_name;
 pub use limits::{DEFAULT_LEASE, MAX_LEASE, MAX_NAME_LEN, MAX_PREFIX_LEN, MIN_LEASE};
 pub use lock::{FairLock, WaitCanceller};
 pub use redact::redact_url;
+/// The redis crate, whose types [`Error::Redis`] and the `raw` feature's calls carry.
+pub use redis;
 pub use status::{Holder, LockStatus, Origin, Waiter};

@@ -60,7 +60,7 @@ enum LeaseMode {
 /// ```no_run
 /// use std::time::Duration;
 /// let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
-/// let lock = client.lock("orders:close-unpaid")?;
+/// let lock = client.fair_lock("orders:close-unpaid")?;
 /// if let Some(guard) = lock.try_lock_for(Duration::from_secs(5))? {
 ///     // ... critical section; pass guard.fencing_token() to the resource ...
 ///     guard.unlock()?;
@@ -91,7 +91,7 @@ impl LockClient {
     ///
     /// # Errors
     /// [`Error::InvalidName`] for a name that cannot be a key (see [`validate_name`](crate::validate_name)).
-    pub fn lock(&self, name: &str) -> Result<FairLock> {
+    pub fn fair_lock(&self, name: &str) -> Result<FairLock> {
         FairLock::new(self.inner.clone(), name)
     }
 }
@@ -120,7 +120,7 @@ impl FairLock {
     /// ```no_run
     /// # use std::time::Duration;
     /// # let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
-    /// let job = client.lock("close-unpaid-orders")?.with_fixed_lease(Duration::from_secs(5))?;
+    /// let job = client.fair_lock("close-unpaid-orders")?.with_fixed_lease(Duration::from_secs(5))?;
     /// if let Some(guard) = job.try_lock()? {
     ///     // run the job, then keep the lock for the rest of the 5 s so no server runs it again
     ///     guard.leak();
@@ -212,7 +212,7 @@ impl FairLock {
     ///
     /// # Errors
     /// [`Error::Connection`] when Redis cannot be reached.
-    pub fn is_held_by_current_thread(&self) -> Result<bool> {
+    pub fn is_owned_by_current_thread(&self) -> Result<bool> {
         Ok(self.hold_count()? > 0)
     }
 
@@ -403,7 +403,7 @@ pub(crate) fn ms(v: i64) -> Duration {
 ///
 /// ```no_run
 /// # let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
-/// let lock = client.lock("nightly-report")?;
+/// let lock = client.fair_lock("nightly-report")?;
 /// let (tx, rx) = std::sync::mpsc::channel();
 /// let waiter = std::thread::spawn(move || {
 ///     tx.send(lock.wait_canceller()).unwrap();

@@ -41,7 +41,7 @@ fn bad_lock_names_are_refused_with_the_reason() {
         ("line\nbreak", "control"),
         ("nul\0", "control"),
     ] {
-        match client.lock(name) {
+        match client.fair_lock(name) {
             Err(e @ Error::InvalidName { .. }) => {
                 let msg = e.to_string();
                 assert!(msg.contains(why), "{name:?}: {msg}");
@@ -57,7 +57,7 @@ fn bad_lock_names_are_refused_with_the_reason() {
         "a:b:c".into(),
         "zürich 東京".into(),
     ] {
-        let lock = client.lock(&name).unwrap();
+        let lock = client.fair_lock(&name).unwrap();
         lock.lock().unwrap().unlock().unwrap();
     }
     // nothing was written for the refused names
@@ -120,7 +120,7 @@ fn bad_settings_are_refused_before_connecting() {
     // per-handle leases too
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("leases").unwrap();
+    let lock = client.fair_lock("leases").unwrap();
     for bad in [
         Duration::ZERO,
         Duration::from_millis(1),
@@ -326,7 +326,7 @@ fn foreign_data_at_a_locks_keys_is_reported_by_key_and_left_untouched() {
     }
 
     for (name, key, _, _) in foreign {
-        let lock = client.lock(name).unwrap();
+        let lock = client.fair_lock(name).unwrap();
         let results: Vec<(&str, fairlock::Result<()>)> = vec![
             ("lock", lock.lock().map(|_| ())),
             ("try_lock", lock.try_lock().map(|_| ())),
@@ -383,7 +383,7 @@ fn foreign_data_at_the_left_marks_key_is_reported_with_the_type_expected() {
         .arg("mine")
         .query(&mut c)
         .unwrap();
-    let lock = client.lock("marks").unwrap();
+    let lock = client.fair_lock("marks").unwrap();
     match lock.try_lock() {
         Err(e @ Error::ForeignData { .. }) => {
             let msg = e.to_string();

@@ -17,7 +17,7 @@ const SECS_5: Duration = Duration::from_secs(5);
 fn lock_and_unlock_leave_only_the_fence_and_a_tombstone_that_expires() {
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("basic").unwrap();
+    let lock = client.fair_lock("basic").unwrap();
     assert!(!lock.is_locked().unwrap());
 
     let guard = lock.lock().unwrap();
@@ -25,10 +25,10 @@ fn lock_and_unlock_leave_only_the_fence_and_a_tombstone_that_expires() {
     let first = guard.fencing_token();
     assert!(first > 0);
     assert_eq!(guard.hold_count(), 1);
-    assert!(guard.is_held().unwrap());
+    assert!(guard.is_held_in_redis().unwrap());
     assert!(!guard.is_lost());
     assert!(lock.is_locked().unwrap());
-    assert!(lock.is_held_by_current_thread().unwrap());
+    assert!(lock.is_owned_by_current_thread().unwrap());
     assert_eq!(lock.hold_count().unwrap(), 1);
     assert_eq!(
         server.lock_keys("basic"),
@@ -40,7 +40,7 @@ fn lock_and_unlock_leave_only_the_fence_and_a_tombstone_that_expires() {
 
     guard.unlock().unwrap();
     assert!(!lock.is_locked().unwrap());
-    assert!(!lock.is_held_by_current_thread().unwrap());
+    assert!(!lock.is_owned_by_current_thread().unwrap());
     assert_eq!(lock.hold_count().unwrap(), 0);
     server.assert_released_keys("basic");
     // every key expires: the fence after the fence TTL (default 7 days; tokens rise without it,
@@ -70,7 +70,7 @@ fn lock_and_unlock_leave_only_the_fence_and_a_tombstone_that_expires() {
 fn contended_session_leaves_no_queue_waiter_or_wake_keys() {
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("busy").unwrap();
+    let lock = client.fair_lock("busy").unwrap();
     let inside = Arc::new(AtomicU32::new(0));
     let acquisitions = Arc::new(AtomicU32::new(0));
     let holder = lock.lock().unwrap();
@@ -129,7 +129,7 @@ fn contended_session_leaves_no_queue_waiter_or_wake_keys() {
 fn reentrancy_depth_three_makes_another_thread_wait_for_all_three_releases() {
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("reentrant").unwrap();
+    let lock = client.fair_lock("reentrant").unwrap();
 
     let g1 = lock.lock().unwrap();
     let g2 = lock.lock().unwrap();
@@ -188,7 +188,7 @@ fn reentrancy_depth_three_makes_another_thread_wait_for_all_three_releases() {
 fn late_release_after_expiry_is_refused_and_the_new_owner_keeps_the_lock() {
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("late").unwrap();
+    let lock = client.fair_lock("late").unwrap();
     let short = lock.with_fixed_lease(Duration::from_millis(200)).unwrap();
 
     let old = short.lock().unwrap();
@@ -198,7 +198,7 @@ fn late_release_after_expiry_is_refused_and_the_new_owner_keeps_the_lock() {
         "fixed lease never ran out"
     );
     assert!(old.is_lost());
-    assert!(!old.is_held().unwrap());
+    assert!(!old.is_held_in_redis().unwrap());
 
     // another thread takes it and keeps it while the old guard tries to release
     let (took_tx, took_rx) = mpsc::channel();
@@ -213,7 +213,7 @@ fn late_release_after_expiry_is_refused_and_the_new_owner_keeps_the_lock() {
                 .unwrap();
             done_rx.recv_timeout(Duration::from_secs(20)).unwrap();
             assert!(
-                g.is_held().unwrap(),
+                g.is_held_in_redis().unwrap(),
                 "new owner lost the lock to a late release"
             );
             g.unlock().unwrap();
@@ -245,7 +245,7 @@ fn release_of_an_expired_free_lock_is_refused_and_changes_nothing() {
     let server = RedisServer::start();
     let client = support::client(&server);
     let lock = client
-        .lock("expired")
+        .fair_lock("expired")
         .unwrap()
         .with_fixed_lease(Duration::from_millis(200))
         .unwrap();
@@ -272,15 +272,15 @@ fn force_unlock_makes_the_old_guards_release_fail_and_its_watchdog_never_renews_
     let a = support::client_with_url(&server.url(), |b| b.lease(Duration::from_millis(900)));
     let b = support::client(&server);
     let admin = support::client(&server);
-    let lock_a = a.lock("forced").unwrap();
+    let lock_a = a.fair_lock("forced").unwrap();
     let lock_b = b
-        .lock("forced")
+        .fair_lock("forced")
         .unwrap()
         .with_fixed_lease(Duration::from_millis(1000))
         .unwrap();
 
     let ga = lock_a.lock().unwrap();
-    let former = admin.lock("forced").unwrap().force_unlock().unwrap();
+    let former = admin.fair_lock("forced").unwrap().force_unlock().unwrap();
     assert_eq!(former.as_deref(), Some(a.current_owner().as_str()));
     assert!(!lock_a.is_locked().unwrap());
 
@@ -304,7 +304,7 @@ fn force_unlock_makes_the_old_guards_release_fail_and_its_watchdog_never_renews_
         eventually(SECS_5, || ga.is_lost()),
         "A's guard not marked lost"
     );
-    assert!(!ga.is_held().unwrap());
+    assert!(!ga.is_held_in_redis().unwrap());
     assert!(matches!(ga.unlock(), Err(Error::NotHeld { .. })));
     // B's fixed lease runs out on time (nobody renewed it)
     assert!(eventually(SECS_5, || !lock_b.is_locked().unwrap()));
@@ -312,14 +312,17 @@ fn force_unlock_makes_the_old_guards_release_fail_and_its_watchdog_never_renews_
         gb.unlock(),
         Err(Error::NotHeld { holder: None, .. })
     ));
-    assert_eq!(admin.lock("forced").unwrap().force_unlock().unwrap(), None);
+    assert_eq!(
+        admin.fair_lock("forced").unwrap().force_unlock().unwrap(),
+        None
+    );
 }
 
 #[test]
 fn try_lock_never_waits_and_never_queues() {
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("try").unwrap();
+    let lock = client.fair_lock("try").unwrap();
 
     let g = lock.try_lock().unwrap().expect("free lock");
     let token = g.fencing_token();
@@ -350,7 +353,7 @@ fn try_lock_never_waits_and_never_queues() {
 fn try_lock_for_gives_up_in_bounded_time_and_leaves_no_queue_entry() {
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("tryfor").unwrap();
+    let lock = client.fair_lock("tryfor").unwrap();
     let g = lock.lock().unwrap();
 
     let waiter = {
@@ -394,7 +397,7 @@ fn try_lock_for_gives_up_in_bounded_time_and_leaves_no_queue_entry() {
 fn try_lock_for_gets_a_lock_released_within_its_time() {
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("tryfor-ok").unwrap();
+    let lock = client.fair_lock("tryfor-ok").unwrap();
     let g = lock.lock().unwrap();
     let held = g.fencing_token();
     let waiter = {
@@ -417,7 +420,7 @@ fn try_lock_for_gets_a_lock_released_within_its_time() {
 fn status_names_the_holder_and_the_waiters_in_queue_order() {
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("status").unwrap();
+    let lock = client.fair_lock("status").unwrap();
     let empty = lock.status().unwrap();
     assert_eq!(empty.name, "status");
     assert!(empty.holder.is_none() && empty.waiters.is_empty());
@@ -465,7 +468,7 @@ fn a_client_built_from_a_config_uses_all_of_its_settings() {
         .unwrap();
     assert_eq!(second.config().key_prefix, "from-config");
     assert_eq!(second.config().lease, Duration::from_secs(10));
-    let guard = second.lock("cfg").unwrap().lock().unwrap();
+    let guard = second.fair_lock("cfg").unwrap().lock().unwrap();
     // the prefix and the lease reached Redis
     let pttl: i64 = redis::cmd("PTTL")
         .arg("from-config:{cfg}")
@@ -484,7 +487,7 @@ fn a_leaked_fixed_lease_job_does_not_run_again_within_its_period() {
     let server = RedisServer::start();
     let client = support::client(&server);
     let job = client
-        .lock("job")
+        .fair_lock("job")
         .unwrap()
         .with_fixed_lease(Duration::from_secs(30))
         .unwrap();
@@ -501,7 +504,7 @@ fn a_leaked_fixed_lease_job_does_not_run_again_within_its_period() {
     }
     // another server's worker queues; the leaking thread's own wait does not overtake it
     let other = support::client(&server);
-    let other_lock = other.lock("job").unwrap();
+    let other_lock = other.fair_lock("job").unwrap();
     let (tx, rx) = mpsc::channel();
     let worker = thread::spawn(move || {
         let g = other_lock.lock().unwrap();
@@ -535,7 +538,7 @@ fn leaking_a_nested_guard_keeps_the_lock_until_its_lease_and_stops_renewal() {
         .lease(Duration::from_millis(1500))
         .build()
         .unwrap();
-    let lock = client.lock("leak-nested").unwrap();
+    let lock = client.fair_lock("leak-nested").unwrap();
     let outer = lock.lock().unwrap();
     let inner = lock.lock().unwrap();
     let token = inner.leak();
@@ -546,7 +549,7 @@ fn leaking_a_nested_guard_keeps_the_lock_until_its_lease_and_stops_renewal() {
     );
     assert_eq!(lock.status().unwrap().holder.unwrap().fencing_token, token);
     // not renewed: gone within about a lease (1.5 s), while an inner guard lives
-    let lock2 = client.lock("leak-nested-2").unwrap();
+    let lock2 = client.fair_lock("leak-nested-2").unwrap();
     let outer = lock2.lock().unwrap();
     let inner = lock2.lock().unwrap();
     outer.leak();
@@ -571,8 +574,8 @@ fn abandon_racing_a_grant_never_leaves_a_guard_whose_lock_was_passed_on() {
     let (mut guards, mut abandoned) = (0, 0);
     for trial in 0..60u64 {
         let name = format!("race-{trial}");
-        let held = holder.lock(&name).unwrap().lock().unwrap();
-        let lock = waiter.lock(&name).unwrap();
+        let held = holder.fair_lock(&name).unwrap().lock().unwrap();
+        let lock = waiter.fair_lock(&name).unwrap();
         let (tx, rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel::<()>();
         let t = thread::spawn(move || {
@@ -582,7 +585,7 @@ fn abandon_racing_a_grant_never_leaves_a_guard_whose_lock_was_passed_on() {
                 // the guard must own the lock in Redis after the canceller is done
                 Ok(Some(g)) => {
                     done_rx.recv_timeout(SECS_5).unwrap();
-                    Ok(g.is_held().unwrap())
+                    Ok(g.is_held_in_redis().unwrap())
                 }
                 Ok(None) => Err("timed out".to_string()),
                 Err(e) => Err(e.to_string()),
@@ -592,7 +595,14 @@ fn abandon_racing_a_grant_never_leaves_a_guard_whose_lock_was_passed_on() {
         });
         let canceller = rx.recv().unwrap();
         assert!(eventually(SECS_5, || {
-            holder.lock(&name).unwrap().status().unwrap().waiters.len() == 1
+            holder
+                .fair_lock(&name)
+                .unwrap()
+                .status()
+                .unwrap()
+                .waiters
+                .len()
+                == 1
         }));
         held.unlock().unwrap();
         thread::sleep(Duration::from_micros(trial * 7 % 400));

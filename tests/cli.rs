@@ -78,7 +78,7 @@ const SECOND: Duration = Duration::from_secs(1);
 #[test]
 fn run_passes_exit_code_and_environment_and_releases() {
     let server = RedisServer::start();
-    let lock = support::client(&server).lock("job").unwrap();
+    let lock = support::client(&server).fair_lock("job").unwrap();
 
     let out = run_out(fairlock(&server).args([
         "run",
@@ -138,7 +138,7 @@ fn run_passes_exit_code_and_environment_and_releases() {
 #[test]
 fn busy_lock_exits_75_or_the_busy_exit_code() {
     let server = RedisServer::start();
-    let lock = support::client(&server).lock("job").unwrap();
+    let lock = support::client(&server).fair_lock("job").unwrap();
     let guard = lock.lock().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let marker = tmp.path().join("busy-marker");
@@ -197,7 +197,7 @@ fn busy_lock_exits_75_or_the_busy_exit_code() {
 #[test]
 fn signals_are_forwarded_and_the_lock_released_after_the_command() {
     let server = RedisServer::start();
-    let lock = support::client(&server).lock("job").unwrap();
+    let lock = support::client(&server).fair_lock("job").unwrap();
     let script = "trap 'echo got-int' INT; trap 'echo got-term; exit 3' TERM; echo ready; \
                   while :; do sleep 0.05; done";
     let mut p = Proc::spawn(fairlock(&server).args(["run", "job", "--", "sh", "-c", script]));
@@ -223,7 +223,7 @@ fn signals_are_forwarded_and_the_lock_released_after_the_command() {
 #[test]
 fn sigterm_while_waiting_gives_up_the_queue_place() {
     let server = RedisServer::start();
-    let lock = support::client(&server).lock("job").unwrap();
+    let lock = support::client(&server).fair_lock("job").unwrap();
     let guard = lock.lock().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let marker = tmp.path().join("waiting-marker");
@@ -346,7 +346,7 @@ fn redis_unreachable_past_the_lease_is_a_lost_lock() {
 #[test]
 fn waiting_runs_are_served_in_arrival_order() {
     let server = RedisServer::start();
-    let lock = support::client(&server).lock("job").unwrap();
+    let lock = support::client(&server).fair_lock("job").unwrap();
     let guard = lock.lock().unwrap();
     let held_token = guard.fencing_token();
     let tmp = tempfile::tempdir().unwrap();
@@ -392,7 +392,7 @@ fn waiting_runs_are_served_in_arrival_order() {
 #[test]
 fn status_shows_holder_and_waiters_as_text_and_json() {
     let server = RedisServer::start();
-    let lock = support::client(&server).lock("job").unwrap();
+    let lock = support::client(&server).fair_lock("job").unwrap();
     let hold = Proc::spawn(fairlock(&server).args(["hold", "--lease", "5s", "job"]));
     assert!(eventually(LIMIT, || lock.is_locked().unwrap()));
     let waiter = Proc::spawn(fairlock(&server).args(["run", "job", "--", "echo", "done"]));
@@ -563,7 +563,7 @@ fn the_password_in_the_url_is_never_printed() {
 #[test]
 fn a_waiting_run_survives_being_stopped_and_continued_again_and_again() {
     let server = RedisServer::start();
-    let lock = support::client(&server).lock("stopped").unwrap();
+    let lock = support::client(&server).fair_lock("stopped").unwrap();
     let guard = lock.lock().unwrap();
     let p = Proc::spawn(fairlock(&server).args(["run", "stopped", "--", "true"]));
     assert!(support::queued(&lock, 1, LIMIT));

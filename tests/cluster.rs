@@ -89,7 +89,7 @@ fn locks_on_every_shard_serve_waiters_of_other_clients_in_queue_order() {
     let names = names_on_every_master(&cluster, "shard");
     assert_eq!(names.len(), 3, "a lock on each of 3 masters: {names:?}");
     for (name, port) in &names {
-        let lock = holder_client.lock(name).unwrap();
+        let lock = holder_client.fair_lock(name).unwrap();
         let guard = lock.lock().unwrap();
         let exists: i64 = redis::cmd("EXISTS")
             .arg(lock_key(name))
@@ -100,7 +100,7 @@ fn locks_on_every_shard_serve_waiters_of_other_clients_in_queue_order() {
             "{name}'s lock hash is not on its slot's master {port}"
         );
         let (tx, grants) = mpsc::channel();
-        let waiting = waiter_client.lock(name).unwrap();
+        let waiting = waiter_client.fair_lock(name).unwrap();
         let waiters = support::spawn_queued(&lock, 4, SECS_30, |i| {
             let lock = waiting.clone();
             let tx = tx.clone();
@@ -128,9 +128,9 @@ fn waiting_threads_block_on_one_connection_per_lock_on_the_node_of_its_slot() {
     let mut threads = vec![];
     let (tx, served) = mpsc::channel();
     for (name, _) in &names {
-        let lock = holder_client.lock(name).unwrap();
+        let lock = holder_client.fair_lock(name).unwrap();
         guards.push(lock.lock().unwrap());
-        let waiting = waiter_client.lock(name).unwrap();
+        let waiting = waiter_client.fair_lock(name).unwrap();
         for _ in 0..16 {
             let waiting = waiting.clone();
             let tx = tx.clone();
@@ -176,7 +176,7 @@ fn counter_child() {
     let handles: Vec<_> = names
         .split(',')
         .flat_map(|name| {
-            let lock = client.lock(name).unwrap();
+            let lock = client.fair_lock(name).unwrap();
             let nodes = nodes.clone();
             let name = name.to_string();
             (0..3).map(move |_| {
@@ -293,10 +293,10 @@ fn a_slot_migrated_under_a_hold_and_waiters_keeps_the_hold_and_the_queue_order()
     let (name, from) = names_on_every_master(&cluster, "moving").remove(0);
     let slot = cluster.slot_of(&lock_key(&name));
     let to = *cluster.master_ports().iter().find(|&&p| p != from).unwrap();
-    let lock = holder_client.lock(&name).unwrap();
+    let lock = holder_client.fair_lock(&name).unwrap();
     let guard = lock.lock().unwrap();
     let (tx, grants) = mpsc::channel();
-    let waiting = waiter_client.lock(&name).unwrap();
+    let waiting = waiter_client.fair_lock(&name).unwrap();
     let waiters = support::spawn_queued(&lock, 3, SECS_30, |i| {
         let lock = waiting.clone();
         let tx = tx.clone();
@@ -338,7 +338,7 @@ fn a_master_killed_under_a_hold_and_waiters_serves_every_waiter_in_order_on_the_
     let mut names = names_on_every_master(&cluster, "failover");
     let (name, master) = names.remove(0);
     let (other, _) = names.remove(0);
-    let lock = client.lock(&name).unwrap();
+    let lock = client.fair_lock(&name).unwrap();
     let guard = lock.lock().unwrap();
     let first_token = guard.fencing_token();
     let in_section = Arc::new(AtomicBool::new(true));
@@ -384,7 +384,7 @@ fn a_master_killed_under_a_hold_and_waiters_serves_every_waiter_in_order_on_the_
     assert_ne!(master, new);
     // the other shard serves throughout
     let g = client
-        .lock(&other)
+        .fair_lock(&other)
         .unwrap()
         .lock()
         .expect("a lock on another shard");
@@ -426,7 +426,7 @@ fn a_graceful_failover_under_load_loses_no_update() {
     let mut threads = vec![];
     for c in &clients {
         for _ in 0..3 {
-            let lock = c.lock(&name).unwrap();
+            let lock = c.fair_lock(&name).unwrap();
             let (stop, inside, counter) = (stop.clone(), inside.clone(), counter.clone());
             threads.push(thread::spawn(move || -> Result<u64, String> {
                 let mut done = 0;
@@ -509,7 +509,7 @@ fn the_cli_runs_a_command_under_a_lock_of_the_cluster() {
     let cluster = RedisCluster::start();
     let url = cluster_url(&cluster);
     let client = client(&cluster);
-    let lock = client.lock("cli-job").unwrap();
+    let lock = client.fair_lock("cli-job").unwrap();
     let guard = lock.lock().unwrap();
     let bin = env!("CARGO_BIN_EXE_fairlock");
     let mut run = Proc::spawn(
@@ -552,7 +552,7 @@ fn with_replica_acks_grants_wait_for_the_slots_replica_and_unacknowledged_ones_a
     let mut cluster = RedisCluster::start();
     let (name, master) = names_on_every_master(&cluster, "acks").remove(0);
     let acked = client_with_acks(&cluster, 1, Duration::from_secs(2));
-    let lock = acked.lock(&name).unwrap();
+    let lock = acked.fair_lock(&name).unwrap();
     let guard = lock.lock().unwrap();
     let waiter = {
         let lock = lock.clone();
@@ -568,7 +568,7 @@ fn with_replica_acks_grants_wait_for_the_slots_replica_and_unacknowledged_ones_a
         cluster.kill(replica);
     }
     let short = client_with_acks(&cluster, 1, Duration::from_millis(200));
-    let lonely = short.lock(&name).unwrap();
+    let lonely = short.fair_lock(&name).unwrap();
     match lonely.try_lock() {
         Err(fairlock::Error::NotReplicated { acked, wanted, .. }) => {
             assert_eq!((acked, wanted), (0, 1));
@@ -583,7 +583,7 @@ fn with_replica_acks_grants_wait_for_the_slots_replica_and_unacknowledged_ones_a
         "the given-up grant stayed held"
     );
     let plain = client(&cluster);
-    let g = plain.lock(&name).unwrap().try_lock().unwrap();
+    let g = plain.fair_lock(&name).unwrap().try_lock().unwrap();
     assert!(g.is_some(), "the lock was left unusable");
 }
 
@@ -604,7 +604,7 @@ fn overlap_trial(cluster: &mut RedisCluster, acks: u32, trial: u32) -> (u32, u32
     let mut threads = vec![];
     for c in &clients {
         for _ in 0..2 {
-            let lock = c.lock(&name).unwrap();
+            let lock = c.fair_lock(&name).unwrap();
             let (in_section, overlaps, done, stop, errors) = (
                 in_section.clone(),
                 overlaps.clone(),
@@ -718,13 +718,18 @@ fn a_password_protected_cluster_takes_the_urls_credentials() {
     let client = fairlock::LockClient::builder(&format!("redis+cluster://:s3cr%2Ft%40pw@{host}/"))
         .build()
         .expect("a client with the cluster's password");
-    let g = client.lock("secret").unwrap().lock().unwrap();
+    let g = client.fair_lock("secret").unwrap().lock().unwrap();
     g.unlock().unwrap();
     let node = format!("redis://:s3cr%2Ft%40pw@{host}/");
     let client = fairlock::LockClient::builder_cluster(&[&node])
         .build()
         .unwrap();
-    assert!(client.lock("secret").unwrap().try_lock().unwrap().is_some());
+    assert!(client
+        .fair_lock("secret")
+        .unwrap()
+        .try_lock()
+        .unwrap()
+        .is_some());
 
     match fairlock::LockClient::connect(&format!("redis+cluster://{host}/")) {
         Err(e) => {

@@ -18,7 +18,7 @@ fn counter_child() {
     support::child_time_limit(Duration::from_secs(90));
     let url: String = support::env_arg("URL");
     let client = support::client_with_url(&url, |b| b.lease(Duration::from_secs(2)));
-    let lock = client.lock("counter").unwrap();
+    let lock = client.fair_lock("counter").unwrap();
     let handles: Vec<_> = (0..THREADS)
         .map(|_| {
             let lock = lock.clone();
@@ -113,7 +113,7 @@ fn four_processes_of_four_threads_never_lose_a_counter_update() {
         .query(&mut c)
         .unwrap();
     let client = support::client(&server);
-    let st = client.lock("counter").unwrap().status().unwrap();
+    let st = client.fair_lock("counter").unwrap().status().unwrap();
     assert_eq!(st.fencing_counter, last_token);
     assert!(st.holder.is_none() && st.waiters.is_empty());
 }

@@ -32,7 +32,7 @@ fn crash_child(role: &str) {
     let name: String = support::env_arg("NAME");
     let lease_ms: u64 = support::env_arg("LEASE_MS");
     let client = support::client_with_url(&url, |b| b.lease(Duration::from_millis(lease_ms)));
-    let lock = client.lock(&name).unwrap();
+    let lock = client.fair_lock(&name).unwrap();
     match role {
         "holder" => {
             let g = lock.lock().unwrap();
@@ -102,7 +102,7 @@ fn a_sigkilled_holder_passes_the_lock_to_three_waiters_in_fifo_within_lease_plus
     let _serial = serial();
     let server = RedisServer::start();
     let observer = support::client(&server);
-    let lock = observer.lock("victim").unwrap();
+    let lock = observer.fair_lock("victim").unwrap();
     let lease_ms = 1000;
     let env = child_env(&server, "victim", lease_ms);
 
@@ -180,7 +180,7 @@ fn a_sigkilled_waiter_at_the_head_does_not_stall_the_queue() {
     let _serial = serial();
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("dead-head").unwrap();
+    let lock = client.fair_lock("dead-head").unwrap();
     let (holder, _w1, mut w2) = holder_and_two_waiters(&children, &server, &lock);
 
     // release at once: the dead waiter is still within its heartbeat time, so the release grants
@@ -214,7 +214,7 @@ fn a_sigkilled_waiter_leaves_the_queue_while_the_lock_is_held() {
     let _serial = serial();
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("dead-waiter").unwrap();
+    let lock = client.fair_lock("dead-waiter").unwrap();
     let (holder, w1, mut w2) = holder_and_two_waiters(&children, &server, &lock);
     let (dead, live) = (w1.pid(), w2.pid());
 
@@ -247,7 +247,7 @@ fn a_redis_restart_under_holders_and_waiters_gives_errors_or_recovery_and_thread
     let _serial = serial();
     let mut server = RedisServer::start();
     let client = support::client_with_url(&server.url(), |b| b.lease(Duration::from_secs(1)));
-    let lock = client.lock("restart").unwrap();
+    let lock = client.fair_lock("restart").unwrap();
     let holder = lock.lock().unwrap();
 
     let inside = Arc::new(AtomicU32::new(0));
@@ -308,12 +308,12 @@ fn a_redis_restart_under_holders_and_waiters_gives_errors_or_recovery_and_thread
 
     // the same client works again: lock/unlock
     let g = lock.lock().unwrap();
-    assert!(g.is_held().unwrap());
+    assert!(g.is_held_in_redis().unwrap());
     g.unlock().unwrap();
 
     // the watchdog still renews: a 1 s lease kept for 2.5 s
     let rival_client = support::client(&server);
-    let rival = rival_client.lock("restart").unwrap();
+    let rival = rival_client.fair_lock("restart").unwrap();
     let g = lock.lock().unwrap();
     let start = Instant::now();
     while start.elapsed() < Duration::from_millis(2500) {
@@ -353,7 +353,7 @@ fn calls_against_a_stopped_redis_fail_within_the_timeouts_and_work_once_it_is_ba
         b.connect_timeout(Duration::from_millis(500))
             .read_timeout(Duration::from_secs(1))
     });
-    let lock = client.lock("down").unwrap();
+    let lock = client.fair_lock("down").unwrap();
     lock.lock().unwrap().unlock().unwrap();
 
     server.stop();
@@ -387,7 +387,7 @@ fn calls_against_a_stopped_redis_fail_within_the_timeouts_and_work_once_it_is_ba
 
     server.start_again();
     let g = lock.lock().unwrap();
-    assert!(g.is_held().unwrap());
+    assert!(g.is_held_in_redis().unwrap());
     g.unlock().unwrap();
 }
 
@@ -398,13 +398,13 @@ fn a_redis_restart_with_aof_keeps_the_holder_and_the_queue_order() {
     let holder_client =
         support::client_with_url(&server.url(), |b| b.lease(Duration::from_secs(3)));
     let waiter_client = support::client(&server);
-    let lock = holder_client.lock("durable").unwrap();
+    let lock = holder_client.fair_lock("durable").unwrap();
     let holder = lock.lock().unwrap();
     let token = holder.fencing_token();
 
     let (tx, rx) = mpsc::channel();
     let threads = support::spawn_queued(&lock, 3, SECS_5, |i| {
-        let waiter = waiter_client.lock("durable").unwrap();
+        let waiter = waiter_client.fair_lock("durable").unwrap();
         let tx = tx.clone();
         move || {
             let g = waiter.lock().unwrap();
@@ -427,7 +427,7 @@ fn a_redis_restart_with_aof_keeps_the_holder_and_the_queue_order() {
     // the watchdog kept renewing through the restart (lease 3 s, now > 3 s since the last grant)
     thread::sleep(Duration::from_millis(2000));
     assert!(
-        holder.is_held().unwrap(),
+        holder.is_held_in_redis().unwrap(),
         "lease not renewed after the restart"
     );
     assert!(!holder.is_lost());
@@ -443,7 +443,7 @@ fn a_holder_paused_past_its_lease_loses_the_lock_and_its_late_release_changes_no
     let _serial = serial();
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("paused").unwrap();
+    let lock = client.fair_lock("paused").unwrap();
     let mut holder = children.spawn("paused-holder", &child_env(&server, "paused", 1000));
     let old_token: u64 = holder.expect("HELD", SECS_30).parse().unwrap();
 
@@ -469,7 +469,7 @@ fn a_holder_paused_past_its_lease_loses_the_lock_and_its_late_release_changes_no
     assert_eq!(holder.expect("UNLOCK", SECS_30), "not-held");
     assert!(holder.exits_ok(SECS_30));
     // the new owner still holds it, and nobody extended or shortened its lease
-    assert!(g.is_held().unwrap());
+    assert!(g.is_held_in_redis().unwrap());
     let h = lock.status().unwrap().holder.unwrap();
     assert_eq!(h.origin.owner, client.current_owner());
     assert_eq!(h.fencing_token, g.fencing_token());

@@ -22,7 +22,7 @@ fn waiters_child() {
     let name: String = support::env_arg("NAME");
     let threads: usize = support::env_arg("THREADS");
     let client = support::client_with_url(&url, |b| b);
-    let lock = client.lock(&name).unwrap();
+    let lock = client.fair_lock(&name).unwrap();
     let handles: Vec<_> = (0..threads)
         .map(|i| {
             let lock = lock.clone();
@@ -52,7 +52,7 @@ fn fifo_order_of_16_waiters_in_two_processes_equals_their_queue_order() {
     let children = support::child_test!("waiters" => waiters_child);
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("fifo").unwrap();
+    let lock = client.fair_lock("fifo").unwrap();
     let holder = lock.lock().unwrap();
     let blpops_before = server.command_calls("blpop");
 
@@ -129,7 +129,7 @@ fn fifo_order_of_16_waiters_in_two_processes_equals_their_queue_order() {
 fn no_barging_try_lock_fails_around_every_release_and_a_newcomer_queues_last() {
     let server = RedisServer::start();
     let holder_client = support::client(&server);
-    let lock = holder_client.lock("barge").unwrap();
+    let lock = holder_client.fair_lock("barge").unwrap();
     let holder = lock.lock().unwrap();
     let first = holder.fencing_token();
 
@@ -142,7 +142,7 @@ fn no_barging_try_lock_fails_around_every_release_and_a_newcomer_queues_last() {
         let stop = stop.clone();
         let tokens_tx = tokens_tx.clone();
         move || {
-            let g = client.lock("barge").unwrap().lock().unwrap();
+            let g = client.fair_lock("barge").unwrap().lock().unwrap();
             tokens_tx.send((i, g.fencing_token())).unwrap();
             if served.fetch_add(1, Ordering::SeqCst) + 1 == 3 {
                 // the last waiter keeps the lock until the barger stops: after it, nobody is queued
@@ -160,7 +160,7 @@ fn no_barging_try_lock_fails_around_every_release_and_a_newcomer_queues_last() {
         let served = served.clone();
         let stop = stop.clone();
         thread::spawn(move || {
-            let lock = client.lock("barge").unwrap();
+            let lock = client.fair_lock("barge").unwrap();
             let mut attempts = 0u32;
             let deadline = Instant::now() + SECS_30;
             while served.load(Ordering::SeqCst) < 3 && Instant::now() < deadline {
@@ -181,7 +181,7 @@ fn no_barging_try_lock_fails_around_every_release_and_a_newcomer_queues_last() {
     let late = {
         let client = support::client(&server);
         thread::spawn(move || {
-            let g = client.lock("barge").unwrap().lock().unwrap();
+            let g = client.fair_lock("barge").unwrap().lock().unwrap();
             late_tx.send(g.fencing_token()).unwrap();
         })
     };
@@ -217,7 +217,7 @@ fn a_live_waiter_keeps_its_place_however_long_the_lock_is_held() {
     // a 1 s lease renewed by the watchdog; waiters are presumed dead after 3 x 200 ms without a
     // heartbeat, so this hold lasts many waiter timeouts and several leases
     let client = support::client_with_url(&server.url(), |b| b.lease(Duration::from_secs(1)));
-    let lock = client.lock("patient").unwrap();
+    let lock = client.fair_lock("patient").unwrap();
     let g = lock.lock().unwrap();
     let held = g.fencing_token();
     let (tx, rx) = mpsc::channel();
@@ -225,7 +225,7 @@ fn a_live_waiter_keeps_its_place_however_long_the_lock_is_held() {
         let c = support::client(&server);
         let tx = tx.clone();
         move || {
-            let g = c.lock("patient").unwrap().lock().unwrap();
+            let g = c.fair_lock("patient").unwrap().lock().unwrap();
             tx.send((g.fencing_token(), i)).unwrap();
         }
     });
@@ -245,7 +245,7 @@ fn a_live_waiter_keeps_its_place_however_long_the_lock_is_held() {
 fn a_waiter_that_gives_up_at_the_moment_of_release_leaves_nothing_stuck() {
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("giveup").unwrap();
+    let lock = client.fair_lock("giveup").unwrap();
     let patience = Duration::from_millis(300);
     // release slightly before, at, and after the first waiter's deadline
     for offset_ms in [-30i64, -10, -4, -2, 0, 2, 4, 10, 30, 60, 90] {
@@ -302,7 +302,7 @@ fn a_waiter_that_gives_up_at_the_moment_of_release_leaves_nothing_stuck() {
 fn a_waiter_sleeps_in_one_blpop_instead_of_polling() {
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("sleepy").unwrap();
+    let lock = client.fair_lock("sleepy").unwrap();
     let g = lock.lock().unwrap();
     let waiter = {
         let lock = lock.clone();
@@ -336,7 +336,7 @@ fn waiters_behind_expiring_leases_are_served_in_order_and_a_newcomer_never_barge
     let client = support::client(&server);
     let lease = Duration::from_millis(400);
     // the first hold is released; all later ones only run out
-    let lock = client.lock("expiring").unwrap();
+    let lock = client.fair_lock("expiring").unwrap();
     let first = lock.lock().unwrap();
     let first_token = first.fencing_token();
 
@@ -349,7 +349,11 @@ fn waiters_behind_expiring_leases_are_served_in_order_and_a_newcomer_never_barge
         let served = served.clone();
         let tx = tx.clone();
         threads.push(thread::spawn(move || {
-            let lock = c.lock("expiring").unwrap().with_fixed_lease(lease).unwrap();
+            let lock = c
+                .fair_lock("expiring")
+                .unwrap()
+                .with_fixed_lease(lease)
+                .unwrap();
             let g = lock.lock().unwrap();
             tx.send((g.fencing_token(), i, Instant::now())).unwrap();
             served.fetch_add(1, Ordering::SeqCst);
@@ -364,7 +368,7 @@ fn waiters_behind_expiring_leases_are_served_in_order_and_a_newcomer_never_barge
         let c = support::client(&server);
         let served = served.clone();
         thread::spawn(move || {
-            let lock = c.lock("expiring").unwrap();
+            let lock = c.fair_lock("expiring").unwrap();
             let deadline = Instant::now() + SECS_30;
             let mut attempts = 0;
             // up to the moment the last waiter is served, a free lock belongs to the queue

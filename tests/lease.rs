@@ -18,7 +18,7 @@ fn fixed_lease_runs_out_unrenewed_and_the_next_owner_gets_a_higher_token() {
     let client = support::client(&server);
     let other = support::client(&server);
     let job = client
-        .lock("job")
+        .fair_lock("job")
         .unwrap()
         .with_fixed_lease(Duration::from_millis(600))
         .unwrap();
@@ -30,7 +30,12 @@ fn fixed_lease_runs_out_unrenewed_and_the_next_owner_gets_a_higher_token() {
     let mut last = server.pttl("fairlock:{job}");
     assert!(last > 0 && last <= 600, "fixed lease TTL {last} ms");
     // while it runs, another client cannot take it
-    assert!(other.lock("job").unwrap().try_lock().unwrap().is_none());
+    assert!(other
+        .fair_lock("job")
+        .unwrap()
+        .try_lock()
+        .unwrap()
+        .is_none());
     while job.is_locked().unwrap() {
         let p = server.pttl("fairlock:{job}");
         if p >= 0 {
@@ -46,18 +51,18 @@ fn fixed_lease_runs_out_unrenewed_and_the_next_owner_gets_a_higher_token() {
         start.elapsed()
     );
     assert!(g.is_lost());
-    assert!(!g.is_held().unwrap());
+    assert!(!g.is_held_in_redis().unwrap());
 
     // another owner takes it: a greater token
     let next = other
-        .lock("job")
+        .fair_lock("job")
         .unwrap()
         .try_lock()
         .unwrap()
         .expect("free after expiry");
     assert!(next.fencing_token() > first);
     assert!(matches!(g.unlock(), Err(Error::NotHeld { .. })));
-    assert!(next.is_held().unwrap());
+    assert!(next.is_held_in_redis().unwrap());
     next.unlock().unwrap();
 }
 
@@ -66,8 +71,8 @@ fn watchdog_keeps_a_lock_for_three_and_a_half_leases() {
     let server = RedisServer::start();
     let holder = support::client_with_url(&server.url(), |b| b.lease(Duration::from_secs(1)));
     let other = support::client(&server);
-    let lock = holder.lock("long-job").unwrap();
-    let rival = other.lock("long-job").unwrap();
+    let lock = holder.fair_lock("long-job").unwrap();
+    let rival = other.fair_lock("long-job").unwrap();
 
     let g = lock.lock().unwrap();
     let token = g.fencing_token();
@@ -93,7 +98,7 @@ fn watchdog_keeps_a_lock_for_three_and_a_half_leases() {
         thread::sleep(Duration::from_millis(100));
     }
     assert!(attempts >= 10);
-    assert!(g.is_held().unwrap());
+    assert!(g.is_held_in_redis().unwrap());
     assert!(!g.is_lost());
     assert!(g.lease_remaining() > Duration::ZERO);
     assert_eq!(rival.status().unwrap().fencing_counter, token);
@@ -109,7 +114,7 @@ fn with_lease_overrides_the_client_lease_per_handle() {
     let server = RedisServer::start();
     let client = support::client(&server);
     let lock = client
-        .lock("per-handle")
+        .fair_lock("per-handle")
         .unwrap()
         .with_lease(Duration::from_secs(1))
         .unwrap();
@@ -117,7 +122,10 @@ fn with_lease_overrides_the_client_lease_per_handle() {
     let p = server.pttl("fairlock:{per-handle}");
     assert!(p > 0 && p <= 1000, "lease TTL {p} ms");
     thread::sleep(Duration::from_millis(1500));
-    assert!(g.is_held().unwrap(), "the 1 s lease was not renewed");
+    assert!(
+        g.is_held_in_redis().unwrap(),
+        "the 1 s lease was not renewed"
+    );
     g.unlock().unwrap();
 }
 
@@ -126,8 +134,8 @@ fn fencing_tokens_strictly_increase_across_owners_clients_and_expiries() {
     let server = RedisServer::start();
     let c1 = support::client(&server);
     let c2 = support::client(&server);
-    let lock1 = c1.lock("fence").unwrap();
-    let lock2 = c2.lock("fence").unwrap();
+    let lock1 = c1.fair_lock("fence").unwrap();
+    let lock2 = c2.fair_lock("fence").unwrap();
     let mut tokens = vec![];
 
     // an owner, and its re-entries that return the outer token

@@ -99,7 +99,7 @@ fn proxied_client(proxy: &Proxy) -> fairlock::LockClient {
         .expect("connect through the proxy");
     // run every script first (the library is loaded at connect; with EVALSHA each script is
     // loaded on first use), so a cut reply is a script's own reply and not a "not found"
-    let warm = client.lock("warm-up").unwrap();
+    let warm = client.fair_lock("warm-up").unwrap();
     let g = warm.lock().unwrap();
     let inner = warm.lock().unwrap();
     drop(inner);
@@ -132,7 +132,7 @@ fn a_release_whose_reply_was_lost_is_retried_once_without_a_false_not_held() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
     let client = proxied_client(&proxy);
-    let lock = client.lock("lost-release").unwrap();
+    let lock = client.fair_lock("lost-release").unwrap();
     let holder = lock.lock().unwrap();
     let token = holder.fencing_token();
 
@@ -141,13 +141,13 @@ fn a_release_whose_reply_was_lost_is_retried_once_without_a_false_not_held() {
     let (tx, rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let waiter = {
-        let lock = direct.lock("lost-release").unwrap();
+        let lock = direct.fair_lock("lost-release").unwrap();
         thread::spawn(move || {
             let g = lock.lock().unwrap();
             tx.send(g.fencing_token()).unwrap();
             done_rx.recv_timeout(Duration::from_secs(20)).unwrap();
             assert!(
-                g.is_held().unwrap(),
+                g.is_held_in_redis().unwrap(),
                 "a retried release freed the next owner's lock"
             );
             g.unlock().unwrap();
@@ -167,7 +167,7 @@ fn a_release_whose_reply_was_lost_is_retried_once_without_a_false_not_held() {
     // token + 1), and the counter shows nobody took one after it
     let next = rx.recv_timeout(SECS_5).unwrap();
     assert!(next > token, "{next} after {token}");
-    let st = direct.lock("lost-release").unwrap().status().unwrap();
+    let st = direct.fair_lock("lost-release").unwrap().status().unwrap();
     let h = st
         .holder
         .expect("the waiter's lock was released by the retry");
@@ -183,7 +183,7 @@ fn an_inner_release_whose_reply_was_lost_is_not_counted_twice() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
     let client = proxied_client(&proxy);
-    let lock = client.lock("lost-inner").unwrap();
+    let lock = client.fair_lock("lost-inner").unwrap();
     let outer = lock.lock().unwrap();
     let inner = lock.lock().unwrap();
     assert_eq!(lock.hold_count().unwrap(), 2);
@@ -197,7 +197,7 @@ fn an_inner_release_whose_reply_was_lost_is_not_counted_twice() {
         1,
         "the retried release counted twice"
     );
-    assert!(outer.is_held().unwrap());
+    assert!(outer.is_held_in_redis().unwrap());
     outer.unlock().unwrap();
     assert!(!lock.is_locked().unwrap());
 }
@@ -207,7 +207,7 @@ fn an_acquire_whose_reply_was_lost_takes_one_token_and_one_level() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
     let client = proxied_client(&proxy);
-    let lock = client.lock("lost-acquire").unwrap();
+    let lock = client.fair_lock("lost-acquire").unwrap();
 
     proxy.arm();
     let g = lock.lock().expect("acquire");
@@ -239,7 +239,7 @@ fn an_acquire_whose_reply_was_lost_takes_one_token_and_one_level() {
     assert!(!lock.is_locked().unwrap());
     let start = Instant::now();
     let again = support::client(&server)
-        .lock("lost-acquire")
+        .fair_lock("lost-acquire")
         .unwrap()
         .try_lock()
         .unwrap();
@@ -257,13 +257,13 @@ fn a_hand_off_whose_blpop_reply_was_lost_is_still_claimed_once() {
     // its janitor stays quiet, so the cut reply is the BLPOP's
     let waiter_client = quiet_client(&proxy);
     let direct = support::client(&server);
-    let lock = direct.lock("lost-handoff").unwrap();
+    let lock = direct.fair_lock("lost-handoff").unwrap();
     let holder = lock.lock().unwrap();
     let token = holder.fencing_token();
 
     let (tx, rx) = mpsc::channel();
     let waiter = {
-        let lock = waiter_client.lock("lost-handoff").unwrap();
+        let lock = waiter_client.fair_lock("lost-handoff").unwrap();
         thread::spawn(move || {
             let g = lock.lock().unwrap();
             let t = g.fencing_token();
@@ -307,11 +307,11 @@ fn a_waiter_whose_acquire_was_sent_twice_leaves_a_mark_when_it_gives_up() {
     // its janitor stays quiet, so the cut reply is the acquire's
     let waiter_client = quiet_client(&proxy);
     // a pooled connection and the scripts ready, so the first reply after arming is the acquire's
-    drop(waiter_client.lock("warm-up").unwrap().lock().unwrap());
+    drop(waiter_client.fair_lock("warm-up").unwrap().lock().unwrap());
     let direct = support::client(&server);
-    let holder = direct.lock("marked").unwrap().lock().unwrap();
+    let holder = direct.fair_lock("marked").unwrap().lock().unwrap();
 
-    let lock = waiter_client.lock("marked").unwrap();
+    let lock = waiter_client.fair_lock("marked").unwrap();
     proxy.arm();
     let got = lock.try_lock_for(Duration::from_millis(500)).unwrap();
     assert!(got.is_none(), "got a held lock");
@@ -327,7 +327,7 @@ fn a_waiter_whose_acquire_was_sent_twice_leaves_a_mark_when_it_gives_up() {
         .run(&mut c)
         .unwrap();
     assert_eq!(copy, Acquire::Stale);
-    let st = direct.lock("marked").unwrap().status().unwrap();
+    let st = direct.fair_lock("marked").unwrap().status().unwrap();
     assert!(st.waiters.is_empty(), "{st:?}");
     holder.unlock().unwrap();
 }
@@ -343,7 +343,7 @@ fn a_late_copy_of_a_repeated_acquire_after_the_release_takes_nothing() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port);
     let client = proxied_client(&proxy);
-    let lock = client.lock("repeated").unwrap();
+    let lock = client.fair_lock("repeated").unwrap();
     proxy.arm();
     let g = lock.lock().expect("acquire, sent twice");
     assert_eq!(proxy.cuts(), 1);
@@ -363,7 +363,7 @@ fn a_late_copy_of_a_repeated_acquire_after_the_release_takes_nothing() {
         .unwrap();
     assert_eq!(late_copy, Acquire::Stale, "the late copy took the lock");
     let other = support::client(&server)
-        .lock("repeated")
+        .fair_lock("repeated")
         .unwrap()
         .try_lock()
         .unwrap();
@@ -381,11 +381,11 @@ fn a_busy_try_lock_sent_twice_leaves_a_mark_for_its_copy() {
     let proxy = Proxy::start(server.port);
     let client = proxied_client(&proxy);
     let holder = support::client(&server)
-        .lock("busy-twice")
+        .fair_lock("busy-twice")
         .unwrap()
         .lock()
         .unwrap();
-    let lock = client.lock("busy-twice").unwrap();
+    let lock = client.fair_lock("busy-twice").unwrap();
     proxy.arm();
     assert!(lock.try_lock().unwrap().is_none());
     assert_eq!(proxy.cuts(), 1);

@@ -74,7 +74,7 @@ fn round_trip(
 ) -> Result<(), TestCaseError> {
     let _: () = redis::cmd("FLUSHALL").query(&mut server.conn()).unwrap();
     let lock = client
-        .lock(name)
+        .fair_lock(name)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     prop_assert_eq!(lock.name(), name);
     let guard = lock
@@ -117,7 +117,7 @@ fn every_name_is_accepted_or_rejected_with_invalid_name() {
     let (accepted, rejected) = (Cell::new(0), Cell::new(0));
     runner(512)
         .run(&names(), |name| {
-            match client.lock(&name) {
+            match client.fair_lock(&name) {
                 Ok(lock) => {
                     prop_assert!(name_is_valid(&name), "accepted {name:?}");
                     prop_assert_eq!(lock.name(), name.as_str());

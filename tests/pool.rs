@@ -19,8 +19,8 @@ fn sixty_four_waiters_do_not_starve_a_pool_of_eight() {
         b.pool_size(8).lease(Duration::from_secs(1))
     });
     let rival_client = support::client(&server);
-    let rival = rival_client.lock("crowded").unwrap();
-    let lock = client.lock("crowded").unwrap();
+    let rival = rival_client.fair_lock("crowded").unwrap();
+    let lock = client.fair_lock("crowded").unwrap();
     let holder = lock.lock().unwrap();
     let first = holder.fencing_token();
 
@@ -74,7 +74,7 @@ fn sixty_four_waiters_do_not_starve_a_pool_of_eight() {
     }
     // the holder's own commands still get a connection promptly
     let t = Instant::now();
-    assert!(holder.is_held().unwrap());
+    assert!(holder.is_held_in_redis().unwrap());
     assert_eq!(lock.hold_count().unwrap(), 1);
     holder.unlock().unwrap();
     assert!(

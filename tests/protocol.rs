@@ -450,7 +450,7 @@ fn a_server_clock_step_cannot_make_a_lease_estimate_late() {
         .lease(Duration::from_secs(5))
         .build()
         .unwrap();
-    let lock = client.lock("estimate").unwrap();
+    let lock = client.fair_lock("estimate").unwrap();
     let held = lock.lock().unwrap();
     let waiter = {
         let lock = lock.clone();
@@ -509,7 +509,7 @@ fn a_server_that_may_evict_keys_is_refused_by_name() {
 fn a_waiter_survives_more_restarts_than_its_failure_budget() {
     let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let client = support::client(&server);
-    let lock = client.lock("restarts").unwrap();
+    let lock = client.fair_lock("restarts").unwrap();
     let held = lock.lock().unwrap();
     let waiter = {
         let lock = lock.clone();
@@ -539,7 +539,7 @@ fn a_waiter_survives_more_restarts_than_its_failure_budget() {
 fn a_forked_child_is_refused() {
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("forked").unwrap();
+    let lock = client.fair_lock("forked").unwrap();
     let guard = lock.lock().unwrap();
     // SAFETY: the child only calls into fairlock (which refuses at once) and then _exit.
     let pid = unsafe { libc::fork() };
@@ -547,7 +547,7 @@ fn a_forked_child_is_refused() {
     if pid == 0 {
         let ok = matches!(lock.try_lock(), Err(Error::Forked))
             && matches!(lock.status(), Err(Error::Forked))
-            && matches!(guard.is_held(), Err(Error::Forked));
+            && matches!(guard.is_held_in_redis(), Err(Error::Forked));
         std::mem::forget(guard);
         unsafe { libc::_exit(if ok { 0 } else { 1 }) };
     }
@@ -559,7 +559,7 @@ fn a_forked_child_is_refused() {
         "child status {status}"
     );
     assert!(
-        guard.is_held().unwrap(),
+        guard.is_held_in_redis().unwrap(),
         "the child released the parent's hold"
     );
     guard.unlock().unwrap();

@@ -40,7 +40,7 @@ fn a_client_on_redis_7_loads_the_library_at_connect_and_calls_only_functions() {
         .unwrap();
     assert_eq!(libraries.len(), 1, "the library is loaded at connect");
 
-    let lock = client.lock("functions").unwrap();
+    let lock = client.fair_lock("functions").unwrap();
     let g = lock.lock().unwrap();
     let inner = lock.lock().unwrap();
     drop(inner);
@@ -57,7 +57,7 @@ fn a_client_on_redis_7_loads_the_library_at_connect_and_calls_only_functions() {
 fn a_server_that_lost_the_library_gets_it_again_and_nothing_is_lost() {
     let server = RedisServer::start();
     let client = support::client(&server);
-    let lock = client.lock("flushed").unwrap();
+    let lock = client.fair_lock("flushed").unwrap();
     let g = lock.lock().unwrap();
     let first = g.fencing_token();
     // a restart without persistence loses functions; the lock's keys stay here
@@ -70,7 +70,10 @@ fn a_server_that_lost_the_library_gets_it_again_and_nothing_is_lost() {
         .arg("FLUSH")
         .query(&mut server.conn())
         .unwrap();
-    assert!(g.is_held().unwrap(), "the hold survives the lost library");
+    assert!(
+        g.is_held_in_redis().unwrap(),
+        "the hold survives the lost library"
+    );
     g.unlock().unwrap();
     let next = waiter.join().unwrap().expect("the waiter is served");
     assert!(next > first, "tokens rise: {next} after {first}");
@@ -97,7 +100,7 @@ fn a_user_who_may_not_load_functions_gets_evalsha() {
         .unwrap();
     let url = format!("redis://nofunctions:secret@127.0.0.1:{}/", server.port);
     let client = fairlock::LockClient::connect(&url).expect("connects without FUNCTION LOAD");
-    let lock = client.lock("eval").unwrap();
+    let lock = client.fair_lock("eval").unwrap();
     let g = lock.lock().unwrap();
     let waiter = one_waiter(&lock);
     let held = g.fencing_token();

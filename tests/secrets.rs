@@ -104,7 +104,7 @@ fn no_error_debug_or_log_line_shows_the_password() {
     let url = format!("redis://app:{SECRET}@127.0.0.1:{}/", server.port);
     let client = quick(&url).build().expect("the right password");
     assert_secret_free("the client's Debug", &format!("{client:?}"));
-    let lock = client.lock("secrets").unwrap();
+    let lock = client.fair_lock("secrets").unwrap();
     assert_secret_free("the lock's Debug", &format!("{lock:?}"));
     let guard = lock.lock().unwrap();
     assert_secret_free("the guard's Debug", &format!("{guard:?}"));

@@ -50,7 +50,7 @@ fn wait_replicated(group: &SentinelGroup, name: &str, n: usize) {
 fn a_master_killed_under_a_hold_and_waiters_serves_every_waiter_in_order_on_the_new_master() {
     let mut group = SentinelGroup::start();
     let client = client(&group);
-    let lock = client.lock("failover").unwrap();
+    let lock = client.fair_lock("failover").unwrap();
     let guard = lock.lock().unwrap();
     let first_token = guard.fencing_token();
     let in_section = Arc::new(AtomicBool::new(true));
@@ -144,7 +144,7 @@ fn a_master_killed_under_a_hold_and_waiters_serves_every_waiter_in_order_on_the_
 fn a_graceful_failover_under_load_with_every_replica_acknowledging_loses_no_update() {
     let group = SentinelGroup::start();
     let client = client_with_acks(&group, 2, Duration::from_secs(1));
-    let lock = client.lock("graceful").unwrap();
+    let lock = client.fair_lock("graceful").unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let in_section = Arc::new(AtomicBool::new(false));
     let done = Arc::new(Mutex::new(Vec::new()));
@@ -241,8 +241,8 @@ fn after_a_graceful_failover_the_client_leaves_the_old_master_while_it_still_tak
     let group =
         SentinelGroup::start_with("rename-command REPLICAOF \"\"\nrename-command SLAVEOF \"\"\n");
     let client = client(&group);
-    let lock = client.lock("follow").unwrap();
-    let probe = client.lock("probe").unwrap();
+    let lock = client.fair_lock("follow").unwrap();
+    let probe = client.fair_lock("probe").unwrap();
     // pooled connections to the old master, a hold, and a thread waiting behind it
     drop(probe.lock().unwrap());
     let held = lock.lock().unwrap();
@@ -336,7 +336,7 @@ fn a_client_follows_only_the_master_that_more_than_half_of_the_sentinels_name() 
         .build()
         .expect("a client through the sentinels");
     let (master, other) = (group.master_port(), lone.master_port());
-    let lock = client.lock("majority").unwrap();
+    let lock = client.fair_lock("majority").unwrap();
     let held = lock.lock().unwrap();
     assert_eq!(
         held_on(&group, master, "majority"),
@@ -435,7 +435,7 @@ fn a_password_protected_sentinel_group_takes_the_urls_credentials() {
     let client =
         fairlock::LockClient::connect(&format!("redis+sentinel://:s3cr%2Ft%40pw@{hosts}/mymaster"))
             .expect("a client with the data nodes' password");
-    let lock = client.lock("secret").unwrap();
+    let lock = client.fair_lock("secret").unwrap();
     let g = lock.lock().unwrap();
     let token = g.fencing_token();
     g.unlock().unwrap();
@@ -484,7 +484,7 @@ fn with_replica_acks_grants_wait_for_the_replicas_and_unacknowledged_ones_are_pa
     let mut group = SentinelGroup::start();
     let acked = client_with_acks(&group, 2, Duration::from_secs(2));
     let plain = client(&group);
-    let lock = acked.lock("acks").unwrap();
+    let lock = acked.fair_lock("acks").unwrap();
 
     // both replicas up: an acquire and a hand-off are acknowledged by both
     let guard = lock.lock().unwrap();
@@ -508,7 +508,7 @@ fn with_replica_acks_grants_wait_for_the_replicas_and_unacknowledged_ones_are_pa
         group.kill_node(port);
     }
     let short = client_with_acks(&group, 1, Duration::from_millis(200));
-    let lonely = short.lock("acks").unwrap();
+    let lonely = short.fair_lock("acks").unwrap();
     match lonely.try_lock() {
         Err(fairlock::Error::NotReplicated { acked, wanted, .. }) => {
             assert_eq!((acked, wanted), (0, 1));
@@ -524,7 +524,7 @@ fn with_replica_acks_grants_wait_for_the_replicas_and_unacknowledged_ones_are_pa
     );
 
     // a hand-off to such a client is passed on to the next waiter
-    let plain_lock = plain.lock("acks").unwrap();
+    let plain_lock = plain.fair_lock("acks").unwrap();
     let holder = plain_lock.lock().unwrap();
     let unacked = {
         let lonely = lonely.clone();
@@ -594,7 +594,7 @@ fn replica_ack_cost() {
             Some(n) => client_with_acks(&group, n, Duration::from_secs(1)),
         };
         let acks = acks.map_or("direct".to_string(), |n| n.to_string());
-        let lock = c.lock(&format!("cost-{acks}")).unwrap();
+        let lock = c.fair_lock(&format!("cost-{acks}")).unwrap();
         let opened = connections(&mut ping_conn);
         let pairs: Vec<f64> = (0..rounds)
             .map(|_| {
@@ -628,7 +628,7 @@ fn overlap_trial(group: &mut SentinelGroup, acks: u32, trial: u32) -> (u32, u32,
     let mut threads = vec![];
     for c in &clients {
         for _ in 0..2 {
-            let lock = c.lock(&name).unwrap();
+            let lock = c.fair_lock(&name).unwrap();
             let (in_section, overlaps, done, stop, errors) = (
                 in_section.clone(),
                 overlaps.clone(),
@@ -742,7 +742,7 @@ fn a_frozen_sentinel_neither_stalls_the_janitor_nor_costs_waiters_their_places()
 
     let (holder, took) = build(SECS_60);
     builds.push(took);
-    let lock = holder.lock("frozen").unwrap();
+    let lock = holder.fair_lock("frozen").unwrap();
     let guard = lock.lock().unwrap();
     let after = guard.fencing_token();
     let (grants_tx, grants) = mpsc::channel();
@@ -756,7 +756,7 @@ fn a_frozen_sentinel_neither_stalls_the_janitor_nor_costs_waiters_their_places()
         };
         let (client, took) = build(every);
         builds.push(took);
-        let lock = client.lock("frozen").unwrap();
+        let lock = client.fair_lock("frozen").unwrap();
         let grants_tx = grants_tx.clone();
         waiters.push(thread::spawn(move || match lock.try_lock_for(SECS_60) {
             Ok(Some(g)) => {

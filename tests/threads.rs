@@ -47,7 +47,7 @@ fn a_client_runs_two_background_threads_three_through_sentinel_and_stops_them_wh
 
     // ten locks held and renewed, with waiters on them: still two threads
     let locks: Vec<_> = (0..10)
-        .map(|i| client.lock(&format!("l{i}")).unwrap())
+        .map(|i| client.fair_lock(&format!("l{i}")).unwrap())
         .collect();
     let guards: Vec<_> = locks.iter().map(|l| l.lock().unwrap()).collect();
     let waiters: Vec<_> = locks
@@ -84,7 +84,13 @@ fn a_client_runs_two_background_threads_three_through_sentinel_and_stops_them_wh
     let client = fairlock::LockClient::builder_sentinel("mymaster", &sentinels)
         .build()
         .expect("a client through the sentinels");
-    client.lock("s").unwrap().lock().unwrap().unlock().unwrap();
+    client
+        .fair_lock("s")
+        .unwrap()
+        .lock()
+        .unwrap()
+        .unlock()
+        .unwrap();
     assert!(
         eventually(Duration::from_secs(5), || {
             let names = fairlock_threads();

@@ -197,7 +197,7 @@ fn waiters_child() {
     let client = support::client_with_url(&url, |b| {
         b.pool_size(pool).janitor_interval(Duration::from_secs(1))
     });
-    let lock = client.lock(&name).unwrap();
+    let lock = client.fair_lock(&name).unwrap();
     let inside = Arc::new(AtomicU32::new(0));
     let mut threads = vec![];
     loop {
@@ -244,7 +244,7 @@ fn many_waiting_threads_in_four_processes_are_served_in_fifo_order_on_few_connec
     let name = "crowd";
     let mut conn = server.conn();
     let client = support::client_with_url(&server.url(), |b| b.pool_size(PARENT_POOL));
-    let lock = client.lock(name).unwrap();
+    let lock = client.fair_lock(name).unwrap();
     let holder = lock.lock().unwrap();
     let first = holder.fencing_token();
 
@@ -393,7 +393,7 @@ fn killing_the_waker_connection_mid_wait_loses_no_waiter() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     let client = support::client(&server);
-    let lock = client.lock("killed-waker").unwrap();
+    let lock = client.fair_lock("killed-waker").unwrap();
     let holder = lock.lock().unwrap();
     let first = holder.fencing_token();
     let mut killed = vec![];
@@ -467,7 +467,7 @@ fn redis_restarted_mid_wait_serves_every_waiter_once() {
     // the holder's lease (3 s, renewed every second) outlasts the restart
     let holder_client =
         support::client_with_url(&server.url(), |b| b.lease(Duration::from_secs(3)));
-    let lock = holder_client.lock("restarted").unwrap();
+    let lock = holder_client.fair_lock("restarted").unwrap();
     let holder = lock.lock().unwrap();
     let first = holder.fencing_token();
     // two waiting clients (two wakers), their threads alternating in the queue
@@ -477,7 +477,7 @@ fn redis_restarted_mid_wait_serves_every_waiter_once() {
     let inside = Arc::new(AtomicU32::new(0));
     let (tx, rx) = mpsc::channel();
     let threads = support::spawn_queued(&lock, WAITERS, SECS_5, |i| {
-        let waiter = clients[i % 2].lock("restarted").unwrap();
+        let waiter = clients[i % 2].fair_lock("restarted").unwrap();
         let inside = inside.clone();
         let tx = tx.clone();
         move || {
@@ -525,7 +525,7 @@ fn a_grant_arriving_as_the_deadline_passes_is_never_lost() {
     let _serial = serial();
     let server = RedisServer::start();
     let holder_client = support::client(&server);
-    let lock = holder_client.lock("deadline").unwrap();
+    let lock = holder_client.fair_lock("deadline").unwrap();
     // both waiters in one client: their wake-ups go through one waker, which must tell them apart
     let waiters = support::client(&server);
     // the first waiter's patience: long enough that both waiters are surely queued before it
@@ -551,7 +551,7 @@ fn a_grant_arriving_as_the_deadline_passes_is_never_lost() {
 
         let (a_tx, a_rx) = mpsc::channel();
         let impatient = {
-            let lock = waiters.lock("deadline").unwrap();
+            let lock = waiters.fair_lock("deadline").unwrap();
             let client = waiters.clone();
             let inside = inside.clone();
             thread::spawn(move || {
@@ -575,7 +575,7 @@ fn a_grant_arriving_as_the_deadline_passes_is_never_lost() {
         let (b_tx, b_rx) = mpsc::channel();
         let (b_owner_tx, b_owner_rx) = mpsc::channel();
         let patient = {
-            let lock = waiters.lock("deadline").unwrap();
+            let lock = waiters.fair_lock("deadline").unwrap();
             let client = waiters.clone();
             let inside = inside.clone();
             thread::spawn(move || {
@@ -667,8 +667,8 @@ fn with_a_connection_per_thread_each_waiter_blocks_on_its_own_and_fifo_holds() {
         b.wait_mode(fairlock::WaitMode::PerThread)
     });
     let shared = support::client(&server);
-    let lock = per_thread.lock("per-thread").unwrap();
-    let shared_lock = shared.lock("per-thread").unwrap();
+    let lock = per_thread.fair_lock("per-thread").unwrap();
+    let shared_lock = shared.fair_lock("per-thread").unwrap();
     let guard = lock.lock().unwrap();
     let (tx, grants) = mpsc::channel();
     let waiters = support::spawn_queued(&lock, 6, SECS_30, |i| {
@@ -736,12 +736,12 @@ fn waiting_works_for_a_user_refused(refused: &str) {
     let holder = support::client(&server);
     // a waiter blocks on A; then one waits on B, a list the blocked BLPOP does not cover and
     // no CLIENT UNBLOCK can make it take up: it must be served all the same
-    let held_a = holder.lock("no-client-a").unwrap().lock().unwrap();
-    let held_b = holder.lock("no-client-b").unwrap().lock().unwrap();
+    let held_a = holder.fair_lock("no-client-a").unwrap().lock().unwrap();
+    let held_b = holder.fair_lock("no-client-b").unwrap().lock().unwrap();
     let mut waiters = vec![];
     let (tx, rx) = mpsc::channel();
     for name in ["no-client-a", "no-client-b"] {
-        let lock = client.lock(name).unwrap();
+        let lock = client.fair_lock(name).unwrap();
         let tx = tx.clone();
         waiters.push(thread::spawn(move || {
             tx.send((

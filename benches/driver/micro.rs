@@ -131,7 +131,7 @@ pub fn micro(b: &mut Bench) {
     let client = fairlock::LockClient::connect(&b.url).expect("fairlock client");
     for reentrant in [false, true] {
         let lock = client
-            .lock(&b.name(if reentrant {
+            .fair_lock(&b.name(if reentrant {
                 "reentrant"
             } else {
                 "uncontended"

@@ -176,7 +176,7 @@ pub fn scripts(b: &mut Bench) {
     }
     let client = fairlock::LockClient::connect(&b.url).expect("fairlock client");
     let pairs = |name: &str| {
-        let lock = client.lock(name).expect("lock handle");
+        let lock = client.fair_lock(name).expect("lock handle");
         for _ in 0..n {
             lock.lock().expect("lock").unlock().expect("unlock");
         }
@@ -190,7 +190,7 @@ pub fn scripts(b: &mut Bench) {
     )];
 
     let reentrant_lock = client
-        .lock(&b.name("scripts-reentrant"))
+        .fair_lock(&b.name("scripts-reentrant"))
         .expect("lock handle");
     let outer = reentrant_lock.lock().expect("lock");
     out.push(scripts_scenario(

@@ -647,7 +647,7 @@ fn child_run(args: &[String]) -> Res<()> {
         crate::workers::fairlock_client(url).map_err(|e| format!("fairlock client: {e}"))?;
     let pool_size = client.config().pool_size;
     let locks = (0..nlocks)
-        .map(|i| client.lock(&format!("{prefix}-{i}")))
+        .map(|i| client.fair_lock(&format!("{prefix}-{i}")))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("lock handle: {e}"))?;
 

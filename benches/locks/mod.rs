@@ -111,7 +111,9 @@ impl Locker {
             Lib::Fairlock => {
                 let client = client.ok_or("fairlock needs a client")?;
                 Locker::Fair {
-                    lock: client.lock(name).map_err(err("fairlock lock handle"))?,
+                    lock: client
+                        .fair_lock(name)
+                        .map_err(err("fairlock lock handle"))?,
                     guard: None,
                 }
             }

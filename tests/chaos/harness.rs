@@ -955,7 +955,7 @@ impl Run<'_> {
                 let _ = fairlock::raw::load_library(&mut c);
             }
             let name = self.locks[self.rng.range(0, self.locks.len() as u64 - 1) as usize].clone();
-            let lock = self.direct().operator.lock(&name).expect("lock name");
+            let lock = self.direct().operator.fair_lock(&name).expect("lock name");
             let holder = match lock.status() {
                 Ok(s) => s.holder,
                 Err(e) => {

@@ -229,7 +229,7 @@ fn worker_thread(
 ) {
     let th = me.to_string();
     let mut rng = Rng::new(seed);
-    let handles: Vec<_> = locks.iter().map(|n| client.lock(n).unwrap()).collect();
+    let handles: Vec<_> = locks.iter().map(|n| client.fair_lock(n).unwrap()).collect();
     let script = redis::Script::new(FENCED_WRITE);
     let mut conn: Option<redis::Connection> = None;
     while !stop.load(Ordering::SeqCst) {

@@ -313,6 +313,6 @@ fn connect(url: &str, name: &str, lease: Duration) -> Result<(LockClient, FairLo
         }
         f
     })?;
-    let lock = client.lock(name)?;
+    let lock = client.fair_lock(name)?;
     Ok((client, lock))
 }
