@@ -8,97 +8,14 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::config::{Config, WaitMode};
 use crate::connection::{with_pooled, Conn, Manager, Pool, CLUSTER_SCHEME, SENTINEL_SCHEME};
 use crate::error::{Error, Result};
 use crate::janitor::Janitor;
-use crate::keys;
-use crate::limits::{DEFAULT_LEASE, MAX_LEASE, MIN_LEASE};
 use crate::master_watch::MasterWatch;
 use crate::raw;
 use crate::waker::Wakers;
 use crate::watchdog::Watchdog;
-
-/// How a client's waiting threads wait for their wake-ups (see README "Connections").
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum WaitMode {
-    /// The waiting threads take turns on one blocking connection (per lock on a Redis Cluster):
-    /// waiting costs one connection however many threads wait. The default.
-    #[default]
-    Shared,
-    /// Each waiting thread blocks on a connection of its own (kept for 10 s after its last
-    /// wait), as fairlock did before [`WaitMode::Shared`]: one connection per waiting thread,
-    /// for a hand-off some 20 % faster when many threads of one process wait on one lock.
-    PerThread,
-}
-
-/// The settings of a [`LockClient`]: set one by one on a [`LockClientBuilder`], or all at once
-/// with [`LockClientBuilder::config`]; read with [`LockClient::config`].
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// Lease of a hold; renewed by the watchdog every third of it. Default 30 s.
-    pub lease: Duration,
-    /// Prefix of every key. Default `fairlock`.
-    pub key_prefix: String,
-    /// Connections for commands. Waiting threads use none of them: one more connection, the
-    /// waker's, blocks for all of them. Default 8.
-    pub pool_size: u32,
-    /// How long to wait for a TCP connection (and for a free pooled one). Default 2 s.
-    pub connect_timeout: Duration,
-    /// How long to wait for a reply to a command. Default 5 s.
-    pub read_timeout: Duration,
-    /// How often the janitor refreshes this client's waiters and repairs locks. Default 1 s.
-    /// A waiter not refreshed for 3 intervals counts as dead and is removed.
-    pub janitor_interval: Duration,
-    /// How often the client checks again, while it runs, that the server never evicts keys
-    /// (`maxmemory-policy`), and logs an error when that changed. Default 1 minute.
-    pub server_check_interval: Duration,
-    /// How long a lock's fence (its last fencing token) is kept after its last grant. Default
-    /// 7 days. Tokens keep rising after it expires (they are seeded from the server clock); it
-    /// bounds what idle lock names cost Redis.
-    pub fence_ttl: Duration,
-    /// Through a Sentinel group or on a Cluster: how long a call keeps trying while there is no
-    /// master to reach (a failover or a slot migration under way) before it fails with
-    /// [`Error::Connection`]. Default 60 s; unused with one node, where such a call fails at
-    /// once.
-    pub failover_timeout: Duration,
-    /// How many replicas must acknowledge a grant (`WAIT`) before it becomes a guard; 0 (the
-    /// default) for none. A grant acknowledged by fewer within `replica_ack_timeout` is given up
-    /// (passed to the next waiter) and the call fails with [`Error::NotReplicated`], so no guard
-    /// ever rests on a grant that a failover could lose. Costs a round trip and the replicas'
-    /// lag per grant.
-    pub replica_acks: u32,
-    /// How long to wait for `replica_acks` acknowledgements. Default 1 s; less than
-    /// `read_timeout`.
-    pub replica_ack_timeout: Duration,
-    /// How waiting threads wait: on one shared connection (the default) or each on its own.
-    pub wait_mode: WaitMode,
-}
-
-impl Config {
-    /// How long a waiter entry lives without a heartbeat before others treat it as dead.
-    pub fn waiter_timeout(&self) -> Duration {
-        self.janitor_interval * 3
-    }
-}
-
-impl Default for Config {
-    fn default() -> Config {
-        Config {
-            lease: DEFAULT_LEASE,
-            key_prefix: "fairlock".into(),
-            pool_size: 8,
-            connect_timeout: Duration::from_secs(2),
-            read_timeout: Duration::from_secs(5),
-            janitor_interval: Duration::from_secs(1),
-            server_check_interval: Duration::from_secs(60),
-            fence_ttl: Duration::from_secs(7 * 24 * 3600),
-            failover_timeout: Duration::from_secs(60),
-            replica_acks: 0,
-            replica_ack_timeout: Duration::from_secs(1),
-            wait_mode: WaitMode::Shared,
-        }
-    }
-}
 
 /// Builds a [`LockClient`] with settings other than the defaults.
 ///
@@ -242,68 +159,8 @@ impl LockClientBuilder {
     /// [`Error::UnsupportedServer`] for a server that is not Redis 6.2+, and
     /// [`Error::UnsafeServer`] for a Redis whose `maxmemory-policy` may evict keys.
     pub fn build(self) -> Result<LockClient> {
+        self.config.validate()?;
         let c = &self.config;
-        validate_lease("lease", c.lease)?;
-        keys::validate_prefix(&c.key_prefix)?;
-        if c.pool_size == 0 || c.pool_size > 1024 {
-            return Err(Error::InvalidConfig {
-                setting: "pool_size",
-                reason: format!("{} is not between 1 and 1024", c.pool_size),
-            });
-        }
-        if c.replica_acks > 0
-            && (c.replica_ack_timeout < Duration::from_millis(1)
-                || c.replica_ack_timeout >= c.read_timeout)
-        {
-            return Err(Error::InvalidConfig {
-                setting: "replica_ack_timeout",
-                reason: format!(
-                    "{:?} is not between 1 ms and the read timeout ({:?})",
-                    c.replica_ack_timeout, c.read_timeout
-                ),
-            });
-        }
-        if c.failover_timeout > Duration::from_secs(3600) {
-            return Err(Error::InvalidConfig {
-                setting: "failover_timeout",
-                reason: format!("{:?} is more than 1 h", c.failover_timeout),
-            });
-        }
-        for (setting, value) in [
-            ("connect_timeout", c.connect_timeout),
-            ("read_timeout", c.read_timeout),
-        ] {
-            if value < Duration::from_millis(10) || value > Duration::from_secs(3600) {
-                return Err(Error::InvalidConfig {
-                    setting,
-                    reason: format!("{value:?} is not between 10 ms and 1 h"),
-                });
-            }
-        }
-        if c.janitor_interval < Duration::from_millis(50)
-            || c.janitor_interval > Duration::from_secs(60)
-        {
-            return Err(Error::InvalidConfig {
-                setting: "janitor_interval",
-                reason: format!("{:?} is not between 50 ms and 60 s", c.janitor_interval),
-            });
-        }
-        if c.server_check_interval < Duration::from_secs(1)
-            || c.server_check_interval > Duration::from_secs(24 * 3600)
-        {
-            return Err(Error::InvalidConfig {
-                setting: "server_check_interval",
-                reason: format!("{:?} is not between 1 s and 1 day", c.server_check_interval),
-            });
-        }
-        if c.fence_ttl < Duration::from_secs(60)
-            || c.fence_ttl > Duration::from_secs(365 * 24 * 3600)
-        {
-            return Err(Error::InvalidConfig {
-                setting: "fence_ttl",
-                reason: format!("{:?} is not between 1 minute and 365 days", c.fence_ttl),
-            });
-        }
 
         // one manager for the pool, the wakers, the checks and the master watch: through a
         // Sentinel group, they all follow the same master
@@ -381,16 +238,6 @@ fn choose_runner(manager: &Manager, version: (u32, u32)) -> Result<raw::Runner> 
             Ok(raw::Runner::Eval)
         }
     }
-}
-
-pub(crate) fn validate_lease(setting: &'static str, lease: Duration) -> Result<()> {
-    if lease < MIN_LEASE || lease > MAX_LEASE {
-        return Err(Error::InvalidConfig {
-            setting,
-            reason: format!("{lease:?} is not between {MIN_LEASE:?} and {MAX_LEASE:?}"),
-        });
-    }
-    Ok(())
 }
 
 /// A connection to one Redis server that hands out [`FairLock`](crate::FairLock) handles. Cheap to clone; all

@@ -46,6 +46,7 @@
 mod attempt;
 mod boot_clock;
 mod client;
+mod config;
 mod connection;
 mod error;
 mod guard;
@@ -70,7 +71,8 @@ mod status;
 mod waker;
 mod watchdog;
 
-pub use client::{Config, LockClient, LockClientBuilder, WaitMode};
+pub use client::{LockClient, LockClientBuilder};
+pub use config::{Config, WaitMode};
 pub use error::{Error, ErrorKind, Result};
 pub use guard::LockGuard;
 pub use keys::validate_name;

@@ -17,3 +17,41 @@ pub const MIN_LEASE: Duration = Duration::from_millis(100);
 
 /// The longest lease accepted (a lease is a safety net, not a schedule).
 pub const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The other settings' defaults (see [`Config`](crate::Config), which documents each).
+pub(crate) mod defaults {
+    use std::time::Duration;
+
+    pub const KEY_PREFIX: &str = "fairlock";
+    pub const POOL_SIZE: u32 = 8;
+    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+    pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+    pub const JANITOR_INTERVAL: Duration = Duration::from_secs(1);
+    pub const SERVER_CHECK_INTERVAL: Duration = Duration::from_secs(60);
+    pub const FENCE_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+    pub const FAILOVER_TIMEOUT: Duration = Duration::from_secs(60);
+    pub const REPLICA_ACK_TIMEOUT: Duration = Duration::from_secs(1);
+}
+
+/// The range each setting must be in (inclusive), checked by `Config::validate`.
+pub(crate) mod ranges {
+    use std::ops::RangeInclusive;
+    use std::time::Duration;
+
+    pub const POOL_SIZE: RangeInclusive<u32> = 1..=1024;
+    /// the connect and the read timeout
+    pub const TIMEOUT: RangeInclusive<Duration> =
+        Duration::from_millis(10)..=Duration::from_secs(3600);
+    /// a waiter not refreshed for three intervals counts as dead
+    pub const JANITOR_INTERVAL: RangeInclusive<Duration> =
+        Duration::from_millis(50)..=Duration::from_secs(60);
+    pub const SERVER_CHECK_INTERVAL: RangeInclusive<Duration> =
+        Duration::from_secs(1)..=Duration::from_secs(24 * 3600);
+    pub const FENCE_TTL: RangeInclusive<Duration> =
+        Duration::from_secs(60)..=Duration::from_secs(365 * 24 * 3600);
+    pub const FAILOVER_TIMEOUT: RangeInclusive<Duration> =
+        Duration::ZERO..=Duration::from_secs(3600);
+    /// and less than the read timeout
+    pub const REPLICA_ACK_TIMEOUT: RangeInclusive<Duration> =
+        Duration::from_millis(1)..=Duration::from_secs(3600);
+}

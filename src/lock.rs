@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::attempt::Attempt;
-use crate::client::{validate_lease, ClientInner, LockClient};
+use crate::client::{ClientInner, LockClient};
+use crate::config::validate_lease;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::hold::{self, Hold, HoldKey};

@@ -6,6 +6,7 @@ use crate::raw::RawStatus;
 
 /// Who holds a lock and who waits for it, read in one atomic step.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LockStatus {
     /// The lock name.
     pub name: String,
@@ -19,6 +20,7 @@ pub struct LockStatus {
 
 /// Where a holder or waiter runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Origin {
     /// Owner id: `<client id>:<thread number>`.
     pub owner: String,
@@ -32,6 +34,7 @@ pub struct Origin {
 
 /// The holder of a lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Holder {
     /// Who holds it.
     pub origin: Origin,
@@ -47,6 +50,7 @@ pub struct Holder {
 
 /// A waiter in the queue.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Waiter {
     /// Who waits.
     pub origin: Origin,
@@ -94,5 +98,61 @@ impl LockStatus {
             fencing_counter: raw.fence,
             waiters,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(owner: &str, meta: &str) -> RawStatus {
+        RawStatus {
+            server_ms: 10_000,
+            owner: owner.into(),
+            count: 2,
+            token: 77,
+            pttl_ms: 2_500,
+            since_ms: 4_000,
+            meta: meta.into(),
+            fence: 77,
+            queue: vec![
+                ("c:2".into(), 9_000_000, "h2|12|worker|with|bars".into()),
+                ("c:3".into(), 11_000_000, "".into()),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_held_lock_shows_its_holder_and_waiters_in_queue_order() {
+        let s = LockStatus::from_raw("job", raw("c:1", "host-a|4242|main"));
+        let h = s.holder.expect("held");
+        assert_eq!(h.origin.owner, "c:1");
+        assert_eq!((h.origin.host.as_str(), h.origin.pid), ("host-a", 4242));
+        assert_eq!(h.origin.thread, "main");
+        assert_eq!((h.hold_count, h.fencing_token), (2, 77));
+        assert_eq!(h.lease_remaining, Duration::from_millis(2_500));
+        assert_eq!(h.held_for, Duration::from_millis(6_000));
+        let owners: Vec<&str> = s.waiters.iter().map(|w| w.origin.owner.as_str()).collect();
+        assert_eq!(owners, ["c:2", "c:3"]);
+        // a thread name may contain the separator; a waiter's meta may be missing
+        assert_eq!(s.waiters[0].origin.thread, "worker|with|bars");
+        assert_eq!(s.waiters[0].waiting_for, Duration::from_millis(1_000));
+        assert_eq!(
+            (s.waiters[1].origin.pid, s.waiters[1].origin.host.as_str()),
+            (0, "")
+        );
+        // an arrival after the server's reading (another clock) is no negative wait
+        assert_eq!(s.waiters[1].waiting_for, Duration::ZERO);
+        assert_eq!(s.fencing_counter, 77);
+    }
+
+    #[test]
+    fn a_free_lock_has_no_holder_whatever_its_tombstone_says() {
+        let mut r = raw("", "host-a|4242|main");
+        r.pttl_ms = -2;
+        r.count = -1;
+        let s = LockStatus::from_raw("job", r);
+        assert_eq!(s.holder, None);
+        assert_eq!(s.waiters.len(), 2);
     }
 }

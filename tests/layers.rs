@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 /// Bottom to top; each entry is one layer (modules of one layer do not use each other, except
 /// in the last one).
 const LAYERS: &[&[&str]] = &[
-    &["limits"],
+    &["limits", "redact"],
     &["error"],
     &[
         "keys",
@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
         "sentinel",
         "lease_estimate",
     ],
-    &["connection"],
+    &["config", "connection"],
     &["raw"],
     &["hold"],
     &["watchdog", "janitor", "waker", "master_watch"],
