@@ -710,3 +710,143 @@ fn is_refused_command(e: &redis::RedisError) -> bool {
             .to_ascii_lowercase()
             .contains("unknown command")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A state with `attempts` registered (attempt, waiting on a list, in `next`), and the
+    /// receivers of their channels.
+    fn state_with(attempts: &[(u64, bool, bool)]) -> (State, HashMap<u64, Receiver<Signal>>) {
+        let mut state = State::default();
+        let mut receivers = HashMap::new();
+        for &(attempt, listed, in_next) in attempts {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            state.attempts.insert(
+                attempt,
+                Registered {
+                    events: tx,
+                    list: listed.then(|| "p:{a}:wake:c".to_string()),
+                    in_next,
+                },
+            );
+            receivers.insert(attempt, rx);
+        }
+        (state, receivers)
+    }
+
+    fn heard(rx: &Receiver<Signal>) -> Vec<&'static str> {
+        rx.try_iter()
+            .map(|s| match s {
+                Signal::Lead => "lead",
+                Signal::Event(Event::Dropped) => "dropped",
+                Signal::Event(Event::Failed(_)) => "failed",
+                Signal::Event(Event::Wake { .. }) => "wake",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_lead_passes_to_the_longest_waiting_thread_in_next() {
+        // 3 is not in next, 4 waits on no list yet: neither can lead; 5 and 7 can, 5 first
+        let (mut state, rx) = state_with(&[
+            (2, true, true),
+            (3, true, false),
+            (4, false, true),
+            (5, true, true),
+            (7, true, true),
+        ]);
+        state.leader = Some(2);
+        state.resign(2);
+        assert_eq!(state.leader, Some(5));
+        assert_eq!(heard(&rx[&5]), ["lead"]);
+        for other in [2, 3, 4, 7] {
+            assert!(heard(&rx[&other]).is_empty(), "{other}");
+        }
+        // only the leader resigns
+        state.resign(7);
+        assert_eq!(state.leader, Some(5));
+    }
+
+    #[test]
+    fn with_nobody_to_lead_the_lead_is_empty() {
+        let (mut state, _rx) = state_with(&[(2, true, true), (3, true, false)]);
+        state.leader = Some(2);
+        state.resign(2);
+        assert_eq!(state.leader, None);
+    }
+
+    #[test]
+    fn a_failed_connection_is_told_to_every_other_waiting_thread_once() {
+        let e = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        let (mut state, rx) = state_with(&[(2, true, true), (3, true, true), (4, false, true)]);
+        state.leader = Some(2);
+        let mine = state.connection_failed(2, false, &e);
+        assert!(matches!(mine, Event::Failed(Error::Connection { .. })));
+        // 3 hears the failure and takes the lead; 4 waits on no list: it hears nothing
+        assert_eq!(heard(&rx[&3]), ["failed", "lead"]);
+        assert!(heard(&rx[&2]).is_empty());
+        assert!(heard(&rx[&4]).is_empty());
+
+        let (mut state, rx) = state_with(&[(2, true, true), (3, true, true)]);
+        state.leader = Some(2);
+        assert!(matches!(
+            state.connection_failed(2, true, &e),
+            Event::Dropped
+        ));
+        assert_eq!(heard(&rx[&3]), ["dropped", "lead"]);
+        // the new leader finds the master moved: the lead goes back to 2, still in next
+        assert!(matches!(state.master_moved(3), Event::Dropped));
+        assert_eq!(heard(&rx[&2]), ["dropped", "lead"]);
+        assert_eq!(state.leader, Some(2));
+    }
+
+    #[test]
+    fn idle_lists_are_forgotten_after_the_linger_and_beyond_the_cap() {
+        let mut state = State::default();
+        let start = Instant::now();
+        let watched = |waiting, idle_since| Watched {
+            waiting,
+            idle_since,
+        };
+        state.lists.insert("busy".into(), watched(1, start));
+        for i in 0..MAX_IDLE_LISTS + 3 {
+            let since = start + Duration::from_millis(i as u64);
+            state.lists.insert(format!("idle{i}"), watched(0, since));
+        }
+        // within the linger only the cap applies: the three longest idle go
+        state.forget_idle_lists(start + Duration::from_secs(1));
+        assert_eq!(state.lists.len(), 1 + MAX_IDLE_LISTS);
+        for i in 0..3 {
+            assert!(!state.lists.contains_key(&format!("idle{i}")), "idle{i}");
+        }
+        // after it, every idle list goes; one with a waiter stays however old
+        state.forget_idle_lists(start + LINGER + Duration::from_secs(1));
+        let left: Vec<&String> = state.lists.keys().collect();
+        assert_eq!(left, ["busy"]);
+    }
+
+    #[test]
+    fn a_list_turns_idle_when_its_last_waiter_leaves() {
+        let mut state = State::default();
+        let long_ago = Instant::now() - Duration::from_secs(60);
+        state.lists.insert(
+            "l".into(),
+            Watched {
+                waiting: 2,
+                idle_since: long_ago,
+            },
+        );
+        state.leave_list("l");
+        assert_eq!(state.lists["l"].waiting, 1);
+        assert_eq!(state.lists["l"].idle_since, long_ago);
+        state.leave_list("l");
+        assert_eq!(state.lists["l"].waiting, 0);
+        assert!(state.lists["l"].idle_since > long_ago);
+        // leaving an unknown list, or one already empty, changes nothing
+        state.leave_list("l");
+        state.leave_list("other");
+        assert_eq!(state.lists["l"].waiting, 0);
+        assert_eq!(state.lists.len(), 1);
+    }
+}
