@@ -762,6 +762,68 @@ impl r2d2::ManageConnection for Pooled {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// The target `url` names (no I/O: nothing connects before the first call), or the reason
+    /// it was refused.
+    fn target_of(url: &str) -> std::result::Result<&'static str, String> {
+        let s = Duration::from_secs(1);
+        match Manager::new(url, s, s, s) {
+            Ok(m) => Ok(match m.target {
+                Target::Node(_) => "node",
+                Target::Sentinel(_) => "sentinel",
+                Target::Cluster { .. } => "cluster",
+            }),
+            Err(Error::InvalidUrl { reason, .. }) => Err(reason),
+            Err(e) => panic!("{url}: {e:?}"),
+        }
+    }
+
+    #[test]
+    fn each_url_form_names_its_target() {
+        for (url, target) in [
+            ("redis://127.0.0.1:6379/", "node"),
+            ("redis://u:p%40ss@cache.internal:6380/2", "node"),
+            (
+                "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster",
+                "sentinel",
+            ),
+            ("redis+sentinel://u:pw@10.0.0.1:26379/mymaster/", "sentinel"),
+            ("redis+cluster://10.0.0.1:7000,10.0.0.2:7000/", "cluster"),
+            ("redis+cluster://:pw@10.0.0.1:7000", "cluster"),
+        ] {
+            assert_eq!(target_of(url), Ok(target), "{url}");
+        }
+    }
+
+    #[test]
+    fn malformed_urls_are_refused_with_the_form_they_need() {
+        for (url, says) in [
+            (
+                "redis+sentinel://10.0.0.1:26379",
+                "ends with the master's name",
+            ),
+            (
+                "redis+sentinel://10.0.0.1:26379/a/b",
+                "ends with the master's name",
+            ),
+            ("redis+sentinel:///mymaster", "no sentinel address"),
+            ("redis+cluster://10.0.0.1:7000/0", "names nodes only"),
+            ("redis+cluster:///", "no node address"),
+        ] {
+            let reason = target_of(url).expect_err(url);
+            assert!(reason.contains(says), "{url}: {reason}");
+        }
+        for url in [
+            "http://127.0.0.1/",
+            "redis://127.0.0.1:notaport/",
+            "",
+            "127.0.0.1:6379",
+        ] {
+            assert!(target_of(url).is_err(), "{url}");
+        }
+    }
+
     #[test]
     fn versions_compare() {
         assert!(super::parse_version("6.2.0") >= super::MIN_VERSION);

@@ -1116,6 +1116,137 @@ mod tests {
         }
     }
 
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn reply(items: &[&str]) -> Value {
+        Value::Array(
+            items
+                .iter()
+                .map(|s| match s.parse::<i64>() {
+                    Ok(n) => Value::Int(n),
+                    Err(_) => bulk(s),
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn every_acquire_reply_parses_and_nothing_else_does() {
+        assert_eq!(
+            parse_acquire(reply(&["granted", "17", "1000", "2500"])).unwrap(),
+            Acquire::Granted(Grant {
+                token: 17,
+                server_ms: 1000,
+                pttl_ms: 2500
+            })
+        );
+        assert_eq!(
+            parse_acquire(reply(&["busy", "900"])).unwrap(),
+            Acquire::Busy { pttl_ms: 900 }
+        );
+        // the last token comes as text (a token may be beyond what an integer reply keeps exact)
+        let queued = Value::Array(vec![
+            bulk("queued"),
+            Value::Int(5),
+            Value::Int(30000),
+            bulk("9007199254740991"),
+        ]);
+        assert_eq!(
+            parse_acquire(queued).unwrap(),
+            Acquire::Queued {
+                server_ms: 5,
+                pttl_ms: 30000,
+                last_token: 9007199254740991
+            }
+        );
+        assert_eq!(parse_acquire(reply(&["stale"])).unwrap(), Acquire::Stale);
+        for bad in [
+            reply(&["granted", "17"]),
+            reply(&["granted", "-1", "1", "1"]),
+            reply(&["queued", "5", "1"]),
+            reply(&["weird"]),
+            reply(&[]),
+            Value::Int(1),
+            Value::Nil,
+        ] {
+            assert!(
+                matches!(parse_acquire(bad.clone()), Err(Error::Protocol { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn release_leave_and_force_unlock_replies_parse() {
+        assert_eq!(
+            parse_release(reply(&["held", "1"])).unwrap(),
+            Release::StillHeld
+        );
+        assert_eq!(
+            parse_release(reply(&["released", ""])).unwrap(),
+            Release::Released { next: None }
+        );
+        assert_eq!(
+            parse_release(reply(&["not_held", "c:2"])).unwrap(),
+            Release::NotHeld {
+                holder: Some("c:2".into())
+            }
+        );
+        assert_eq!(parse_leave(reply(&["left"])).unwrap(), Leave::Left);
+        assert_eq!(
+            parse_leave(reply(&["passed", "c:3"])).unwrap(),
+            Leave::Passed {
+                next: Some("c:3".into())
+            }
+        );
+        assert!(matches!(
+            parse_leave(reply(&["granted", "5", "6", "7"])).unwrap(),
+            Leave::Granted(Grant { token: 5, .. })
+        ));
+        assert_eq!(
+            parse_force_unlock(reply(&["not_held", "c:4", "99"])).unwrap(),
+            ForceUnlock::NotHeld {
+                holder: Some(("c:4".into(), 99))
+            }
+        );
+        assert!(parse_release(reply(&["gone"])).is_err());
+        assert!(parse_leave(Value::Nil).is_err());
+    }
+
+    #[test]
+    fn short_replies_parse_by_their_number() {
+        assert_eq!(parse_reenter(Value::Int(0)).unwrap(), Reenter::Lost);
+        assert_eq!(parse_reenter(Value::Int(3)).unwrap(), Reenter::Reentered(3));
+        assert_eq!(
+            parse_reenter(Value::Int(i64::MAX)).unwrap(),
+            Reenter::Reentered(u32::MAX)
+        );
+        assert!(parse_reenter(Value::Int(-1)).is_err());
+        assert!(parse_renew(Value::Int(1)).unwrap());
+        assert!(!parse_renew(Value::Int(0)).unwrap());
+        assert!(parse_renew(Value::Nil).is_err());
+        let hb = parse_heartbeat(reply(&["1500", "42", "c:1", "c:2"])).unwrap();
+        assert_eq!((hb.pttl_ms, hb.last_token), (1500, 42));
+        assert_eq!(hb.told_to_retry, ["c:1", "c:2"]);
+        assert!(parse_heartbeat(reply(&["1500"])).is_err());
+    }
+
+    #[test]
+    fn a_status_reply_parses_with_its_queue() {
+        let s = parse_status(reply(&[
+            "10000", "c:1", "2", "77", "2500", "4000", "h|1|t", "77", "c:2", "9000000", "h|2|u",
+        ]))
+        .unwrap();
+        assert_eq!(
+            (s.owner.as_str(), s.count, s.token, s.fence),
+            ("c:1", 2, 77, 77)
+        );
+        assert_eq!(s.queue, [("c:2".to_string(), 9000000, "h|2|u".to_string())]);
+        assert!(parse_status(reply(&["10000", "c:1"])).is_err());
+    }
+
     #[test]
     fn scripts_are_distinct_and_start_with_common() {
         for s in scripts() {
