@@ -26,3 +26,7 @@ cargo test --quiet --lib
 
 echo "== cargo test --all-features"
 cargo test --all-features "$@"
+
+echo "== the core behaviour again with a connection per waiting thread (WaitMode::PerThread)"
+FAIRLOCK_TEST_WAIT_MODE=per-thread cargo test --quiet --all-features \
+  --test basic --test fairness --test counter --test lease --test crash

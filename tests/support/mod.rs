@@ -293,7 +293,8 @@ pub fn client(server: &RedisServer) -> fairlock::LockClient {
 }
 
 /// A client for the server at `url` (a child gets it from its parent) with [`client`]'s settings
-/// (janitor 200 ms, connect timeout 2 s, read timeout 5 s) changed by `configure`.
+/// (janitor 200 ms, connect timeout 2 s, read timeout 5 s, the wait mode of [`wait_mode`])
+/// changed by `configure`.
 pub fn client_with_url(
     url: &str,
     configure: impl FnOnce(fairlock::LockClientBuilder) -> fairlock::LockClientBuilder,
@@ -301,8 +302,20 @@ pub fn client_with_url(
     let builder = fairlock::LockClient::builder(url)
         .janitor_interval(Duration::from_millis(200))
         .connect_timeout(Duration::from_secs(2))
-        .read_timeout(Duration::from_secs(5));
+        .read_timeout(Duration::from_secs(5))
+        .wait_mode(wait_mode());
     configure(builder).build().expect("connect to test redis")
+}
+
+/// The wait mode of the tests' clients: `FAIRLOCK_TEST_WAIT_MODE=per-thread` runs a suite's
+/// behaviour in [`fairlock::WaitMode::PerThread`] (scripts/test.sh runs the core suites so
+/// too); the default otherwise.
+pub fn wait_mode() -> fairlock::WaitMode {
+    match std::env::var("FAIRLOCK_TEST_WAIT_MODE").as_deref() {
+        Err(_) | Ok("") | Ok("shared") => fairlock::WaitMode::Shared,
+        Ok("per-thread") => fairlock::WaitMode::PerThread,
+        Ok(other) => panic!("FAIRLOCK_TEST_WAIT_MODE={other:?}: use shared or per-thread"),
+    }
 }
 
 /// Poll `cond` every 10 ms until it holds or `timeout` passes (for checks, not for timing).
