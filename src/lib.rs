@@ -2,7 +2,11 @@
 //!
 //! A fair (FIFO), reentrant, blocking distributed lock on Redis for synchronous Rust: thread
 //! pools, cron-style jobs that must run on one server at a time, and code without an async
-//! runtime.
+//! runtime. Waiters queue in arrival order and sleep in a `BLPOP`; a release hands the lock
+//! straight to the next waiter. A watchdog renews leases while a guard lives, a janitor repairs
+//! what crashed processes leave behind, and every hold gets a fencing token.
+//!
+//! # Quick start
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -24,21 +28,97 @@
 //! # Ok::<(), fairlock::Error>(())
 //! ```
 //!
-//! Layers, bottom to top; a module uses only those below it (`tests/layers.rs` checks it):
-//! 1. `limits` (limits and defaults), `error`, `keys` (the key scheme and name checks),
-//!    `boot_clock` (a clock that counts suspend), `server_check` (the eviction policy check),
-//!    `sentinel` (which master a Sentinel group names), `lease_estimate` (a hand-off's lease
-//!    start, a pure function the fuzzer drives too);
-//! 2. `connection`: the connection manager, the pools and the retry of a dropped connection;
-//! 3. [`raw`]: the protocol, `scripts/*.lua` with one typed call per transition;
-//! 4. `hold`: the per-thread record of holds, and the state a hold shares with the watchdog;
-//! 5. `watchdog` (lease renewal) and `janitor` (waiter heartbeats and crash repair), one thread
-//!    each per client, fed plain data, `waker` (the one BLPOP all waiting threads of a
-//!    client take turns on) and `master_watch` (through a Sentinel group: follow its master);
-//! 6. `client`: [`LockClient`], its settings, pools and background threads;
-//! 7. `status`, then [`FairLock`] (`lock`) and [`LockGuard`] (`guard`), the handle and its
-//!    guard, which refer to each other as `lock_api`'s `Mutex` and `MutexGuard` do, with
-//!    `attempt`, one acquire call that may wait (the wake-up path).
+//! A [`LockClient`] holds the connections and the background threads; make one per process and
+//! share it. [`LockClient::fair_lock`] gives a [`FairLock`], a cheap handle (`Clone + Send +
+//! Sync`) to one lock name. A [`LockGuard`] is one level of the calling thread's hold: it
+//! belongs to that thread (`!Send`), and dropping it releases that level. Settings other than
+//! the defaults go through [`LockClient::builder`].
+//!
+//! # Waiting
+//!
+//! [`FairLock::lock`] waits as long as it takes; [`FairLock::try_lock_for`] and
+//! [`FairLock::try_lock_until`] wait at most that long; [`FairLock::try_lock`] never waits and
+//! never queues. Waiters are served in the order they reached Redis, across threads, processes
+//! and machines, and nobody barges in: while anyone is queued a newcomer's `try_lock` fails, and
+//! a thread that leaked its hold ([`LockGuard::leak`]) queues behind it like anyone else. A
+//! thread about to wait can make a [`WaitCanceller`] ([`FairLock::wait_canceller`]) with which
+//! another thread ends that wait. However many threads of a client wait, they share one
+//! blocking connection ([`WaitMode`]).
+//!
+//! # Leases, lost locks and fencing
+//!
+//! A hold has a lease (30 s unless set otherwise), renewed every third of it while the guard
+//! lives, so a job may hold a lock far longer than its lease, and a crashed holder's lock moves
+//! on once its lease ends. [`FairLock::with_fixed_lease`] turns renewal off for a job that must
+//! not run twice within a period:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
+//! let job = client.fair_lock("nightly-report")?.with_fixed_lease(Duration::from_secs(60))?;
+//! if let Some(guard) = job.try_lock()? {
+//!     // run the job; then keep the lock for the rest of the minute, on every server
+//!     guard.leak();
+//! }
+//! # Ok::<(), fairlock::Error>(())
+//! ```
+//!
+//! A holder that stalls longer than its lease (a GC pause, a stopped process) may still run
+//! while the next owner holds the lock: no lease-based lock can prevent that.
+//! [`LockGuard::is_lost`] tells when the watchdog found the lock gone; for the writes
+//! themselves, pass [`LockGuard::fencing_token`] to the resource and have it reject a token
+//! lower than the highest it has seen.
+//!
+//! # Errors
+//!
+//! Every call returns [`Result`]. [`Error`] has a variant per outcome, with a message that says
+//! what to do; [`Error::kind`] sorts it ([`ErrorKind`]), and [`Error::is_retryable`] tells
+//! whether the same call may succeed later:
+//!
+//! ```no_run
+//! let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
+//! let lock = client.fair_lock("orders:close-unpaid")?;
+//! match lock.lock() {
+//!     Ok(guard) => {
+//!         // ... the critical section ...
+//!         guard.unlock()?;
+//!     }
+//!     Err(e) if e.is_retryable() => { /* Redis unreachable or failing over: try again later */ }
+//!     Err(e) => return Err(e),
+//! }
+//! # Ok::<(), fairlock::Error>(())
+//! ```
+//!
+//! # Deployments
+//!
+//! One Redis node ([`LockClient::connect`], [`LockClient::builder`]), the master of a Sentinel
+//! group ([`LockClient::builder_sentinel`], or a `redis+sentinel://` URL), or a Redis Cluster
+//! ([`LockClient::builder_cluster`], or a `redis+cluster://` URL), Redis 6.2 or later. A server
+//! that may evict keys is refused. Replication is asynchronous, so a failover can lose the last
+//! grant; [`LockClientBuilder::replica_acks`] keeps a guard from resting on such a grant.
+//!
+//! # Guarantees
+//!
+//! [`FairLock`] states its guarantees and limits. The README lists all fourteen in brief, and
+//! `docs/guarantees.md` in full, each with the test that shows it.
+//!
+//! # Cargo features
+//!
+//! - `cli`: the `fairlock` command-line tool, which runs a command under a lock, shows who holds
+//!   a lock and releases one by force (`cargo install fairlock --features cli`). Off by default,
+//!   so the library alone pulls in no argument parser.
+//! - `raw`: the module `fairlock::raw`, the protocol's calls one by one, for the fuzzer, the
+//!   benchmarks and tools. Off by default; its replies mirror the Lua scripts' and change with
+//!   them, with no stability promise.
+//!
+//! # Further reading
+//!
+//! The README covers the command-line tool, deployments and configuration. In `docs/`, shipped
+//! with the crate: `guarantees.md` (guarantees, limits, fencing), `deployments.md` (Sentinel,
+//! Cluster, replica acknowledgements, the server's configuration), `design.md` (how it works,
+//! and the layers of the source, which `tests/layers.rs` checks), `evidence.md` (tests, fault
+//! injection, the protocol fuzzer) and `benchmarks.md`.
 
 #![warn(missing_docs)]
 #![warn(missing_debug_implementations)]
