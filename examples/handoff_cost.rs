@@ -1,11 +1,11 @@
 //! What a hand-off costs Redis: two owners take turns on one lock through the raw protocol layer
 //! (one queues, the other releases, which grants the lock to it; it pops the grant), and Redis's
 //! `SLOWLOG` (threshold 0) gives each call's server time. Prints, per script, the median and the
-//! mean of the middle 80 % in µs. Run by `scripts/lua-cost.sh` against its own throwaway server;
-//! by hand, only against a server of your own (it changes `slowlog-*` and uses lock `cost`):
+//! mean of the middle 80 % in µs. Run it only against a server of your own (it changes
+//! `slowlog-*` and uses lock `cost`):
 //!
 //! ```text
-//! cargo run --release --example handoff_cost -- redis://127.0.0.1:6379/ [HAND-OFFS]
+//! cargo run --release --features raw --example handoff_cost -- redis://127.0.0.1:6379/ [HAND-OFFS]
 //! ```
 
 use std::process::ExitCode;

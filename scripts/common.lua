@@ -67,7 +67,7 @@
 -- clock moves on with whatever traffic the lock has: a dead waiter is found dead by a call at
 -- most cap/10 after its deadline however that call came (a cron job's try_lock), not only by
 -- another waiter's heartbeat. Leases are Redis TTLs: a forward step of the server clock shortens them
--- (README: Limits).
+-- (docs/guarantees.md: Limits).
 --
 -- Foreign data. Another program's data at a lock's key is never modified: every key is read or
 -- written through `read`, with a command that fails with WRONGTYPE on another type, before any

@@ -11,7 +11,7 @@
 # the bench's per-script table lists them), in two functions that do nothing else, next to the
 # naive lock's pair (SET NX PX, then a GET + DEL script).
 #
-# The figures show where the script time of an acquisition goes (README: Benchmarks); they move
+# The figures show where the script time of an acquisition goes (docs/benchmarks.md); they move
 # with the machine's load like every timing here, so compare rows of one round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,7 +77,7 @@ redis.register_function("floor_acquire", function(KEYS, ARGV)
 end)
 redis.register_function("floor_release", function(KEYS, ARGV)
   redis.call("HMGET", KEYS[1], "owner", "attempt", "token", "lease", "released", "wdl", "vc")
-  redis.call("EXISTS", KEYS[3], KEYS[4])
+  redis.call("ZRANGE", KEYS[3], 0, 1)
   redis.call("HSET", KEYS[1], "owner", "", "released", "1795601210931211")
   return 1
 end)'
@@ -90,7 +90,7 @@ echo "|---:|---|---:|"
 for round in $(seq 1 "$rounds"); do
   printf '| %s | floor acquire (HMGET, EXISTS, TIME, SET GET, HSET, PEXPIRE) | %s |\n' "$round" \
     "$(usec FCALL floor_acquire "${floor_keys[@]}")"
-  printf '| %s | floor release (HMGET, EXISTS, HSET) | %s |\n' "$round" \
+  printf '| %s | floor release (HMGET, ZRANGE, HSET) | %s |\n' "$round" \
     "$(usec FCALL floor_release "${floor_keys[@]}")"
   printf '| %s | naive acquire (SET NX PX) | %s |\n' "$round" \
     "$(usec SET '{n}' me NX PX 30000)"

@@ -35,7 +35,8 @@ end
 
 -- ---- wake lists -----------------------------------------------------------------------------
 -- One list per lock per client ("<lock>:wake:<client id>"), shared by that client's waiting
--- threads; its waker thread pops it and hands each message to the thread of its attempt. A
+-- threads; whichever of them leads the client's one BLPOP pops it and hands each message to the
+-- thread of its attempt (src/waker.rs). A
 -- message starts with the thread's number, so a script can remove one thread's messages without
 -- touching its neighbours'.
 

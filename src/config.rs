@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::keys;
 use crate::limits::{defaults, ranges, DEFAULT_LEASE, MAX_LEASE, MIN_LEASE};
 
-/// How a client's waiting threads wait for their wake-ups (see README "Connections").
+/// How a client's waiting threads wait for their wake-ups (docs/design.md, "Connections").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WaitMode {
     /// The waiting threads take turns on one blocking connection (per lock on a Redis Cluster):
@@ -16,8 +16,8 @@ pub enum WaitMode {
     #[default]
     Shared,
     /// Each waiting thread blocks on a connection of its own (kept for 10 s after its last
-    /// wait), as fairlock did before [`WaitMode::Shared`]: one connection per waiting thread,
-    /// for a hand-off some 20 % faster when many threads of one process wait on one lock.
+    /// wait): one connection per waiting thread, and no hand-over of the lead between the
+    /// threads of a process (see docs/design.md, "Connections").
     PerThread,
 }
 

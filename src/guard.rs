@@ -74,7 +74,7 @@ impl LockGuard {
 
     /// The fencing token of this hold: greater than every token handed out before for this lock
     /// name. Pass it to the resource you protect and have it reject writes with a lower token than
-    /// one it has seen (see the README's "Fencing" section). Re-entry returns the outer token.
+    /// one it has seen (docs/guarantees.md, "Fencing"). Re-entry returns the outer token.
     pub fn fencing_token(&self) -> u64 {
         self.hold.token
     }

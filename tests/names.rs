@@ -37,7 +37,7 @@ fn names() -> impl Strategy<Value = String> {
     ]
 }
 
-/// The documented rule (README): 1 to 512 bytes, no braces, no control characters.
+/// The documented rule (`validate_name`): 1 to 512 bytes, no braces, no control characters.
 fn name_is_valid(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 512
@@ -209,7 +209,7 @@ fn settings() -> impl Strategy<Value = Settings> {
         )
 }
 
-/// The settings that break the documented ranges (README, "Configuration").
+/// The settings that break the documented ranges (src/limits.rs, `ranges`).
 fn invalid_settings(s: &Settings) -> Vec<&'static str> {
     let ms = Duration::from_millis;
     let secs = Duration::from_secs;

@@ -1,5 +1,6 @@
-//! Waiting costs O(1) connections per process (issue 11): one waker thread per client blocks in
-//! one BLPOP over its wake lists and hands each wake-up to the thread it is for. These tests
+//! Waiting costs O(1) connections per process (issue 11): a client's waiting threads take turns
+//! leading one BLPOP over its wake lists, and the leader hands each wake-up to the thread it is
+//! for. These tests
 //! check what that must not break: FIFO order across thousands of waiting threads in several
 //! processes (on a bounded number of connections), a waker whose connection is killed, a Redis
 //! restart under waiters, and a grant that meets a waiter's deadline.

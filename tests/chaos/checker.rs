@@ -89,7 +89,7 @@
 //!    it says `role:master`) was granted in that split, and is counted under
 //!    `holds_lost_sentinel_split`; so is an overlap of two such holds (`holds_overlapped`, and
 //!    the lost update it brings): one master granted each. Only replica acknowledgements from
-//!    every replica prevent them (the README says so; `tests/sentinel.rs` shows it).
+//!    every replica prevent them (docs/deployments.md says so; `tests/sentinel.rs` shows it).
 //!    A master kill can bring the same split: Sentinel may fail over the replica it has just
 //!    promoted too (it stalled for the `down-after-milliseconds`, busy with a full sync), and
 //!    that one stays a writable master until the sentinels convert it. The harness watches the

@@ -48,7 +48,7 @@ use crate::support::{unix_micros, ChildTest, Proc, RedisServer};
 pub const LOCKS: [&str; 2] = ["chaos-a", "chaos-b"];
 
 /// The largest forward step of the server clock: a forward step of S shortens every lease on
-/// the server by S (Redis TTLs follow the wall clock; README, Limits) while the holders' estimates
+/// the server by S (Redis TTLs follow the wall clock; docs/guarantees.md, Limits) while the holders' estimates
 /// do not know. The watchdog renews every third of the lease, so the server keeps at least two
 /// thirds of it; a quarter leaves a margin of more than a third of the lease for a late renewal.
 pub const MAX_FORWARD_STEP: Duration =

@@ -36,7 +36,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
 const ERROR_PAUSE: Duration = Duration::from_millis(50);
 
-/// The resource side of fencing (README, "Fencing"), plus what the checker needs: a sequence
+/// The resource side of fencing (docs/guarantees.md, "Fencing"), plus what the checker needs: a sequence
 /// number in Redis's execution order and an epoch that changes when the resource is lost (a
 /// restart without persistence), so accepted writes can be put in order.
 /// KEYS[1] = resource hash; ARGV[1] = token, ARGV[2] = writer.

@@ -1,6 +1,6 @@
 //! Durations on the command line (`500ms`, `30s`, `5m`, `1h`, `1m30s`, `1.5s`) and in messages.
 //!
-//! Parsing is humantime's, narrowed to the form the README documents: `<number><unit>` parts
+//! Parsing is humantime's, narrowed to the form docs/cli.md documents: `<number><unit>` parts
 //! with no spaces, unit one of `ms`, `s`, `m`, `h`.
 
 use std::time::Duration;
