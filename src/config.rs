@@ -21,8 +21,8 @@ pub enum WaitMode {
     PerThread,
 }
 
-/// The settings of a [`LockClient`]: set one by one on a [`LockClientBuilder`], or all at once
-/// with [`LockClientBuilder::config`]; read with [`LockClient::config`].
+/// The settings of a [`LockClient`](crate::LockClient): set one by one on a [`LockClientBuilder`](crate::LockClientBuilder), or all at once
+/// with [`LockClientBuilder::config`](crate::LockClientBuilder::config); read with [`LockClient::config`](crate::LockClient::config).
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Lease of a hold; renewed by the watchdog every third of it. Default 30 s.
