@@ -269,6 +269,7 @@ impl FairLock {
         WaitCanceller {
             lock: self.clone(),
             owner: self.client.owner(),
+            thread: self.client.thread_number(),
         }
     }
 
@@ -420,6 +421,8 @@ pub(crate) fn ms(v: i64) -> Duration {
 pub struct WaitCanceller {
     lock: FairLock,
     owner: String,
+    /// The waiting thread's number (its waker: see `Wakers::for_waiter`).
+    thread: u64,
 }
 
 impl WaitCanceller {
@@ -429,8 +432,8 @@ impl WaitCanceller {
     }
 
     /// Give up that thread's queue place, and hand on a grant that already reached it. Its
-    /// acquire call returns [`Error::Abandoned`] once it wakes (at its next wake-up or
-    /// re-check: not at once), never a guard; if it took the lock before this call, this does
+    /// acquire call returns [`Error::Abandoned`] within a round trip or two (it is woken and
+    /// checks with Redis), never a guard; if it took the lock before this call, this does
     /// nothing and the thread keeps it. Without this the place lapses only when
     /// the janitor stops refreshing it, and a grant made to it meanwhile waits to be revoked.
     /// Does nothing when the thread is not waiting on this lock. The attempt is marked as left
@@ -454,8 +457,14 @@ impl WaitCanceller {
         let call = lock
             .raw
             .leave(&self.owner, attempt, LeaveMode::Pass, LateAcquire::Possible);
-        lock.client.with_conn(call.during(), |c| call.run(c))?;
-        Ok(())
+        let left = lock.client.with_conn(call.during(), |c| call.run(c));
+        // and the thread hears it now, not at its next wake-up: its acquire, run again, finds
+        // the mark and returns Error::Abandoned (also when the leave failed: the entry is gone)
+        lock.client
+            .wakers
+            .for_waiter(&key.0, self.thread)
+            .recheck(attempt);
+        left.map(|_| ())
     }
 }
 

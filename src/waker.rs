@@ -337,6 +337,28 @@ impl Waker {
         }
     }
 
+    /// Make `attempt`'s thread, if it waits here, run its acquire again now: a
+    /// [`WaitCanceller`](crate::WaitCanceller) gave its wait up, and the acquire, finding the
+    /// attempt marked as left, ends the wait with [`Error::Abandoned`]. A thread that leads is
+    /// blocked in the BLPOP: that is interrupted too.
+    pub fn recheck(&self, attempt: u64) {
+        let generation = {
+            let mut state = self.state.lock();
+            let Some(r) = state.attempts.get(&attempt) else {
+                return;
+            };
+            let _ = r.events.send(Signal::Event(Event::Dropped));
+            if state.leader != Some(attempt) {
+                return;
+            }
+            // a new generation, so that `interrupt` ends the BLPOP in flight (the next one is
+            // built afresh, with the same lists)
+            state.generation += 1;
+            state.generation
+        };
+        self.interrupt(generation);
+    }
+
     /// Make the blocked BLPOP, if it does not cover the lists of `generation`, end and be sent
     /// again with them.
     fn interrupt(&self, generation: u64) {

@@ -628,3 +628,47 @@ fn abandon_racing_a_grant_never_leaves_a_guard_whose_lock_was_passed_on() {
     assert_eq!(guards + abandoned, 60);
     assert!(guards > 0, "{guards} guards, {abandoned} abandoned");
 }
+
+/// An abandoned wait ends at once, with `Error::Abandoned`, whether its thread leads the
+/// client's BLPOP or waits behind the leader: before, it ended only when the thread next woke
+/// (the BLPOP's 10 s re-block, or the janitor's next heartbeat, here a minute away).
+#[test]
+fn an_abandoned_wait_ends_promptly_for_the_leader_and_for_a_follower() {
+    let server = RedisServer::start();
+    let holder = support::client(&server);
+    let waiters = support::client_with_url(&server.url(), |b| {
+        b.janitor_interval(Duration::from_secs(60))
+    });
+    let held = holder.fair_lock("abandon-fast").unwrap().lock().unwrap();
+    let start_waiter = || {
+        let lock = waiters.fair_lock("abandon-fast").unwrap();
+        let (tx, rx) = mpsc::channel();
+        let t = thread::spawn(move || {
+            tx.send(lock.wait_canceller()).unwrap();
+            let r = lock.lock().map(|g| g.fencing_token());
+            (r, Instant::now())
+        });
+        (rx.recv().unwrap(), t)
+    };
+    let (first, first_thread) = start_waiter();
+    let (second, second_thread) = start_waiter();
+    let lock = holder.fair_lock("abandon-fast").unwrap();
+    assert!(eventually(SECS_5, || lock.status().unwrap().waiters.len() == 2));
+    // one of them leads the BLPOP, the other waits on its channel: each is given up in turn
+    for (canceller, t) in [(second, second_thread), (first, first_thread)] {
+        let asked = Instant::now();
+        canceller.abandon().unwrap();
+        let (r, ended) = t.join().unwrap();
+        assert!(
+            matches!(r, Err(Error::Abandoned { .. })),
+            "expected Abandoned, got {r:?}"
+        );
+        let took = ended.duration_since(asked);
+        assert!(
+            took < Duration::from_secs(5),
+            "the wait ended {took:?} after abandon"
+        );
+    }
+    assert!(lock.status().unwrap().waiters.is_empty());
+    held.unlock().unwrap();
+}
