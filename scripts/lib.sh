@@ -30,7 +30,7 @@ ensure_faketime() {
 }
 
 # What the tests need: redis-server, and libfaketime to step its wall clock
-# (tests/fuzz/faketime.rs); prints the server's version.
+# (tests/support/faketime.rs); prints the server's version.
 ensure_test_tools() {
   ensure_redis_server
   ensure_faketime

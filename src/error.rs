@@ -31,7 +31,10 @@ pub enum Error {
         /// What the parser said.
         reason: String,
     },
-    /// Redis could not be reached, the connection broke, or it did not answer in time.
+    /// Redis could not be reached, the connection broke, or it did not answer in time; also a
+    /// wait that the network kept from completing: several grants in a row that arrived after
+    /// their lease had run out (a stalled network or process), or connections the server
+    /// closed again and again (restarts). Nothing is held; retrying later may work.
     Connection {
         /// What fairlock was doing.
         during: &'static str,
@@ -357,7 +360,7 @@ impl Error {
 }
 
 /// The key a script's refusal names: its message is `key <key> holds <what>; ...` (see
-/// `refuse` in scripts/common.lua; what a key holds never says " holds ").
+/// `refuse` in src/raw/lua/common.lua; what a key holds never says " holds ").
 fn foreign_key(detail: &str) -> Option<String> {
     let rest = detail.strip_prefix("key ")?;
     let end = rest.rfind(" holds ")?;

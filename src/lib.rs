@@ -142,7 +142,7 @@ pub mod raw;
 // Without the feature the protocol is the library's own; some of its calls serve only the
 // fuzzer, the benchmarks and tools.
 #[cfg(not(feature = "raw"))]
-#[allow(dead_code)]
+#[allow(dead_code, unused_imports)]
 mod raw;
 mod redact;
 mod sentinel;

@@ -5,12 +5,7 @@
 
 mod support;
 
-#[path = "fuzz/faketime.rs"]
-#[allow(dead_code)]
-mod faketime;
-#[path = "fuzz/rng.rs"]
-#[allow(dead_code)]
-mod rng;
+use support::faketime;
 
 use std::thread;
 use std::time::{Duration, Instant};

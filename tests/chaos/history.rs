@@ -21,10 +21,8 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Mutex;
 
-#[path = "../shared/mono_clock.rs"]
-mod mono_clock;
 /// Nanoseconds on `CLOCK_MONOTONIC`, the clock every process on this machine shares.
-pub use mono_clock::mono_ns as now_ns;
+pub use crate::support::mono_clock::mono_ns as now_ns;
 
 /// The history file of one process.
 pub struct History {

@@ -1,5 +1,5 @@
 //! The redis-server of a chaos run: a plain one (`tests/support`, with or without AOF), or one
-//! whose wall clock the harness can step (`FakeClockRedis` of `tests/fuzz/faketime.rs`, under
+//! whose wall clock the harness can step (`FakeClockRedis` of `tests/support/faketime.rs`, under
 //! libfaketime, without persistence).
 //!
 //! `FakeClockRedis` cannot restart on its port, so a restart of the stepped server kills it

@@ -12,6 +12,9 @@
 //! Every test binary compiles this module and uses only part of it, hence `allow(dead_code)`.
 #![allow(dead_code)]
 
+pub mod faketime;
+pub mod mono_clock;
+pub mod rng;
 pub mod topology;
 
 use std::collections::BTreeSet;

@@ -21,29 +21,18 @@
 //! violations (`chaos/checker.rs`, 9.). They stay out of the short mode: a failover with the
 //! rejoin of the old master takes 5 to 20 s, so a round that sees a few is minutes long.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 // redis-server on a steppable clock (shared with the fuzzer; only FakeClockRedis is used here)
-#[allow(dead_code)]
-#[path = "fuzz/faketime.rs"]
-mod faketime;
-#[allow(dead_code)]
-#[path = "fuzz/rng.rs"]
-mod rng;
+use support::faketime;
 
-#[path = "chaos/checker.rs"]
 mod checker;
-#[path = "chaos/harness.rs"]
 mod harness;
-#[path = "chaos/history.rs"]
 mod history;
-#[path = "chaos/proxy.rs"]
 mod proxy;
-#[path = "chaos/server.rs"]
 mod server;
-#[path = "chaos/topo.rs"]
 mod topo;
-#[path = "chaos/workload.rs"]
 mod workload;
 
 use std::collections::BTreeMap;

@@ -1,6 +1,7 @@
 //! `CLOCK_MONOTONIC` in nanoseconds: the clock every process on this machine shares, so a time
-//! stamped in one process and one stamped in another can be subtracted. Included with `#[path]`
-//! by the chaos suite's histories and the benchmarks' workers.
+//! stamped in one process and one stamped in another can be subtracted. A module of the tests'
+//! support (the chaos suite's histories use it), and included by the benchmarks' workers, which
+//! must agree with them on the clock.
 
 /// Nanoseconds on `CLOCK_MONOTONIC`.
 pub fn mono_ns() -> u64 {

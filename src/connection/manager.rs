@@ -1,247 +1,17 @@
-//! Connections: an r2d2 manager over `redis::Client` that applies fairlock's timeouts, to one
-//! node, to the master a Sentinel group names, or to a Redis Cluster (the redis crate's
-//! `ClusterConnection`, which routes each command by its first key and follows `MOVED` / `ASK`).
-//!
-//! The redis crate's own r2d2 impl connects without a timeout (a black-holed server would hang
-//! for the OS TCP timeout) and cannot tell that a connection whose read timed out is poisoned: the
-//! server may still answer the abandoned request later (for a BLPOP: with a grant). Our
-//! [`Conn`] is marked broken on any I/O error or timeout, and r2d2 then drops it.
+//! [`Manager`]: where connections go (one node, the master a Sentinel group names, or a
+//! Redis Cluster), as a URL names it, and how each connection is opened with fairlock's
+//! timeouts.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConnection};
-use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
-};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::sentinel::SentinelNodeConnectionInfo;
-use redis::{ConnectionLike, IntoConnectionInfo, Value};
+use redis::IntoConnectionInfo;
 
-use crate::error::{failover_error, Error, Result};
+use super::{Conn, Inner};
+use crate::error::{Error, Result};
 use crate::sentinel::{Followed, SentinelTarget};
-use crate::server_check::{check_eviction_policy, EvictionCheck, UNKNOWN_POLICY_WARNING};
-
-/// Oldest Redis version fairlock supports (BLPOP with sub-second timeouts, HSET with many fields,
-/// ZRANGE with scores, script effects replication).
-const MIN_VERSION: (u32, u32) = (6, 2);
-
-/// A pooled connection that remembers whether it is still trustworthy.
-pub(crate) struct Conn {
-    inner: Inner,
-    broken: bool,
-    dropped: bool,
-    /// The master generation it was opened in (see [`Manager::follow_master`]).
-    generation: u64,
-}
-
-/// One node's connection, or a Cluster's (a connection to each node it routes to).
-enum Inner {
-    Node(redis::Connection),
-    Cluster(Box<ClusterConnection>),
-}
-
-impl Inner {
-    fn as_like(&mut self) -> &mut dyn ConnectionLike {
-        match self {
-            Inner::Node(c) => c,
-            Inner::Cluster(c) => c,
-        }
-    }
-
-    fn as_ref_like(&self) -> &dyn ConnectionLike {
-        match self {
-            Inner::Node(c) => c,
-            Inner::Cluster(c) => c,
-        }
-    }
-}
-
-impl Conn {
-    /// Run a command; any connection-level failure poisons the connection.
-    pub fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
-        cmd.query(self)
-    }
-
-    /// Run `cmd` on the node that serves `key` (on a Cluster: `CLIENT ...` and `WAIT` name no
-    /// key, and would go to any node); elsewhere the same as [`Conn::query`].
-    pub fn query_at<T: redis::FromRedisValue>(
-        &mut self,
-        key: &str,
-        cmd: &redis::Cmd,
-    ) -> redis::RedisResult<T> {
-        match &mut self.inner {
-            Inner::Node(_) => self.query(cmd),
-            Inner::Cluster(c) => {
-                let route = Route::with_key(key, SlotAddr::Master);
-                let result = c.route_command(
-                    cmd,
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                );
-                self.note(&result);
-                redis::FromRedisValue::from_redis_value(result?.extract_error()?)
-                    .map_err(redis::RedisError::from)
-            }
-        }
-    }
-
-    /// Run `cmd` on every master (one node, or each master of a Cluster): each one's reply.
-    pub fn query_masters(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<Vec<(String, Value)>> {
-        match &mut self.inner {
-            Inner::Node(_) => Ok(vec![(String::new(), self.query(cmd)?)]),
-            Inner::Cluster(c) => {
-                let result = c.route_command(
-                    cmd,
-                    RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
-                );
-                self.note(&result);
-                match result? {
-                    Value::Map(pairs) => Ok(pairs
-                        .into_iter()
-                        .map(|(node, v)| (text_of(&node), v))
-                        .collect()),
-                    other => Ok(vec![(String::new(), other)]),
-                }
-            }
-        }
-    }
-
-    /// Whether this is a Cluster's connection (which cannot pipeline calls of different slots).
-    pub fn is_cluster(&self) -> bool {
-        matches!(self.inner, Inner::Cluster(_))
-    }
-
-    pub fn set_read_timeout(&mut self, timeout: Duration) {
-        let set = match &self.inner {
-            Inner::Node(c) => c.set_read_timeout(Some(timeout)),
-            Inner::Cluster(c) => c.set_read_timeout(Some(timeout)),
-        };
-        if set.is_err() {
-            self.broken = true;
-        }
-    }
-
-    /// True when the last failure was the server closing the connection (as after a restart),
-    /// as opposed to a timeout or refusal: then the same request may go again on a fresh one.
-    pub fn was_dropped(&self) -> bool {
-        self.dropped
-    }
-
-    fn note<T>(&mut self, result: &redis::RedisResult<T>) {
-        if let Err(e) = result {
-            if is_connection_error(e) {
-                self.broken = true;
-                self.dropped = is_server_gone(e);
-            } else if failover_error(e).is_some() {
-                // a demoted master: this connection leads nowhere now, a fresh one finds the new
-                // master (through the sentinels)
-                self.broken = true;
-                self.dropped = true;
-            }
-        }
-    }
-}
-
-/// Every request of fairlock (the raw layer's calls included) goes through `note`.
-impl redis::ConnectionLike for Conn {
-    fn req_packed_command(&mut self, cmd: &[u8]) -> redis::RedisResult<redis::Value> {
-        let result = self.inner.as_like().req_packed_command(cmd);
-        self.note(&result);
-        result
-    }
-
-    fn req_command(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
-        // a Cluster routes a command by its key (its packed bytes alone would be parsed again)
-        let result = self.inner.as_like().req_command(cmd);
-        self.note(&result);
-        result
-    }
-
-    fn supports_pipelining(&self) -> bool {
-        self.inner.as_ref_like().supports_pipelining()
-    }
-
-    fn req_packed_commands(
-        &mut self,
-        cmd: &[u8],
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisResult<Vec<redis::Value>> {
-        let result = self.inner.as_like().req_packed_commands(cmd, offset, count);
-        self.note(&result);
-        result
-    }
-
-    fn get_db(&self) -> i64 {
-        self.inner.as_ref_like().get_db()
-    }
-
-    fn check_connection(&mut self) -> bool {
-        self.inner.as_like().check_connection()
-    }
-
-    fn is_open(&self) -> bool {
-        !self.broken && self.inner.as_ref_like().is_open()
-    }
-}
-
-/// Run `f` on a connection from `pool`. A pooled connection can be stale (Redis restarted since
-/// it was last used); when one turns out dropped by the server, `f` runs again on another, up to
-/// `pool size + 1` times, without that counting as a failure. Through a Sentinel group, a call
-/// that fails for want of a master (a failover under way) is also repeated, with pauses, for up
-/// to the manager's `patience`. Only for calls that are safe to repeat, which all of fairlock's
-/// are (see the scripts' headers).
-pub(crate) fn with_pooled<T>(
-    pool: &Pool,
-    during: &'static str,
-    mut f: impl FnMut(&mut Conn) -> Result<T>,
-) -> Result<T> {
-    let give_up = Instant::now() + pool.patience;
-    let mut pause = FAILOVER_PAUSE.0;
-    loop {
-        match once_pooled(pool, during, &mut f) {
-            Err(e) if e.is_connection() && Instant::now() + pause < give_up => {
-                log::debug!("fairlock: {e}; trying again in {pause:?} (failover)");
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(FAILOVER_PAUSE.1);
-            }
-            other => return other,
-        }
-    }
-}
-
-/// The command connections of a client: an r2d2 pool of [`Manager`]'s connections, and how long
-/// a call through it rides out a failover.
-#[derive(Clone)]
-pub(crate) struct Pool {
-    pool: r2d2::Pool<Pooled>,
-    manager: Arc<Manager>,
-    patience: Duration,
-}
-
-/// The manager as r2d2 holds it: shared with the waker and the master watch (a Sentinel
-/// group's master generation is one for all of a client's connections).
-pub(crate) struct Pooled(Arc<Manager>);
-
-impl Pool {
-    /// A pool of at most `size` connections; waits at most `checkout_timeout` for one.
-    pub fn new(manager: Arc<Manager>, size: u32, checkout_timeout: Duration) -> Pool {
-        let patience = manager.patience;
-        let pooled = Pooled(Arc::clone(&manager));
-        let pool = r2d2::Pool::builder()
-            .max_size(size)
-            .min_idle(Some(0))
-            .test_on_check_out(false)
-            .connection_timeout(checkout_timeout)
-            .error_handler(Box::new(r2d2::NopErrorHandler))
-            .build_unchecked(pooled);
-        Pool {
-            pool,
-            manager,
-            patience,
-        }
-    }
-}
 
 /// How often a client asks the sentinels which master they name (see
 /// [`Manager::follow_master`]).
@@ -258,69 +28,8 @@ const AGREEMENT_FRESH: Duration = Duration::from_secs(1);
 /// The longest BLPOP through a Sentinel group (see [`Manager::longest_block`]).
 const SENTINEL_BLOCK: Duration = Duration::from_secs(1);
 
-/// Pauses between calls repeated during a failover: the first, and the longest.
-const FAILOVER_PAUSE: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
-
-fn once_pooled<T>(
-    pool: &Pool,
-    during: &'static str,
-    f: &mut impl FnMut(&mut Conn) -> Result<T>,
-) -> Result<T> {
-    let mut attempts = pool.pool.max_size() + 1;
-    let mut retired = 0;
-    loop {
-        let mut conn = pool.pool.get().map_err(|e| Error::Connection {
-            during,
-            detail: format!("no connection available: {e}"),
-            source: Some(Box::new(e)),
-        })?;
-        if pool.manager.is_retired(&conn) {
-            // idle since before the Sentinel group named another master: r2d2 drops it
-            conn.broken = true;
-            if retired < pool.pool.max_size() {
-                retired += 1;
-                continue;
-            }
-        }
-        match f(&mut conn) {
-            Err(e) if attempts > 1 && conn.was_dropped() => {
-                log::debug!("fairlock: stale connection while {during} ({e}); retrying");
-                attempts -= 1;
-            }
-            other => return other,
-        }
-    }
-}
-
-/// Whether an error says the server went away or moved (closed, reset, refused, or a failover
-/// under way) rather than that it failed to answer: the same request may go again on a fresh
-/// connection, without that counting as a failure.
-pub(crate) fn is_server_gone(e: &redis::RedisError) -> bool {
-    e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || (e.is_unrecoverable_error() && !e.is_timeout())
-        || failover_error(e).is_some()
-}
-
-/// Whether `e` is a read interrupted by a signal (EINTR): the process was stopped and continued
-/// (Ctrl-Z and `fg`, a debugger, a cgroup freeze). The reply may be lost with the connection, but
-/// the server is fine: not a failure.
-pub(crate) fn is_interrupted(e: &redis::RedisError) -> bool {
-    // The crate keeps the io::Error behind an Arc that `source()` does not lead into, so its
-    // text tells: the OS's "Interrupted system call (os error 4)", or the kind's own text.
-    if !e.is_io_error() {
-        return false;
-    }
-    let text = e.to_string();
-    text.contains("(os error 4)") || text.contains("operation interrupted")
-}
-
-pub(crate) fn is_connection_error(e: &redis::RedisError) -> bool {
-    e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
-}
-
 /// Where connections go.
-enum Target {
+pub(super) enum Target {
     /// One node.
     Node(redis::Client),
     /// The master that a Sentinel group names, watched (see [`Manager::follow_master`]) and
@@ -351,15 +60,15 @@ const CLUSTER_RETRIES: u32 = 5;
 
 /// Creates connections with a connect timeout, a read and a write timeout.
 pub(crate) struct Manager {
-    target: Target,
-    connect_timeout: Duration,
-    read_timeout: Duration,
+    pub(super) target: Target,
+    pub(super) connect_timeout: Duration,
+    pub(super) read_timeout: Duration,
     /// How long a call keeps trying while there is no master to reach (see `with_pooled`):
     /// zero for one node.
-    patience: Duration,
+    pub(super) patience: Duration,
     /// Counts the masters a Sentinel group named: a connection of an older generation goes to
     /// a master that was replaced, and is dropped (see [`Manager::follow_master`]).
-    generation: AtomicU64,
+    pub(super) generation: AtomicU64,
 }
 
 impl std::fmt::Debug for Manager {
@@ -650,114 +359,6 @@ impl Manager {
             generation,
         })
     }
-
-    /// Connect once and check that the server is a Redis of a supported version; returns the
-    /// lowest version (major, minor) of its masters.
-    pub fn check_server(&self) -> Result<(u32, u32)> {
-        let mut conn = self
-            .open()
-            .map_err(|e| Error::from_redis("connecting", e))?;
-        let infos = conn
-            .query_masters(redis::cmd("INFO").arg("server"))
-            .map_err(
-                |e| match Error::from_redis("checking the server version", e) {
-                    Error::Redis(e) => Error::NotRedis {
-                        detail: e.to_string(),
-                    },
-                    other => other,
-                },
-            )?;
-        let mut lowest = (u32::MAX, u32::MAX);
-        for (node, info) in infos {
-            let info = text_of(&info);
-            let version = info
-                .lines()
-                .find_map(|l| l.strip_prefix("redis_version:"))
-                .map(|v| v.trim().to_string())
-                .ok_or_else(|| Error::NotRedis {
-                    detail: format!("INFO server{} has no redis_version", at_node(&node)),
-                })?;
-            let parsed = parse_version(&version);
-            if parsed < MIN_VERSION {
-                return Err(Error::UnsupportedServer { version });
-            }
-            lowest = lowest.min(parsed);
-        }
-        check_memory(&mut conn)?;
-        Ok(lowest)
-    }
-
-    /// Check (again) that the server never evicts keys: the janitor calls this now and then, so
-    /// a setting changed while the client runs is reported.
-    pub fn check_eviction(&self) -> Result<()> {
-        let mut conn = self
-            .open()
-            .map_err(|e| Error::from_redis("checking the server", e))?;
-        check_memory(&mut conn)
-    }
-}
-
-/// Every master must be safe (on a Cluster, each one's setting is its own).
-fn check_memory(conn: &mut Conn) -> Result<()> {
-    let infos = conn
-        .query_masters(redis::cmd("INFO").arg("memory"))
-        .map_err(|e| Error::from_redis("checking the eviction policy", e))?;
-    for (node, info) in infos {
-        let info = text_of(&info);
-        match check_eviction_policy(&info) {
-            Ok(EvictionCheck::Unknown) => {
-                log::warn!("fairlock: {UNKNOWN_POLICY_WARNING}{}", at_node(&node))
-            }
-            Ok(_) => {}
-            Err(detail) => {
-                return Err(Error::UnsafeServer {
-                    detail: format!("{detail}{}", at_node(&node)),
-                })
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A text reply's text (empty for any other reply).
-fn text_of(v: &Value) -> String {
-    match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::VerbatimString { text, .. } => text.clone(),
-        _ => String::new(),
-    }
-}
-
-/// " (at node <address>)" for a Cluster's node, nothing for one node.
-fn at_node(node: &str) -> String {
-    if node.is_empty() {
-        String::new()
-    } else {
-        format!(" (at node {node})")
-    }
-}
-
-fn parse_version(v: &str) -> (u32, u32) {
-    let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
-}
-
-impl r2d2::ManageConnection for Pooled {
-    type Connection = Conn;
-    type Error = redis::RedisError;
-
-    fn connect(&self) -> redis::RedisResult<Conn> {
-        self.0.open()
-    }
-
-    fn is_valid(&self, conn: &mut Conn) -> redis::RedisResult<()> {
-        conn.query::<()>(&redis::cmd("PING"))
-    }
-
-    fn has_broken(&self, conn: &mut Conn) -> bool {
-        conn.broken || !conn.inner.as_ref_like().is_open() || self.0.is_retired(conn)
-    }
 }
 
 #[cfg(test)]
@@ -822,13 +423,5 @@ mod tests {
         ] {
             assert!(target_of(url).is_err(), "{url}");
         }
-    }
-
-    #[test]
-    fn versions_compare() {
-        assert!(super::parse_version("6.2.0") >= super::MIN_VERSION);
-        assert!(super::parse_version("7.0.15") >= super::MIN_VERSION);
-        assert!(super::parse_version("6.0.9") < super::MIN_VERSION);
-        assert!(super::parse_version("garbage") < super::MIN_VERSION);
     }
 }

@@ -1,7 +1,7 @@
 //! A seeded, replayable protocol fuzzer over the real scripts (`fairlock::raw`).
 //!
 //! Per seed: one redis-server whose wall clock the fuzzer steps (libfaketime, see
-//! `fuzz/faketime.rs`), 1-2 locks, 3-5 logical clients of 1-3 threads each (owner
+//! `support/faketime.rs`), 1-2 locks, 3-5 logical clients of 1-3 threads each (owner
 //! `<32-hex client id>:<thread>`, a new id after a crash, attempt numbers from a per-client
 //! counter), all driven from this one process over a few plain connections. Each step is an
 //! action of a thread (acquire try/wait, pop its wake list, re-enter, release, renew, leave
@@ -84,27 +84,18 @@
 //!   and the total time budget.
 //! - `scripts/fuzz.sh [STEPS]`: the long mode (`long`, ignored by default), 1,000,000 steps.
 
+#[path = "../support/mod.rs"]
 mod support;
 
-#[path = "fuzz/actions.rs"]
+use support::{faketime, rng};
+
 mod actions;
-#[path = "fuzz/checks.rs"]
 mod checks;
-#[path = "fuzz/faketime.rs"]
-mod faketime;
-#[path = "fuzz/faults.rs"]
 mod faults;
-#[path = "fuzz/model.rs"]
 mod model;
-#[path = "fuzz/rng.rs"]
-mod rng;
-#[path = "fuzz/runner.rs"]
 mod runner;
-#[path = "fuzz/shrink.rs"]
 mod shrink;
-#[path = "fuzz/steps.rs"]
 mod steps;
-#[path = "fuzz/world.rs"]
 mod world;
 
 use std::sync::Mutex;

@@ -1,0 +1,212 @@
+//! Connections: an r2d2 manager over `redis::Client` that applies fairlock's timeouts, to one
+//! node, to the master a Sentinel group names, or to a Redis Cluster (the redis crate's
+//! `ClusterConnection`, which routes each command by its first key and follows `MOVED` / `ASK`).
+//!
+//! The redis crate's own r2d2 impl connects without a timeout (a black-holed server would hang
+//! for the OS TCP timeout) and cannot tell that a connection whose read timed out is poisoned: the
+//! server may still answer the abandoned request later (for a BLPOP: with a grant). Our
+//! [`Conn`] is marked broken on any I/O error or timeout, and r2d2 then drops it.
+
+use std::time::Duration;
+
+use redis::cluster::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
+use redis::{ConnectionLike, Value};
+
+use crate::error::failover_error;
+
+mod checks;
+use checks::text_of;
+mod manager;
+mod pool;
+
+pub(crate) use manager::{Manager, CLUSTER_SCHEME, MASTER_WATCH_INTERVAL, SENTINEL_SCHEME};
+pub(crate) use pool::{with_pooled, Pool};
+
+/// A pooled connection that remembers whether it is still trustworthy.
+pub(crate) struct Conn {
+    inner: Inner,
+    broken: bool,
+    dropped: bool,
+    /// The master generation it was opened in (see [`Manager::follow_master`]).
+    generation: u64,
+}
+
+/// One node's connection, or a Cluster's (a connection to each node it routes to).
+enum Inner {
+    Node(redis::Connection),
+    Cluster(Box<ClusterConnection>),
+}
+
+impl Inner {
+    fn as_like(&mut self) -> &mut dyn ConnectionLike {
+        match self {
+            Inner::Node(c) => c,
+            Inner::Cluster(c) => c,
+        }
+    }
+
+    fn as_ref_like(&self) -> &dyn ConnectionLike {
+        match self {
+            Inner::Node(c) => c,
+            Inner::Cluster(c) => c,
+        }
+    }
+}
+
+impl Conn {
+    /// Run a command; any connection-level failure poisons the connection.
+    pub fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        cmd.query(self)
+    }
+
+    /// Run `cmd` on the node that serves `key` (on a Cluster: `CLIENT ...` and `WAIT` name no
+    /// key, and would go to any node); elsewhere the same as [`Conn::query`].
+    pub fn query_at<T: redis::FromRedisValue>(
+        &mut self,
+        key: &str,
+        cmd: &redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        match &mut self.inner {
+            Inner::Node(_) => self.query(cmd),
+            Inner::Cluster(c) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let result = c.route_command(
+                    cmd,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                );
+                self.note(&result);
+                redis::FromRedisValue::from_redis_value(result?.extract_error()?)
+                    .map_err(redis::RedisError::from)
+            }
+        }
+    }
+
+    /// Run `cmd` on every master (one node, or each master of a Cluster): each one's reply.
+    pub fn query_masters(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<Vec<(String, Value)>> {
+        match &mut self.inner {
+            Inner::Node(_) => Ok(vec![(String::new(), self.query(cmd)?)]),
+            Inner::Cluster(c) => {
+                let result = c.route_command(
+                    cmd,
+                    RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+                );
+                self.note(&result);
+                match result? {
+                    Value::Map(pairs) => Ok(pairs
+                        .into_iter()
+                        .map(|(node, v)| (text_of(&node), v))
+                        .collect()),
+                    other => Ok(vec![(String::new(), other)]),
+                }
+            }
+        }
+    }
+
+    /// Whether this is a Cluster's connection (which cannot pipeline calls of different slots).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner, Inner::Cluster(_))
+    }
+
+    pub fn set_read_timeout(&mut self, timeout: Duration) {
+        let set = match &self.inner {
+            Inner::Node(c) => c.set_read_timeout(Some(timeout)),
+            Inner::Cluster(c) => c.set_read_timeout(Some(timeout)),
+        };
+        if set.is_err() {
+            self.broken = true;
+        }
+    }
+
+    /// True when the last failure was the server closing the connection (as after a restart),
+    /// as opposed to a timeout or refusal: then the same request may go again on a fresh one.
+    pub fn was_dropped(&self) -> bool {
+        self.dropped
+    }
+
+    fn note<T>(&mut self, result: &redis::RedisResult<T>) {
+        if let Err(e) = result {
+            if is_connection_error(e) {
+                self.broken = true;
+                self.dropped = is_server_gone(e);
+            } else if failover_error(e).is_some() {
+                // a demoted master: this connection leads nowhere now, a fresh one finds the new
+                // master (through the sentinels)
+                self.broken = true;
+                self.dropped = true;
+            }
+        }
+    }
+}
+
+/// Every request of fairlock (the raw layer's calls included) goes through `note`.
+impl redis::ConnectionLike for Conn {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> redis::RedisResult<redis::Value> {
+        let result = self.inner.as_like().req_packed_command(cmd);
+        self.note(&result);
+        result
+    }
+
+    fn req_command(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
+        // a Cluster routes a command by its key (its packed bytes alone would be parsed again)
+        let result = self.inner.as_like().req_command(cmd);
+        self.note(&result);
+        result
+    }
+
+    fn supports_pipelining(&self) -> bool {
+        self.inner.as_ref_like().supports_pipelining()
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisResult<Vec<redis::Value>> {
+        let result = self.inner.as_like().req_packed_commands(cmd, offset, count);
+        self.note(&result);
+        result
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.as_ref_like().get_db()
+    }
+
+    fn check_connection(&mut self) -> bool {
+        self.inner.as_like().check_connection()
+    }
+
+    fn is_open(&self) -> bool {
+        !self.broken && self.inner.as_ref_like().is_open()
+    }
+}
+
+/// Whether an error says the server went away or moved (closed, reset, refused, or a failover
+/// under way) rather than that it failed to answer: the same request may go again on a fresh
+/// connection, without that counting as a failure.
+pub(crate) fn is_server_gone(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || (e.is_unrecoverable_error() && !e.is_timeout())
+        || failover_error(e).is_some()
+}
+
+/// Whether `e` is a read interrupted by a signal (EINTR): the process was stopped and continued
+/// (Ctrl-Z and `fg`, a debugger, a cgroup freeze). The reply may be lost with the connection, but
+/// the server is fine: not a failure.
+pub(crate) fn is_interrupted(e: &redis::RedisError) -> bool {
+    // The crate keeps the io::Error behind an Arc that `source()` does not lead into, so its
+    // text tells: the OS's "Interrupted system call (os error 4)", or the kind's own text.
+    if !e.is_io_error() {
+        return false;
+    }
+    let text = e.to_string();
+    text.contains("(os error 4)") || text.contains("operation interrupted")
+}
+
+pub(crate) fn is_connection_error(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
+}

@@ -1,0 +1,238 @@
+//! The compiled-in scripts (`lua/`): each transition's code as `EVALSHA` sends it, and the
+//! function library Redis 7 loads once.
+
+use std::fmt;
+use std::sync::LazyLock;
+
+use redis::{ConnectionLike, Value};
+
+use super::Runner;
+use crate::error::{Error, Result};
+
+const COMMON: &str = include_str!("lua/common.lua");
+/// Helpers of the scripts that take the lock or change the queue (after `COMMON`).
+const STATE: &str = include_str!("lua/state.lua");
+
+/// A transition's source: its file in `lua/`, and whether it uses `state.lua`'s helpers.
+struct Source {
+    name: &'static str,
+    state: bool,
+    body: &'static str,
+}
+
+macro_rules! source {
+    ($name:literal, $state:expr) => {
+        Source {
+            name: $name,
+            state: $state,
+            body: include_str!(concat!("lua/", $name, ".lua")),
+        }
+    };
+}
+
+const ACQUIRE_SOURCE: Source = source!("acquire", true);
+const REENTER_SOURCE: Source = source!("reenter", false);
+const RELEASE_SOURCE: Source = source!("release", true);
+const RENEW_SOURCE: Source = source!("renew", false);
+const LEAVE_SOURCE: Source = source!("leave", true);
+const FORCE_UNLOCK_SOURCE: Source = source!("force_unlock", true);
+const HEARTBEAT_SOURCE: Source = source!("heartbeat", true);
+const STATUS_SOURCE: Source = source!("status", true);
+
+const SOURCES: [&Source; 8] = [
+    &ACQUIRE_SOURCE,
+    &REENTER_SOURCE,
+    &RELEASE_SOURCE,
+    &RENEW_SOURCE,
+    &LEAVE_SOURCE,
+    &FORCE_UNLOCK_SOURCE,
+    &HEARTBEAT_SOURCE,
+    &STATUS_SOURCE,
+];
+
+impl Source {
+    /// What a run does first: set the run's keys and settings (and state.lua's per-run state).
+    fn reset(&self) -> &'static str {
+        if self.state {
+            "reset(KEYS, ARGV)\nreset_state()\n"
+        } else {
+            "reset(KEYS, ARGV)\n"
+        }
+    }
+}
+
+/// The function library of every script (Redis 7+): its name carries a hash of its code, so
+/// clients of different fairlock versions can share a server, each calling its own functions.
+struct Library {
+    name: String,
+    code: String,
+}
+
+static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+    let helpers = format!("{COMMON}\n{STATE}\n");
+    let mut hashed = helpers.clone();
+    for s in SOURCES {
+        hashed.push_str(s.reset());
+        hashed.push_str(s.body);
+    }
+    let name = format!("fairlock_{}", &redis::Script::new(&hashed).get_hash()[..12]);
+    let mut code = format!("#!lua name={name}\n{helpers}");
+    for s in SOURCES {
+        code.push_str(&format!(
+            "\nredis.register_function('{name}_{}', function(KEYS, ARGV)\n{}{}\nend)\n",
+            s.name,
+            s.reset(),
+            s.body,
+        ));
+    }
+    Library { name, code }
+});
+
+/// The function library's name (`fairlock_<hash of its code>`).
+pub fn library_name() -> &'static str {
+    &LIBRARY.name
+}
+
+/// The function library's code (`#!lua name=fairlock_<hash>` ...), as `FUNCTION LOAD` takes it.
+pub fn library_code() -> &'static str {
+    &LIBRARY.code
+}
+
+/// Load the function library into the server (every master of a Cluster); `FCALL` fails with
+/// "Function not found" until then. Loading it again is harmless: the same name is the same code.
+///
+/// # Errors
+/// [`Error::Connection`] when Redis cannot be reached; the server's own error when it refuses
+/// (a Redis older than 7, or an ACL user without the `FUNCTION` command).
+pub fn load_library(conn: &mut dyn ConnectionLike) -> Result<()> {
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(&LIBRARY.code)
+        .query::<Value>(conn)
+        .map(|_| ())
+        .map_err(|e| Error::from_redis("loading the function library", e))
+}
+
+/// One compiled-in script: the `EVALSHA` form (`common.lua`, `state.lua` where it needs it, then
+/// the transition's own file) with its SHA1, and the name of its function in the library.
+pub struct Script {
+    name: &'static str,
+    code: String,
+    sha: String,
+    function: String,
+}
+
+/// The script's name, SHA1 and function name (not its code).
+impl fmt::Debug for Script {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Script")
+            .field("name", &self.name)
+            .field("sha", &self.sha)
+            .field("function", &self.function)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Script {
+    fn new(source: &Source) -> Script {
+        let state = if source.state { STATE } else { "" };
+        let code = format!(
+            "{COMMON}\n{state}\n{reset}{body}",
+            reset = source.reset(),
+            body = source.body
+        );
+        let sha = redis::Script::new(&code).get_hash().to_string();
+        let function = format!("{}_{}", LIBRARY.name, source.name);
+        Script {
+            name: source.name,
+            code,
+            sha,
+            function,
+        }
+    }
+
+    /// The transition's name, as its file in `lua/` is called ("acquire", "release", ...).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The SHA1 that `EVALSHA` names the script by.
+    pub fn sha(&self) -> &str {
+        &self.sha
+    }
+
+    /// The script as `EVALSHA` runs it (helpers, `reset`, then the transition's own file).
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// The name that `FCALL` calls the script by (`fairlock_<library hash>_<name>`).
+    pub fn function(&self) -> &str {
+        &self.function
+    }
+
+    /// Load the script into the server's script cache (EVALSHA fails with NOSCRIPT until then).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when Redis cannot be reached.
+    pub fn load(&self, conn: &mut dyn ConnectionLike) -> Result<()> {
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(&self.code)
+            .query::<String>(conn)
+            .map(|_| ())
+            .map_err(|e| Error::from_redis("loading a script", e))
+    }
+
+    /// Load what `runner` calls this script through: the script, or the whole library.
+    pub(super) fn load_for(&self, runner: Runner, conn: &mut dyn ConnectionLike) -> Result<()> {
+        match runner {
+            Runner::Eval => self.load(conn),
+            Runner::Functions => load_library(conn),
+        }
+    }
+}
+
+macro_rules! script {
+    ($source:expr) => {
+        LazyLock::new(|| Script::new(&$source))
+    };
+}
+
+pub(super) static ACQUIRE: LazyLock<Script> = script!(ACQUIRE_SOURCE);
+pub(super) static REENTER: LazyLock<Script> = script!(REENTER_SOURCE);
+pub(super) static RELEASE: LazyLock<Script> = script!(RELEASE_SOURCE);
+pub(super) static RENEW: LazyLock<Script> = script!(RENEW_SOURCE);
+pub(super) static LEAVE: LazyLock<Script> = script!(LEAVE_SOURCE);
+pub(super) static FORCE_UNLOCK: LazyLock<Script> = script!(FORCE_UNLOCK_SOURCE);
+pub(super) static HEARTBEAT: LazyLock<Script> = script!(HEARTBEAT_SOURCE);
+pub(super) static STATUS: LazyLock<Script> = script!(STATUS_SOURCE);
+
+/// Every script, for loading them ahead of use.
+pub fn scripts() -> [&'static Script; 8] {
+    [
+        &ACQUIRE,
+        &REENTER,
+        &RELEASE,
+        &RENEW,
+        &LEAVE,
+        &FORCE_UNLOCK,
+        &HEARTBEAT,
+        &STATUS,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scripts_are_distinct_and_start_with_common() {
+        for s in scripts() {
+            assert!(s.code.starts_with(COMMON));
+            assert_eq!(s.sha.len(), 40);
+        }
+        assert_ne!(ACQUIRE.sha, RELEASE.sha);
+    }
+}
