@@ -384,8 +384,16 @@ impl Waker {
                 // the BLPOP has not reached the server yet, or has just been answered: look again
                 Ok(_) if Instant::now() < give_up => {
                     sent += 1;
+                    if sent == 4 && !self.is_connected(id) {
+                        // the blocking connection is not on the server the pool reaches: its
+                        // server went away or was replaced (a frozen master a failover left
+                        // behind), and its BLPOP fails by its own read timeout
+                        return;
+                    }
                     if sent > 3 {
-                        std::thread::sleep(Duration::from_micros(200));
+                        // backing off (200 µs, doubling up to 50 ms): a few calls, not a spin
+                        let shift = (sent - 4).min(8);
+                        std::thread::sleep(Duration::from_micros(200 << shift));
                     } else {
                         std::thread::yield_now();
                     }
@@ -399,6 +407,19 @@ impl Waker {
                     return;
                 }
             }
+        }
+    }
+
+    /// Whether the server the pool reaches has a client with `id` (`CLIENT LIST ID`); true when
+    /// it cannot tell (the command refused, or the server unreachable).
+    fn is_connected(&self, id: i64) -> bool {
+        let list = redis::cmd("CLIENT").arg("LIST").arg("ID").arg(id).clone();
+        match with_pooled(&self.pool, "looking up the blocked connection", |c| {
+            c.query_at::<String>(&self.route_key, &list)
+                .map_err(|e| Error::from_redis("looking up the blocked connection", e))
+        }) {
+            Ok(clients) => !clients.trim().is_empty(),
+            Err(_) => true,
         }
     }
 

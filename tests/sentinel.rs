@@ -829,3 +829,76 @@ fn a_frozen_sentinel_neither_stalls_the_janitor_nor_costs_waiters_their_places()
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// `CLIENT UNBLOCK` calls of the node on `port` so far.
+fn unblock_calls(group: &SentinelGroup, port: u16) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut group.conn_to(port))
+        .unwrap_or_default();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_client|unblock:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Review 3's suspicion, settled: while the waiting threads' BLPOP hangs on a frozen master
+/// that a failover left behind, a thread that starts waiting on another lock asks the new
+/// master to `CLIENT UNBLOCK` a connection it has never seen. That answer (0) once meant "look
+/// again" for the whole read timeout, sleeping 200 µs between calls: thousands of calls. Now
+/// the waker looks the connection up (`CLIENT LIST ID`) after three, and backs off.
+#[test]
+fn unblocking_a_blpop_stuck_on_a_frozen_master_does_not_spin_on_the_new_master() {
+    let group = SentinelGroup::start();
+    let old_master = group.master_port();
+    let holder = client(&group);
+    let urls = group.sentinel_urls();
+    let sentinels: Vec<&str> = urls.iter().map(String::as_str).collect();
+    // a long read timeout: the BLPOP on the frozen master hangs for 1 s + 10 s
+    let waiter = fairlock::LockClient::builder_sentinel("mymaster", &sentinels)
+        .lease(Duration::from_secs(10))
+        .janitor_interval(Duration::from_millis(300))
+        .read_timeout(Duration::from_secs(10))
+        .failover_timeout(SECS_30)
+        .build()
+        .expect("a client through the sentinels");
+    let first = holder.fair_lock("stuck-a").unwrap().lock().unwrap();
+    let second = holder.fair_lock("stuck-b").unwrap().lock().unwrap();
+    let wait_on = |name: &str| {
+        let lock = waiter.fair_lock(name).unwrap();
+        thread::spawn(move || {
+            lock.try_lock_for(SECS_60)
+                .map(|g| g.map(|g| g.fencing_token()))
+        })
+    };
+    let waiting_a = wait_on("stuck-a");
+    assert!(support::eventually(SECS_30, || queued_on(
+        &group, old_master, "stuck-a"
+    ) == 1));
+    wait_replicated(&group, "stuck-a", 1);
+
+    let frozen = group.freeze_node(old_master);
+    let new_master = group.wait_for_new_master(old_master, SECS_60);
+    // the clients' master watches follow the sentinels within 200 ms
+    thread::sleep(Duration::from_secs(1));
+    let before = unblock_calls(&group, new_master);
+    let waiting_b = wait_on("stuck-b");
+    // longer than the read timeout the UNBLOCK loop once spun for
+    thread::sleep(Duration::from_secs(11));
+    let calls = unblock_calls(&group, new_master) - before;
+    assert!(
+        calls <= 20,
+        "{calls} CLIENT UNBLOCK calls on the new master for one newly watched lock"
+    );
+
+    // and both waits end once the holds are released on the new master (the frozen master's
+    // holds were replicated)
+    drop(frozen);
+    first.unlock().unwrap();
+    second.unlock().unwrap();
+    for (name, waiting) in [("stuck-a", waiting_a), ("stuck-b", waiting_b)] {
+        let got = waiting.join().unwrap();
+        assert!(matches!(got, Ok(Some(_))), "{name}: {got:?}");
+    }
+}

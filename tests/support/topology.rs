@@ -259,6 +259,29 @@ impl SentinelGroup {
         Frozen { pid }
     }
 
+    /// SIGSTOP the data node on `port` (a hung host: connections to it stay open, nothing is
+    /// answered); it runs again when the returned guard is dropped (see `freeze_sentinel`).
+    pub fn freeze_node(&self, port: u16) -> Frozen {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.port == port)
+            .unwrap_or_else(|| panic!("no data node of the group on port {port}"));
+        let pid = node
+            .child
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} is not running", node.name))
+            .id() as libc::pid_t;
+        // SAFETY: kill(2) on our own child, not reaped (the group reaps it when it kills it)
+        let sent = unsafe { libc::kill(pid, libc::SIGSTOP) } == 0;
+        assert!(
+            sent,
+            "kill -STOP {pid}: {}",
+            std::io::Error::last_os_error()
+        );
+        Frozen { pid }
+    }
+
     /// Wait until every running sentinel reports the same master (`GET-MASTER-ADDR-BY-NAME`),
     /// not `old_port`, with the failover over (no `failover_in_progress`, `s_down` or `o_down`
     /// in `SENTINEL MASTER`: the leader answers with the promoted replica while it still
