@@ -20,7 +20,7 @@ pub struct Grant {
 pub enum Acquire {
     /// The caller holds the lock now.
     Granted(Grant),
-    /// [`Mode::Try`]: held by someone, or others are queued.
+    /// [`Mode::Try`](super::Mode::Try): held by someone, or others are queued.
     Busy {
         /// The holder's lease left (ms; 0 when free but others are queued).
         pttl_ms: i64,
@@ -33,7 +33,7 @@ pub enum Acquire {
         /// call to keep queueing cheap.
         pttl_ms: i64,
         /// The last token handed out when the caller was queued: a grant with a greater token
-        /// was made after this request reached Redis (see [`judge_handoff`]).
+        /// was made after this request reached Redis (see [`judge_handoff`](super::judge_handoff)).
         last_token: u64,
     },
     /// A newer attempt of this owner reached Redis first: this request came late and did
@@ -72,9 +72,9 @@ pub enum Release {
 pub enum Leave {
     /// The attempt's queue entry is gone (or was already).
     Left,
-    /// [`LeaveMode::Claim`]: the attempt had been granted the lock; the caller holds it.
+    /// [`LeaveMode::Claim`](super::LeaveMode::Claim): the attempt had been granted the lock; the caller holds it.
     Granted(Grant),
-    /// [`LeaveMode::Pass`]: the attempt had been granted the lock; it went to the next waiter.
+    /// [`LeaveMode::Pass`](super::LeaveMode::Pass): the attempt had been granted the lock; it went to the next waiter.
     Passed {
         /// The waiter it went to, if any.
         next: Option<String>,
@@ -101,7 +101,7 @@ pub enum ForceUnlock {
 pub struct Heartbeat {
     /// The holder's lease left (ms; 0 when free).
     pub pttl_ms: i64,
-    /// The last token handed out when the heartbeat ran (see [`judge_handoff`]).
+    /// The last token handed out when the heartbeat ran (see [`judge_handoff`](super::judge_handoff)).
     pub last_token: u64,
     /// Owners whose attempt had lost its place and were told to retry.
     pub told_to_retry: Vec<String>,
