@@ -132,8 +132,9 @@ struct State {
     /// Counts the lists added: a BLPOP sent with the lists of generation g covers every list added
     /// up to g.
     generation: u64,
-    /// The BLPOP in flight, if any: the generation of its lists and the id of its connection.
-    in_flight: Option<(u64, Option<i64>)>,
+    /// The BLPOP in flight, if any: the generation of its lists, the id of its connection and
+    /// the connection's master generation (see `Manager::is_retired`).
+    in_flight: Option<(u64, Option<i64>, u64)>,
     /// The attempt whose thread leads.
     leader: Option<u64>,
     /// The blocking connection, while no BLPOP uses it.
@@ -366,7 +367,11 @@ impl Waker {
         let mut sent = 0;
         loop {
             let id = match self.state.lock().in_flight {
-                Some((g, Some(id))) if g < generation => id,
+                // blocked on a master the Sentinel group has replaced: the pool reaches another
+                // server, where that id is nobody's or a stranger's (client ids are per server);
+                // the BLPOP ends by its own (short) block or read timeout
+                Some((_, _, master)) if self.manager.is_retired_generation(master) => return,
+                Some((g, Some(id), _)) if g < generation => id,
                 // not blocked (the next BLPOP is built with the new list), already covering it,
                 // or on a server without `CLIENT` (the BLPOP re-blocks soon: NO_UNBLOCK_BLOCK)
                 _ => return,
@@ -410,15 +415,22 @@ impl Waker {
         }
     }
 
-    /// Whether the server the pool reaches has a client with `id` (`CLIENT LIST ID`); true when
-    /// it cannot tell (the command refused, or the server unreachable).
+    /// Whether the server the pool reaches has a waker's connection blocked in a BLPOP with
+    /// `id` (`CLIENT LIST ID`: its name and its command); true when it cannot tell (the command
+    /// refused, or the server unreachable). Client ids are per server: after a failover the
+    /// id may be a stranger's, or nobody's.
     fn is_connected(&self, id: i64) -> bool {
         let list = redis::cmd("CLIENT").arg("LIST").arg("ID").arg(id).clone();
         match with_pooled(&self.pool, "looking up the blocked connection", |c| {
             c.query_at::<String>(&self.route_key, &list)
                 .map_err(|e| Error::from_redis("looking up the blocked connection", e))
         }) {
-            Ok(clients) => !clients.trim().is_empty(),
+            Ok(clients) => {
+                clients.split_whitespace().any(|f| f == "cmd=blpop")
+                    && clients
+                        .split_whitespace()
+                        .any(|f| f == format!("name={CONNECTION_NAME}"))
+            }
             Err(_) => true,
         }
     }
@@ -461,7 +473,11 @@ impl Waker {
             state.rotation = state.rotation.wrapping_add(1);
             let n = lists.len().max(1);
             lists.rotate_left(state.rotation % n);
-            state.in_flight = Some((state.generation, blocking.id));
+            state.in_flight = Some((
+                state.generation,
+                blocking.id,
+                blocking.conn.master_generation(),
+            ));
             lists
         };
         let block = match blocking.id {

@@ -208,7 +208,13 @@ impl Manager {
 
     /// Whether `conn` goes to a master the Sentinel group has replaced since it was opened.
     pub fn is_retired(&self, conn: &Conn) -> bool {
-        conn.generation != self.generation.load(Ordering::SeqCst)
+        self.is_retired_generation(conn.generation)
+    }
+
+    /// Whether a connection opened in master generation `generation` (see
+    /// [`Conn::master_generation`]) goes to a replaced master.
+    pub fn is_retired_generation(&self, generation: u64) -> bool {
+        generation != self.generation.load(Ordering::SeqCst)
     }
 
     /// The longest a BLPOP may block: through a Sentinel group, short enough that waiting

@@ -105,6 +105,11 @@ impl Conn {
         }
     }
 
+    /// The master generation this connection was opened in (see [`Manager::is_retired`]).
+    pub fn master_generation(&self) -> u64 {
+        self.generation
+    }
+
     /// Whether this is a Cluster's connection (which cannot pipeline calls of different slots).
     pub fn is_cluster(&self) -> bool {
         matches!(self.inner, Inner::Cluster(_))
