@@ -145,11 +145,16 @@ impl Fault {
     fn explains_overlap(&self) -> bool {
         self.kind.is_proxy() || self.kind.is_restart()
     }
-    /// Faults that may take a hold's lease away (the SIGSTOPs only of the holder's process).
+    /// Faults that may take a hold's lease away (the SIGSTOPs only of the holder's process). A
+    /// waiter's hiccup stops its whole process, the holds of its other threads too: a release
+    /// under way then may be sent again after more than the last 8 releases of a busy lock,
+    /// whose receipts its retry looks for (docs/guarantees.md, 2.), and report a release that
+    /// was applied as not held. It still explains no overtake and no lost place.
     fn may_lose_hold(&self, pid: u32) -> bool {
         self.explains_overlap()
             || self.kind == FaultKind::LateDelivery
-            || (self.kind.is_stop() && self.target == Some(pid))
+            || ((self.kind.is_stop() || self.kind == FaultKind::WaiterHiccup)
+                && self.target == Some(pid))
     }
     /// A force-unlock: did some call of it release the named hold, and how many did?
     fn force_releases(&self) -> usize {

@@ -354,7 +354,9 @@ impl SentinelGroup {
                 "SENTINEL FAILOVER {MASTER_NAME} was refused for {AGREE_TIMEOUT:?} (last: {last})"
             ));
         }
-        self.wait_for_new_master(old, Duration::from_secs(30))
+        // a sentinel thawed a moment ago (the chaos harness's stop-sentinel) may take some 30 s
+        // to be elected leader for it: seen in scripts/chaos.sh 600 sentinel
+        self.wait_for_new_master(old, Duration::from_secs(60))
     }
 
     /// Start the killed data node on `port` again, with its config file (as the sentinels
