@@ -77,7 +77,8 @@
 //!      h1 could still be within its lease (h2 acquired within a lease of K: no renewal reached
 //!      the dead master after K). Later than that, h1 outlived its own lease, which it would
 //!      have done with its grant replicated too: not replication's doing;
-//!    - for tokens out of order, h2 asked after K (a later master granted it);
+//!    - for tokens out of order, h2 asked after K (a later master granted it), or both were
+//!      granted in a `SENTINEL FAILOVER`'s split (below), each master from its own clock;
 //!    - for a hold found lost, it was such a lost grant (`holds_lost_unreplicated_grant`).
 //!
 //!    A graceful failover (`failover`: `SENTINEL FAILOVER`, `CLUSTER FAILOVER`) explains none
@@ -879,6 +880,8 @@ impl Replication<'_> {
         self.kills
             .iter()
             .any(|k| k.lost_grant(h1) && k.locks.contains(&h2.lock) && h2.req > k.at)
+            // two masters granting at once, each from its own clock: their tokens interleave
+            || self.splits.iter().any(|s| s.in_split(h1) && s.in_split(h2))
     }
 
     /// `a` was found lost because a master kill lost its grant.
