@@ -244,19 +244,7 @@ impl SentinelGroup {
             .iter()
             .find(|s| s.port == port)
             .unwrap_or_else(|| panic!("no sentinel of the group on port {port}"));
-        let pid = node
-            .child
-            .as_ref()
-            .unwrap_or_else(|| panic!("{} is not running", node.name))
-            .id() as libc::pid_t;
-        // SAFETY: kill(2) on our own child, not reaped (the group reaps it when it kills it)
-        let sent = unsafe { libc::kill(pid, libc::SIGSTOP) } == 0;
-        assert!(
-            sent,
-            "kill -STOP {pid}: {}",
-            std::io::Error::last_os_error()
-        );
-        Frozen { pid }
+        freeze(node)
     }
 
     /// SIGSTOP the data node on `port` (a hung host: connections to it stay open, nothing is
@@ -267,19 +255,7 @@ impl SentinelGroup {
             .iter()
             .find(|n| n.port == port)
             .unwrap_or_else(|| panic!("no data node of the group on port {port}"));
-        let pid = node
-            .child
-            .as_ref()
-            .unwrap_or_else(|| panic!("{} is not running", node.name))
-            .id() as libc::pid_t;
-        // SAFETY: kill(2) on our own child, not reaped (the group reaps it when it kills it)
-        let sent = unsafe { libc::kill(pid, libc::SIGSTOP) } == 0;
-        assert!(
-            sent,
-            "kill -STOP {pid}: {}",
-            std::io::Error::last_os_error()
-        );
-        Frozen { pid }
+        freeze(node)
     }
 
     /// Wait until every running sentinel reports the same master (`GET-MASTER-ADDR-BY-NAME`),
@@ -1021,6 +997,23 @@ impl Node {
         }
         text
     }
+}
+
+/// SIGSTOP `node` (see `SentinelGroup::freeze_sentinel`); it runs again when the guard drops.
+fn freeze(node: &Node) -> Frozen {
+    let pid = node
+        .child
+        .as_ref()
+        .unwrap_or_else(|| panic!("{} is not running", node.name))
+        .id() as libc::pid_t;
+    // SAFETY: kill(2) on our own child, not reaped (the group reaps it when it kills it)
+    let sent = unsafe { libc::kill(pid, libc::SIGSTOP) } == 0;
+    assert!(
+        sent,
+        "kill -STOP {pid}: {}",
+        std::io::Error::last_os_error()
+    );
+    Frozen { pid }
 }
 
 impl Drop for Node {
