@@ -415,22 +415,20 @@ impl Waker {
         }
     }
 
-    /// Whether the server the pool reaches has a waker's connection blocked in a BLPOP with
-    /// `id` (`CLIENT LIST ID`: its name and its command); true when it cannot tell (the command
-    /// refused, or the server unreachable). Client ids are per server: after a failover the
-    /// id may be a stranger's, or nobody's.
+    /// Whether the server the pool reaches has a waker's connection with `id` (`CLIENT LIST
+    /// ID`, by its name; not by its command, which on a connection just opened is still the
+    /// probe before its first BLPOP); true when it cannot tell (the command refused, or the
+    /// server unreachable). Client ids are per server: after a failover the id may be a
+    /// stranger's, or nobody's.
     fn is_connected(&self, id: i64) -> bool {
         let list = redis::cmd("CLIENT").arg("LIST").arg("ID").arg(id).clone();
         match with_pooled(&self.pool, "looking up the blocked connection", |c| {
             c.query_at::<String>(&self.route_key, &list)
                 .map_err(|e| Error::from_redis("looking up the blocked connection", e))
         }) {
-            Ok(clients) => {
-                clients.split_whitespace().any(|f| f == "cmd=blpop")
-                    && clients
-                        .split_whitespace()
-                        .any(|f| f == format!("name={CONNECTION_NAME}"))
-            }
+            Ok(clients) => clients
+                .split_whitespace()
+                .any(|f| f == format!("name={CONNECTION_NAME}")),
             Err(_) => true,
         }
     }
