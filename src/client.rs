@@ -172,10 +172,13 @@ impl LockClientBuilder {
         )?);
         let version = manager.check_server()?;
         let runner = choose_runner(&manager, version)?;
+        let cluster = self.url.starts_with(CLUSTER_SCHEME);
+        if c.replica_acks > 0 && !cluster {
+            check_publish(&manager)?;
+        }
         let pool = Pool::new(Arc::clone(&manager), c.pool_size, c.connect_timeout);
         let id = uuid::Uuid::new_v4().simple().to_string();
         let acks = (c.replica_acks > 0).then_some((c.replica_acks, c.replica_ack_timeout));
-        let cluster = self.url.starts_with(CLUSTER_SCHEME);
         let per_thread = c.wait_mode == WaitMode::PerThread;
         let wakers = Wakers::new(
             Arc::clone(&manager),
@@ -187,7 +190,7 @@ impl LockClientBuilder {
         );
         let watchdog = Watchdog::start(pool.clone(), &id, c.lease)?;
         let master_watch = MasterWatch::start(Arc::clone(&manager), &id)?;
-        let checker = manager;
+        let checker = Arc::clone(&manager);
         let janitor = Janitor::start(
             pool.clone(),
             &id,
@@ -213,6 +216,7 @@ impl LockClientBuilder {
                 watchdog,
                 janitor,
                 _master_watch: master_watch,
+                manager,
                 next_attempt: AtomicU64::new(1),
                 waiting: Mutex::new(HashMap::new()),
             }),
@@ -223,8 +227,11 @@ impl LockClientBuilder {
 /// How this client's calls will reach the scripts: the function library where the server has
 /// functions (Redis 7+) and lets this user load them, loaded now; `EVALSHA` otherwise (Redis
 /// 6.2, or a managed server whose ACLs refuse `FUNCTION LOAD`).
-fn choose_runner(manager: &Manager, version: (u32, u32)) -> Result<raw::Runner> {
-    if raw::Runner::for_version(version) == raw::Runner::Eval {
+///
+/// `version`: the lowest of the masters', `None` when the server would not say (INFO refused):
+/// then the library is tried.
+fn choose_runner(manager: &Manager, version: Option<(u32, u32)>) -> Result<raw::Runner> {
+    if version.is_some_and(|v| raw::Runner::for_version(v) == raw::Runner::Eval) {
         return Ok(raw::Runner::Eval);
     }
     let mut conn = manager
@@ -238,6 +245,32 @@ fn choose_runner(manager: &Manager, version: (u32, u32)) -> Result<raw::Runner> 
             Ok(raw::Runner::Eval)
         }
     }
+}
+
+/// Replica acknowledgements on one node publish to `fairlock:replicated` (see
+/// `raw::acknowledged_by_replicas`): refuse at build time a user who may not, rather than fail
+/// every grant.
+fn check_publish(manager: &Manager) -> Result<()> {
+    let mut conn = manager
+        .open()
+        .map_err(|e| Error::from_redis("connecting", e))?;
+    conn.query::<i64>(redis::cmd("PUBLISH").arg(raw::REPLICATED_CHANNEL).arg(""))
+        .map(drop)
+        .map_err(|e| match Error::from_redis("checking that replica acknowledgements can work", e) {
+            Error::PermissionDenied {
+                during,
+                detail,
+                credentials,
+            } => Error::PermissionDenied {
+                during,
+                detail: format!(
+                    "{detail}; replica acknowledgements publish on the channel {0}: add &{0} to the user's ACL",
+                    raw::REPLICATED_CHANNEL
+                ),
+                credentials,
+            },
+            other => other,
+        })
 }
 
 /// A connection to one Redis server that hands out [`FairLock`](crate::FairLock) handles. Cheap to clone; all
@@ -285,6 +318,8 @@ pub(crate) struct ClientInner {
     /// (lock key, owner) -> the attempt that thread is making now, for `WaitCanceller`.
     pub waiting: Mutex<HashMap<(String, String), u64>>,
     pub pool: Pool,
+    /// Opens every connection (the pool's and the wakers' through it) and checks the server.
+    manager: Arc<Manager>,
     /// The BLPOP of this client's waiting threads: one, or one per lock on a Cluster (see
     /// `waker`).
     pub wakers: Wakers,
@@ -421,13 +456,7 @@ impl LockClient {
     /// be reached.
     pub fn check_server(&self) -> Result<()> {
         self.inner.check_fork()?;
-        Manager::new(
-            &self.inner.url,
-            self.inner.config.connect_timeout,
-            self.inner.config.read_timeout,
-            self.inner.config.failover_timeout,
-        )?
-        .check_eviction()
+        self.inner.manager.check_eviction()
     }
 }
 

@@ -115,6 +115,19 @@ pub enum Error {
         /// The lock name.
         name: String,
     },
+    /// The server refused the credentials, or the Redis user may not run a command or touch a
+    /// key that fairlock needs (an ACL): nothing was changed. The message names what was
+    /// refused; docs/deployments.md ("Restricted users") gives the ACL line fairlock needs.
+    PermissionDenied {
+        /// What fairlock was doing.
+        during: &'static str,
+        /// What the server refused (its own message, which names the command or key, never a
+        /// password).
+        detail: String,
+        /// True when the credentials were refused (a wrong or expired password or token, a
+        /// disabled user), false when the user lacks a permission.
+        credentials: bool,
+    },
 }
 
 impl fmt::Display for Error {
@@ -174,6 +187,18 @@ impl fmt::Display for Error {
                 f,
                 "the wait for lock {name:?} was abandoned (WaitCanceller::abandon); nothing is held"
             ),
+            Error::PermissionDenied {
+                during,
+                detail,
+                credentials: true,
+            } => write!(
+                f,
+                "Redis refused the credentials while {during} ({detail}); check the user name and password (or token) in the URL or the credentials provider"
+            ),
+            Error::PermissionDenied { during, detail, .. } => write!(
+                f,
+                "the Redis user may not do what fairlock needs while {during} ({detail}); grant it the commands of the ACL line in docs/deployments.md (\"Restricted users\"), with a key pattern that covers the key prefix (~fairlock:* for the default one)"
+            ),
         }
     }
 }
@@ -218,6 +243,9 @@ pub enum ErrorKind {
     /// This client cannot be used in this process any more ([`Error::Forked`]), or the
     /// operating system refused a thread ([`Error::Io`]).
     Client,
+    /// The server refused the credentials or the Redis user lacks a permission fairlock needs
+    /// ([`Error::PermissionDenied`]): fix the credentials or the user's ACL.
+    Permission,
     /// Redis answered in a way fairlock did not expect ([`Error::Redis`],
     /// [`Error::Protocol`]): another fairlock version under the same key prefix, a server
     /// that restricts commands, or a bug; the message says what came back.
@@ -246,6 +274,7 @@ impl Error {
             Error::NotHeld { .. } => ErrorKind::NotHeld,
             Error::Abandoned { .. } => ErrorKind::Abandoned,
             Error::Forked | Error::Io { .. } => ErrorKind::Client,
+            Error::PermissionDenied { .. } => ErrorKind::Permission,
             Error::Redis(_) | Error::Protocol { .. } => ErrorKind::Unexpected,
         }
     }
@@ -312,6 +341,15 @@ impl Error {
                 during,
                 detail: format!("{detail} ({e}); a failover or a slot migration is under way"),
                 source: Some(Box::new(e)),
+            };
+        }
+        // An ACL refusal (NOPERM), or credentials refused (WRONGPASS; NOAUTH when none were
+        // sent to a server that needs them)
+        if let Some(credentials) = permission_error(&e) {
+            return Error::PermissionDenied {
+                during,
+                detail: e.to_string(),
+                credentials,
             };
         }
         // A script's `redis.error_reply('FOREIGN key ...')` arrives as a server error with code
@@ -391,6 +429,18 @@ pub(crate) fn failover_error(e: &redis::RedisError) -> Option<&'static str> {
         ErrorKind::MasterNameNotFoundBySentinel => {
             Some("the sentinels name no master that a majority of them agree on")
         }
+        _ => None,
+    }
+}
+
+/// Whether `e` is a refusal by the server's ACL: `Some(true)` for refused credentials,
+/// `Some(false)` for a missing permission.
+pub(crate) fn permission_error(e: &redis::RedisError) -> Option<bool> {
+    use redis::{ErrorKind, ServerErrorKind};
+    match e.kind() {
+        ErrorKind::Server(ServerErrorKind::NoPerm) => Some(false),
+        ErrorKind::AuthenticationFailed => Some(true),
+        _ if matches!(e.code(), Some("WRONGPASS" | "NOAUTH")) => Some(true),
         _ => None,
     }
 }

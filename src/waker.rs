@@ -55,7 +55,9 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 use redis::ConnectionLike;
 
-use crate::connection::{is_interrupted, is_server_gone, with_pooled, Conn, Manager, Pool};
+use crate::connection::{
+    is_interrupted, is_refused_command, is_server_gone, with_pooled, Conn, Manager, Pool,
+};
 use crate::error::{failover_error, Error};
 use crate::raw::{self, Wake};
 
@@ -758,14 +760,6 @@ impl Drop for Registration {
     fn drop(&mut self) {
         self.waker.unregister(self.attempt);
     }
-}
-
-/// Whether the server refused a command as unknown or disabled (`rename-command CLIENT ""`).
-fn is_refused_command(e: &redis::RedisError) -> bool {
-    e.code().is_some_and(|c| c == "ERR")
-        && e.to_string()
-            .to_ascii_lowercase()
-            .contains("unknown command")
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
 //! What a client checks of its server before it uses it, and again while it runs: a Redis of
 //! a supported version that never evicts keys.
 
+use std::sync::atomic::Ordering;
+
 use redis::Value;
 
-use super::{Conn, Manager};
-use crate::error::{Error, Result};
+use super::{is_refused_command, Conn, Manager};
+use crate::error::{permission_error, Error, Result};
 use crate::server_check::{check_eviction_policy, EvictionCheck, UNKNOWN_POLICY_WARNING};
 
 /// Oldest Redis version fairlock supports (BLPOP with sub-second timeouts, HSET with many fields,
@@ -12,22 +14,35 @@ use crate::server_check::{check_eviction_policy, EvictionCheck, UNKNOWN_POLICY_W
 const MIN_VERSION: (u32, u32) = (6, 2);
 
 impl Manager {
-    /// Connect once and check that the server is a Redis of a supported version; returns the
-    /// lowest version (major, minor) of its masters.
-    pub fn check_server(&self) -> Result<(u32, u32)> {
+    /// Connect once and check that the server is a Redis of a supported version that never
+    /// evicts keys; returns the lowest version (major, minor) of its masters, `None` when the
+    /// server refuses `INFO` to this user (then nothing can be checked: logged once, and the
+    /// periodic [`Manager::check_eviction`] is skipped).
+    pub fn check_server(&self) -> Result<Option<(u32, u32)>> {
         let mut conn = self
             .open()
             .map_err(|e| Error::from_redis("connecting", e))?;
-        let infos = conn
-            .query_masters(redis::cmd("INFO").arg("server"))
-            .map_err(
-                |e| match Error::from_redis("checking the server version", e) {
+        let infos = match conn.query_masters(redis::cmd("INFO").arg("server")) {
+            Ok(infos) => infos,
+            Err(e) if is_info_refused(&e) => {
+                self.info_refused.store(true, Ordering::Relaxed);
+                log::warn!(
+                    "fairlock: the server refuses INFO to this user ({e}), so fairlock cannot check \
+                     its version or that its maxmemory-policy is noeviction, and goes on; make sure \
+                     it is noeviction (an evicting server can give a lock two holders), or add +info \
+                     to the user's ACL to have it checked"
+                );
+                return Ok(None);
+            }
+            Err(e) => {
+                return Err(match Error::from_redis("checking the server version", e) {
                     Error::Redis(e) => Error::NotRedis {
                         detail: e.to_string(),
                     },
                     other => other,
-                },
-            )?;
+                })
+            }
+        };
         let mut lowest = (u32::MAX, u32::MAX);
         for (node, info) in infos {
             let info = text_of(&info);
@@ -45,17 +60,26 @@ impl Manager {
             lowest = lowest.min(parsed);
         }
         check_memory(&mut conn)?;
-        Ok(lowest)
+        Ok(Some(lowest))
     }
 
     /// Check (again) that the server never evicts keys: the janitor calls this now and then, so
-    /// a setting changed while the client runs is reported.
+    /// a setting changed while the client runs is reported. Skipped when the server refuses
+    /// `INFO` to this user (said once, at the first check).
     pub fn check_eviction(&self) -> Result<()> {
+        if self.info_refused.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         let mut conn = self
             .open()
             .map_err(|e| Error::from_redis("checking the server", e))?;
         check_memory(&mut conn)
     }
+}
+
+/// Whether the server refused `INFO` to this user (an ACL without it, `rename-command`).
+fn is_info_refused(e: &redis::RedisError) -> bool {
+    permission_error(e) == Some(false) || is_refused_command(e)
 }
 
 /// Every master must be safe (on a Cluster, each one's setting is its own).

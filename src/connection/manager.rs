@@ -2,7 +2,7 @@
 //! Redis Cluster), as a URL names it, and how each connection is opened with fairlock's
 //! timeouts.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
@@ -77,6 +77,9 @@ pub(crate) struct Manager {
     /// Counts the masters a Sentinel group named: a connection of an older generation goes to
     /// a master that was replaced, and is dropped (see [`Manager::follow_master`]).
     pub(super) generation: AtomicU64,
+    /// The server refused `INFO` to this user at the first check: the periodic eviction check
+    /// is skipped (see `checks.rs`).
+    pub(super) info_refused: AtomicBool,
 }
 
 impl std::fmt::Debug for Manager {
@@ -197,6 +200,7 @@ impl Manager {
             read_timeout,
             patience,
             generation: AtomicU64::new(0),
+            info_refused: AtomicBool::new(false),
         })
     }
 

@@ -212,6 +212,14 @@ pub(crate) fn is_interrupted(e: &redis::RedisError) -> bool {
     text.contains("(os error 4)") || text.contains("operation interrupted")
 }
 
+/// Whether the server refused a command as unknown or disabled (`rename-command CLIENT ""`).
+pub(crate) fn is_refused_command(e: &redis::RedisError) -> bool {
+    e.code().is_some_and(|c| c == "ERR")
+        && e.to_string()
+            .to_ascii_lowercase()
+            .contains("unknown command")
+}
+
 pub(crate) fn is_connection_error(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
 }

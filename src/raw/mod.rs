@@ -114,6 +114,9 @@ pub enum LateAcquire {
     Possible,
 }
 
+/// The channel a grant's connection publishes on before its `WAIT` (one node).
+pub(crate) const REPLICATED_CHANNEL: &str = "fairlock:replicated";
+
 /// How many replicas have everything this connection wrote so far, and so every write the master
 /// made before it (a grant made by another client's release included): waits for `replicas` of
 /// them for at most `timeout`. A write goes first: it makes this connection's last write come
@@ -146,7 +149,7 @@ pub(crate) fn acknowledged_by_replicas(
     } else {
         let (acked,): (i64,) = redis::pipe()
             .cmd("PUBLISH")
-            .arg("fairlock:replicated")
+            .arg(REPLICATED_CHANNEL)
             .arg("")
             .ignore()
             .add_command(wait)

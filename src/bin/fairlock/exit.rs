@@ -8,6 +8,8 @@ pub const USAGE: u8 = 64;
 pub const DATAERR: u8 = 65;
 /// Redis unreachable, not Redis, or too old.
 pub const UNAVAILABLE: u8 = 69;
+/// The credentials were refused, or the Redis user lacks a permission fairlock needs.
+pub const NOPERM: u8 = 77;
 /// An unexpected error (a bug, or a Redis error fairlock does not know).
 pub const SOFTWARE: u8 = 70;
 /// The lock is busy (`--no-wait`) or `--wait` ran out. `--busy-exit-code` changes it.
@@ -46,6 +48,7 @@ impl From<fairlock::Error> for Failure {
             E::InvalidName { .. } | E::InvalidConfig { .. } | E::InvalidUrl { .. } => USAGE,
             E::Connection { .. } | E::NotRedis { .. } | E::UnsupportedServer { .. } => UNAVAILABLE,
             E::ForeignData { .. } => DATAERR,
+            E::PermissionDenied { .. } => NOPERM,
             _ => SOFTWARE,
         };
         Failure::new(code, e.to_string())

@@ -36,6 +36,7 @@ Exit codes:
   65     a key of the lock holds another program's data
   69     Redis unreachable, not Redis, or older than 6.2
   70     unexpected error
+  77     Redis refused the credentials, or the user's ACL lacks a permission
   75     lock busy (--no-wait) or --wait ran out (see --busy-exit-code)
   79     the lock was lost while the command ran (or while held)
   126    the command could not be executed; 127: it was not found
