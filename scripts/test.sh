@@ -11,7 +11,8 @@ ensure_test_tools
 echo "== cargo fmt --check"
 cargo fmt --check
 
-echo "== cargo clippy: the library alone, then every target with every feature (-D warnings)"
+echo "== cargo clippy: the library alone (without and with its default features), then every target with every feature (-D warnings)"
+cargo clippy --quiet --lib --no-default-features -- -D warnings
 cargo clippy --quiet --lib -- -D warnings
 cargo clippy --quiet --all-targets --all-features -- -D warnings
 
@@ -22,7 +23,7 @@ echo "== the declared MSRV builds the library and the CLI"
 scripts/msrv.sh
 
 echo "== cargo test --lib: the library alone (no feature)"
-cargo test --quiet --lib
+cargo test --quiet --lib --no-default-features
 
 echo "== cargo test --all-features"
 cargo test --all-features "$@"

@@ -9,11 +9,16 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::config::{Config, WaitMode};
-use crate::connection::{with_pooled, Conn, Manager, Pool, CLUSTER_SCHEME, SENTINEL_SCHEME};
+use crate::connection::{
+    with_pooled, Conn, ConnectOptions, Manager, Pool, CLUSTER_SCHEME, CLUSTER_TLS_SCHEME,
+    SENTINEL_SCHEME, SENTINEL_TLS_SCHEME,
+};
+use crate::credentials::{Credentials, CredentialsError, Provider};
 use crate::error::{Error, Result};
 use crate::janitor::Janitor;
 use crate::master_watch::MasterWatch;
 use crate::raw;
+use crate::tls::{Pem, TlsSettings};
 use crate::waker::Wakers;
 use crate::watchdog::Watchdog;
 
@@ -32,6 +37,8 @@ use crate::watchdog::Watchdog;
 pub struct LockClientBuilder {
     url: String,
     config: Config,
+    tls: TlsSettings,
+    credentials: Option<Provider>,
 }
 
 /// The URL without its password ([`redact_url`](crate::redact_url)).
@@ -40,6 +47,8 @@ impl fmt::Debug for LockClientBuilder {
         f.debug_struct("LockClientBuilder")
             .field("url", &crate::redact::redact_url(&self.url))
             .field("config", &self.config)
+            .field("tls", &self.tls)
+            .field("credentials", &self.credentials)
             .finish()
     }
 }
@@ -151,6 +160,95 @@ impl LockClientBuilder {
         self
     }
 
+    /// Trust the certificate authorities in the PEM file at `path` instead of the system's
+    /// roots, for a `rediss://` URL (or `rediss+sentinel://`, `rediss+cluster://`): a private
+    /// CA, as self-hosted TLS and some managed services use. Read by [`build`](Self::build).
+    ///
+    /// ```no_run
+    /// let client = fairlock::LockClient::builder("rediss://cache.internal:6380/")
+    ///     .tls_ca_file("/etc/ssl/redis-ca.pem")
+    ///     .build()?;
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    pub fn tls_ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls.ca = Some(Pem::File(path.into()));
+        self
+    }
+
+    /// Like [`tls_ca_file`](Self::tls_ca_file), with the PEM text itself.
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca = Some(Pem::Bytes(pem.into()));
+        self
+    }
+
+    /// Present this client certificate (chain) and private key, PEM files, to servers that ask
+    /// for one (mutual TLS, `tls-auth-clients yes`). Read by [`build`](Self::build).
+    pub fn tls_client_cert_files(
+        mut self,
+        cert: impl Into<std::path::PathBuf>,
+        key: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.tls.client = Some((Pem::File(cert.into()), Pem::File(key.into())));
+        self
+    }
+
+    /// Like [`tls_client_cert_files`](Self::tls_client_cert_files), with the PEM texts.
+    pub fn tls_client_cert_pem(
+        mut self,
+        cert: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((Pem::Bytes(cert.into()), Pem::Bytes(key.into())));
+        self
+    }
+
+    /// Accept a server certificate that does not name the host connected to (it must still be
+    /// signed by a trusted CA and be in date). For one node or a Cluster reached by IP address
+    /// whose certificates name a host (a Cluster's nodes announce IPs). Off by default: it
+    /// lets any server with a certificate from the same CA pose as this one. Through Sentinel
+    /// it is not needed when the certificates name the addresses the sentinels announce.
+    pub fn danger_accept_invalid_hostnames(mut self, accept: bool) -> Self {
+        self.tls.accept_invalid_hostnames = accept;
+        self
+    }
+
+    /// Ask `provider` for the user name and password of every new connection (the pool's, the
+    /// waiting threads', the Sentinel master's and every Cluster node's), instead of taking
+    /// them from the URL once: for credentials that expire and rotate, such as ElastiCache IAM
+    /// tokens or Azure Entra ID tokens. Connections already open stay logged in. When the
+    /// provider fails, the connection is not made and the call fails with
+    /// [`Error::PermissionDenied`] carrying the provider's message (which must hold no secret).
+    ///
+    /// ```no_run
+    /// let client = fairlock::LockClient::builder("rediss://my-cache.example.com:6379/")
+    ///     .credentials_provider(|| {
+    ///         let token = std::fs::read_to_string("/run/secrets/redis-token")?;
+    ///         Ok(fairlock::Credentials::new(Some("app"), token.trim()))
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    pub fn credentials_provider(
+        mut self,
+        provider: impl Fn() -> std::result::Result<Credentials, CredentialsError>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        self.credentials = Some(Provider(Arc::new(provider)));
+        self
+    }
+
+    /// Accept a server whose `maxmemory-policy` may evict keys (the `volatile-lru` default of
+    /// ElastiCache, Memorystore and Azure Cache, say), which [`build`](Self::build) refuses
+    /// otherwise. Only for a server whose memory is sized so that it never fills: an evicted
+    /// lock key gives the lock a second holder, resets its fencing tokens to the server clock,
+    /// or drops a waiter's place. A warning is logged at every check, and [`Config`] shows it.
+    pub fn danger_accept_eviction(mut self, accept: bool) -> Self {
+        self.config.danger_accept_eviction = accept;
+        self
+    }
+
     /// Check the settings, connect once to check the server, and start the background threads.
     ///
     /// # Errors
@@ -164,15 +262,18 @@ impl LockClientBuilder {
 
         // one manager for the pool, the wakers, the checks and the master watch: through a
         // Sentinel group, they all follow the same master
-        let manager = Arc::new(Manager::new(
-            &self.url,
-            c.connect_timeout,
-            c.read_timeout,
-            c.failover_timeout,
-        )?);
+        let options = ConnectOptions {
+            connect_timeout: c.connect_timeout,
+            read_timeout: c.read_timeout,
+            failover_timeout: c.failover_timeout,
+            tls: self.tls.clone(),
+            credentials: self.credentials.clone(),
+            accept_eviction: c.danger_accept_eviction,
+        };
+        let manager = Arc::new(Manager::new(&self.url, &options)?);
         let version = manager.check_server()?;
         let runner = choose_runner(&manager, version)?;
-        let cluster = self.url.starts_with(CLUSTER_SCHEME);
+        let cluster = manager.is_cluster();
         if c.replica_acks > 0 && !cluster {
             check_publish(&manager)?;
         }
@@ -354,11 +455,14 @@ impl LockClient {
         LockClientBuilder {
             url: url.to_string(),
             config: Config::default(),
+            tls: TlsSettings::default(),
+            credentials: None,
         }
     }
 
     /// Start configuring a client of the master that the Sentinel group at `sentinels`
-    /// (`host:port` or `redis://host:port/` each) knows as `master_name`. Every new connection
+    /// (`host:port` or `redis://host:port/` each; `rediss://host:port/` each for TLS to the
+    /// sentinels and the data nodes) knows as `master_name`. Every new connection
     /// goes to the master that more than half of these sentinels name then (list them all: while
     /// they disagree, as in a failover, no master is followed), and a thread asks them every
     /// 200 ms, so the client follows a failover, even one that leaves the old master up; calls
@@ -376,22 +480,27 @@ impl LockClient {
     /// # Ok::<(), fairlock::Error>(())
     /// ```
     pub fn builder_sentinel(master_name: &str, sentinels: &[&str]) -> LockClientBuilder {
+        let tls = sentinels.iter().any(|s| s.starts_with("rediss://"));
         let hosts: Vec<&str> = sentinels
             .iter()
             .map(|s| {
-                s.strip_prefix("redis://")
+                s.strip_prefix("rediss://")
+                    .or_else(|| s.strip_prefix("redis://"))
                     .unwrap_or(s)
                     .trim_end_matches('/')
             })
             .collect();
-        Self::builder(&format!(
-            "{SENTINEL_SCHEME}{}/{master_name}",
-            hosts.join(",")
-        ))
+        let scheme = if tls {
+            SENTINEL_TLS_SCHEME
+        } else {
+            SENTINEL_SCHEME
+        };
+        Self::builder(&format!("{scheme}{}/{master_name}", hosts.join(",")))
     }
 
     /// Start configuring a client of the Redis Cluster that `nodes` (`host:port` or
-    /// `redis://[user:password@]host:port/` each; some of its nodes, any role) belong to. The
+    /// `redis://[user:password@]host:port/` each, `rediss://...` for TLS; some of its nodes,
+    /// any role) belong to. The
     /// nodes share one user and password (the last one given). The client learns the
     /// others from them. A lock's keys share one hash slot, so each lock lives on one shard and
     /// locks spread over all of them; commands follow `MOVED` / `ASK` redirects, and calls made
@@ -407,12 +516,14 @@ impl LockClient {
     /// # Ok::<(), fairlock::Error>(())
     /// ```
     pub fn builder_cluster(nodes: &[&str]) -> LockClientBuilder {
+        let tls = nodes.iter().any(|s| s.starts_with("rediss://"));
         let mut credentials = "";
         let hosts: Vec<&str> = nodes
             .iter()
             .map(|s| {
                 let node = s
-                    .strip_prefix("redis://")
+                    .strip_prefix("rediss://")
+                    .or_else(|| s.strip_prefix("redis://"))
                     .unwrap_or(s)
                     .trim_end_matches('/');
                 match node.rsplit_once('@') {
@@ -425,10 +536,12 @@ impl LockClient {
             })
             .collect();
         let at = if credentials.is_empty() { "" } else { "@" };
-        Self::builder(&format!(
-            "{CLUSTER_SCHEME}{credentials}{at}{}/",
-            hosts.join(",")
-        ))
+        let scheme = if tls {
+            CLUSTER_TLS_SCHEME
+        } else {
+            CLUSTER_SCHEME
+        };
+        Self::builder(&format!("{scheme}{credentials}{at}{}/", hosts.join(",")))
     }
 
     /// The settings in force.

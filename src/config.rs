@@ -62,6 +62,10 @@ pub struct Config {
     pub replica_ack_timeout: Duration,
     /// How waiting threads wait: on one shared connection (the default) or each on its own.
     pub wait_mode: WaitMode,
+    /// Accept a server whose `maxmemory-policy` may evict keys, which `build()` refuses
+    /// otherwise (see [`LockClientBuilder::danger_accept_eviction`](crate::LockClientBuilder::danger_accept_eviction)).
+    /// Default false.
+    pub danger_accept_eviction: bool,
 }
 
 impl Config {
@@ -86,6 +90,7 @@ impl Default for Config {
             replica_acks: 0,
             replica_ack_timeout: defaults::REPLICA_ACK_TIMEOUT,
             wait_mode: WaitMode::Shared,
+            danger_accept_eviction: false,
         }
     }
 }

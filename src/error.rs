@@ -115,6 +115,16 @@ pub enum Error {
         /// The lock name.
         name: String,
     },
+    /// The TLS handshake failed: the server's certificate is not trusted (another CA, expired,
+    /// or it names another host), the server refused the client certificate, or the server does
+    /// not speak TLS on that port. Retrying cannot help: fix the CA bundle, the certificates or
+    /// the URL.
+    Tls {
+        /// What fairlock was doing.
+        during: &'static str,
+        /// What the TLS library said.
+        detail: String,
+    },
     /// The server refused the credentials, or the Redis user may not run a command or touch a
     /// key that fairlock needs (an ACL): nothing was changed. The message names what was
     /// refused; docs/deployments.md ("Restricted users") gives the ACL line fairlock needs.
@@ -187,6 +197,10 @@ impl fmt::Display for Error {
                 f,
                 "the wait for lock {name:?} was abandoned (WaitCanceller::abandon); nothing is held"
             ),
+            Error::Tls { during, detail } => write!(
+                f,
+                "TLS failed while {during} ({detail}); check that the URL's port serves TLS, that the CA bundle (tls_ca_file, --tls-ca) signed the server's certificate, that the certificate is in date and names the host in the URL (or use danger_accept_invalid_hostnames), and, for mutual TLS, the client certificate"
+            ),
             Error::PermissionDenied {
                 during,
                 detail,
@@ -229,7 +243,8 @@ pub enum ErrorKind {
     /// ([`Error::Connection`], [`Error::NotReplicated`]): retrying later may work.
     Unavailable,
     /// The server cannot serve fairlock as configured ([`Error::NotRedis`],
-    /// [`Error::UnsupportedServer`], [`Error::UnsafeServer`]): fix the server or the URL.
+    /// [`Error::UnsupportedServer`], [`Error::UnsafeServer`], [`Error::Tls`]): fix the server,
+    /// the URL or the TLS settings.
     Server,
     /// Another program's data sits at one of the lock's keys ([`Error::ForeignData`]): choose
     /// another lock name or key prefix.
@@ -269,7 +284,8 @@ impl Error {
             Error::Connection { .. } | Error::NotReplicated { .. } => ErrorKind::Unavailable,
             Error::NotRedis { .. }
             | Error::UnsupportedServer { .. }
-            | Error::UnsafeServer { .. } => ErrorKind::Server,
+            | Error::UnsafeServer { .. }
+            | Error::Tls { .. } => ErrorKind::Server,
             Error::ForeignData { .. } => ErrorKind::ForeignData,
             Error::NotHeld { .. } => ErrorKind::NotHeld,
             Error::Abandoned { .. } => ErrorKind::Abandoned,
@@ -295,6 +311,12 @@ impl Error {
 
     /// Classify an error from the redis crate. `during` names the operation for the message.
     pub(crate) fn from_redis(during: &'static str, e: redis::RedisError) -> Error {
+        if is_tls_failure(&e) {
+            return Error::Tls {
+                during,
+                detail: e.to_string(),
+            };
+        }
         if e.is_io_error()
             || e.is_timeout()
             || e.is_connection_dropped()
@@ -302,7 +324,7 @@ impl Error {
         {
             let detail = if e.is_timeout() {
                 format!(
-                    "no reply in time ({e}); the server may be overloaded, stalled, or not Redis"
+                    "no reply in time ({e}); the server may be overloaded, stalled, or not Redis, or a URL's TLS (rediss://) may not match the port's"
                 )
             } else {
                 e.to_string()
@@ -431,6 +453,28 @@ pub(crate) fn failover_error(e: &redis::RedisError) -> Option<&'static str> {
         }
         _ => None,
     }
+}
+
+/// Whether `e` is a failed TLS handshake (an untrusted, expired or misnamed certificate, a
+/// refused client certificate, a server that does not speak TLS there) rather than a network
+/// failure. rustls' errors reach us as I/O errors, known by their text.
+pub(crate) fn is_tls_failure(e: &redis::RedisError) -> bool {
+    if !e.is_io_error() {
+        return false;
+    }
+    let text = e.to_string();
+    [
+        "invalid peer certificate",
+        "corrupt message",
+        "received fatal alert",
+        "peer is incompatible",
+        "peer sent no certificates",
+        "HandshakeFailure",
+        "InvalidContentType",
+        "InvalidMessage",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
 }
 
 /// Whether `e` is a refusal by the server's ACL: `Some(true)` for refused credentials,

@@ -1,6 +1,6 @@
 //! A Sentinel group as the target of a client's connections: which master they go to.
 //!
-//! The redis crate's `SentinelClient` finds a master and checks its `ROLE`; it takes the first
+//! The redis crate's `SentinelClient` finds a master and checks its `ROLE`, taking the first
 //! sentinel, in the order given, that names a valid master. During a failover the sentinels can
 //! disagree for a while: one has switched to the promoted replica while the others still name the
 //! old master, or (a failover attempt aborted after its promotion, then another) two replicas are
@@ -13,8 +13,10 @@
 //! Sentinel's own failover needs a majority of the sentinels to authorize a new master. While no
 //! master has one, new connections fail as in a failover under way (the calls are repeated for
 //! up to the client's failover timeout) and connections already open stay where they are. The
-//! crate's client still does the discovery and the `ROLE` check: each sentinel has one of its
-//! own, and the connection goes through one that named the agreed master.
+//! agreed master is then asked its `ROLE` (or, where an ACL refuses that, `INFO replication`)
+//! before connections go to it. How a sentinel or a data node is reached (TLS, credentials that
+//! rotate) is the caller's: it gives the functions that make a client for an address, so a
+//! client for the master is made fresh, with the credentials of the moment, each time.
 //!
 //! The sentinels are asked **all at once**, each on a short-lived thread of its own, and the
 //! answer is decided as soon as one master has its majority (or none can have it any more). A
@@ -29,8 +31,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{ErrorKind, RedisError, RedisResult};
+
+/// Makes a client for `host:port` (a sentinel's, or a data node's).
+pub(crate) type Connect = Arc<dyn Fn(&str) -> RedisResult<redis::Client> + Send + Sync>;
 
 /// The longest a question waits for an earlier question to the same sentinel to end (they share
 /// its kept connection). A sentinel answers `GET-MASTER-ADDR-BY-NAME` within a round trip, so a
@@ -40,10 +44,10 @@ const BUSY_WAIT: Duration = Duration::from_millis(500);
 
 /// One sentinel of the URL.
 struct Sentinel {
-    /// `redis://host:port/`
+    /// `host:port`
     url: String,
-    /// The redis crate's client asking this sentinel alone (discovery and the `ROLE` check).
-    client: Mutex<SentinelClient>,
+    /// A client for it.
+    client: redis::Client,
     /// A kept connection for `SENTINEL GET-MASTER-ADDR-BY-NAME`.
     asking: Mutex<Option<redis::Connection>>,
 }
@@ -53,6 +57,8 @@ pub(crate) struct SentinelTarget {
     master_name: String,
     /// Shared with the threads that ask them (see [`SentinelTarget::agreed_master`]).
     sentinels: Vec<Arc<Sentinel>>,
+    /// Makes a client for a data node.
+    connect_node: Connect,
     /// The master connections go to now (see `Manager::follow_master`).
     pub master: Mutex<Option<Followed>>,
 }
@@ -61,8 +67,7 @@ pub(crate) struct SentinelTarget {
 pub(crate) struct Followed {
     /// `host:port`
     pub addr: String,
-    /// A client for it, with the data nodes' credentials, from a sentinel that named it (and
-    /// after the node said `ROLE` master).
+    /// A client for it (made before the node said it is a master).
     pub client: redis::Client,
     /// When the last round of questions that gave it a majority began.
     pub agreed_at: Instant,
@@ -79,28 +84,24 @@ pub(crate) struct Agreed {
 }
 
 impl SentinelTarget {
-    /// The sentinels at `urls` (`redis://host:port/` each), monitoring `master_name`; `nodes`:
-    /// how to reach the data nodes (their credentials).
+    /// The sentinels at `addrs` (`host:port` each), monitoring `master_name`, reached through
+    /// `connect_sentinel`; the data nodes through `connect_node`.
     ///
     /// # Errors
-    /// The redis crate's, for a URL it cannot use.
+    /// The redis crate's, for an address it cannot use.
     pub fn new(
         master_name: &str,
-        urls: Vec<String>,
-        nodes: Option<SentinelNodeConnectionInfo>,
+        addrs: Vec<String>,
+        connect_sentinel: Connect,
+        connect_node: Connect,
     ) -> RedisResult<SentinelTarget> {
-        let sentinels = urls
+        let sentinels = addrs
             .into_iter()
             .map(|url| {
-                let client = SentinelClient::build(
-                    vec![url.as_str()],
-                    master_name.to_string(),
-                    nodes.clone(),
-                    SentinelServerType::Master,
-                )?;
+                let client = connect_sentinel(&url)?;
                 Ok(Arc::new(Sentinel {
                     url,
-                    client: Mutex::new(client),
+                    client,
                     asking: Mutex::new(None),
                 }))
             })
@@ -108,6 +109,7 @@ impl SentinelTarget {
         Ok(SentinelTarget {
             master_name: master_name.to_string(),
             sentinels,
+            connect_node,
             master: Mutex::new(None),
         })
     }
@@ -207,40 +209,64 @@ impl SentinelTarget {
         )))
     }
 
-    /// A client for the `agreed` master, found by the redis crate's client of a sentinel that
-    /// named it (`SENTINEL MASTERS`, then `ROLE` on the node), and its `host:port`.
+    /// A client for the `agreed` master, once the node says it is a master, and its
+    /// `host:port`.
     ///
     /// # Errors
-    /// The crate's error when no such sentinel gives a master, or a
-    /// `MasterNameNotFoundBySentinel` error when what they give is another master (they
-    /// changed their minds meanwhile: a failover under way).
-    pub fn client_for(&self, agreed: &Agreed) -> RedisResult<(redis::Client, String)> {
-        let mut last = None;
-        for &i in &agreed.voters {
-            match self.sentinels[i].client.lock().get_client() {
-                Ok(client) => {
-                    let addr = client.get_connection_info().addr().to_string();
-                    if addr == agreed.addr {
-                        return Ok((client, addr));
-                    }
-                    last = Some(RedisError::from((
-                        ErrorKind::MasterNameNotFoundBySentinel,
-                        "the sentinels changed their master",
-                        format!(
-                            "{} named {} as master {}, then gave {addr}",
-                            self.sentinels[i].url, agreed.addr, self.master_name
-                        ),
-                    )));
-                }
-                Err(e) => last = Some(e),
+    /// The node's when it cannot be reached, or a `MasterNameNotFoundBySentinel` error when it
+    /// says it is a replica (the sentinels' answer is already old: a failover under way).
+    pub fn client_for(
+        &self,
+        agreed: &Agreed,
+        connect_timeout: Duration,
+        read_timeout: Duration,
+    ) -> RedisResult<(redis::Client, String)> {
+        let client = (self.connect_node)(&agreed.addr)?;
+        let mut conn = client.get_connection_with_timeout(connect_timeout)?;
+        conn.set_read_timeout(Some(read_timeout))?;
+        conn.set_write_timeout(Some(read_timeout))?;
+        match role_of(&mut conn)? {
+            Some(role) if role != "master" => Err(RedisError::from((
+                ErrorKind::MasterNameNotFoundBySentinel,
+                "the master the sentinels name is not one (any more)",
+                format!(
+                    "the sentinels name {} as master {}, but it says it is a {role}",
+                    agreed.addr, self.master_name
+                ),
+            ))),
+            // a master, or a node that will not say (an ACL that refuses ROLE and INFO): more
+            // than half of the sentinels named it just now
+            _ => Ok((client, agreed.addr.clone())),
+        }
+    }
+}
+
+/// The node's role (`master`, `slave`, ...) by `ROLE`, or by `INFO replication` where an ACL
+/// refuses `ROLE`; `None` when both are refused.
+fn role_of(conn: &mut redis::Connection) -> RedisResult<Option<String>> {
+    let refused = |e: &RedisError| {
+        e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+            || e.to_string()
+                .to_ascii_lowercase()
+                .contains("unknown command")
+    };
+    match redis::cmd("ROLE").query::<Vec<redis::Value>>(conn) {
+        Ok(reply) => Ok(reply.first().and_then(|v| match v {
+            redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            redis::Value::SimpleString(s) => Some(s.clone()),
+            _ => None,
+        })),
+        Err(e) if refused(&e) => {
+            match redis::cmd("INFO").arg("replication").query::<String>(conn) {
+                Ok(info) => Ok(info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("role:"))
+                    .map(|r| r.trim().to_string())),
+                Err(e) if refused(&e) => Ok(None),
+                Err(e) => Err(e),
             }
         }
-        Err(last.unwrap_or_else(|| {
-            RedisError::from((
-                ErrorKind::MasterNameNotFoundBySentinel,
-                "no sentinel named the master",
-            ))
-        }))
+        Err(e) => Err(e),
     }
 }
 
@@ -280,8 +306,7 @@ impl Sentinel {
             }
         }
         *asking = None;
-        let conn =
-            redis::Client::open(self.url.as_str())?.get_connection_with_timeout(connect_timeout)?;
+        let conn = self.client.get_connection_with_timeout(connect_timeout)?;
         conn.set_read_timeout(Some(read_timeout))?;
         conn.set_write_timeout(Some(read_timeout))?;
         let reply = cmd.query::<Option<(String, String)>>(asking.insert(conn));

@@ -61,8 +61,11 @@ pub(crate) fn eviction_message(policy: &str) -> String {
          which can give a lock a second holder, reset its fencing counter (tokens then keep \
          increasing only as long as the server clock does) or drop a waiter's place in the \
          queue. Set `maxmemory-policy noeviction` (CONFIG SET maxmemory-policy noeviction, and \
-         in redis.conf or the provider's parameter group so it survives a restart): Redis then \
-         refuses writes when full instead of dropping keys"
+         in redis.conf so it survives a restart; on ElastiCache in a custom parameter group, on \
+         Memorystore and Azure Cache in the instance's maxmemory-policy setting): Redis then \
+         refuses writes when full instead of dropping keys. If it cannot be changed and memory \
+         is sized so that Redis never fills, danger_accept_eviction on the builder \
+         (--danger-accept-eviction in the CLI) accepts the risk"
     )
 }
 

@@ -582,3 +582,39 @@ fn a_waiting_run_survives_being_stopped_and_continued_again_and_again() {
     let out = p.finish(LIMIT);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
 }
+
+/// A managed service's default `volatile-lru`: refused with the fix (exit 78), unless the risk
+/// is accepted by name, and then `status` says so in both forms.
+#[test]
+fn an_evicting_server_needs_the_danger_flag_and_status_says_it_was_given() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "volatile-lru"]);
+    let out = run_out(fairlock(&server).args(["status", "job"]));
+    assert_eq!(out.code, Some(78), "{:?}", out.stderr);
+    assert_one_line(&out);
+    assert!(
+        out.stderr.contains("--danger-accept-eviction"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("parameter group"), "{}", out.stderr);
+    let out = run_out(fairlock(&server).args(["--danger-accept-eviction", "status", "job"]));
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
+    assert!(out.stdout.contains("may evict keys"), "{}", out.stdout);
+    let out = run_out(
+        fairlock(&server)
+            .env("FAIRLOCK_DANGER_ACCEPT_EVICTION", "true")
+            .args(["status", "job", "--json"]),
+    );
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(json["eviction_accepted"], true, "{}", out.stdout);
+    let out = run_out(fairlock(&server).args([
+        "--danger-accept-eviction",
+        "run",
+        "--no-wait",
+        "job",
+        "--",
+        "true",
+    ]));
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
+}

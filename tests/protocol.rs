@@ -497,6 +497,32 @@ fn a_server_that_may_evict_keys_is_refused_by_name() {
     ));
 }
 
+/// The managed services' default (`volatile-lru`) is refused too, saying how to change it on
+/// each big provider and how to accept the risk; accepted by name, the client works and its
+/// checks warn instead of failing.
+#[test]
+fn an_evicting_server_is_used_only_when_the_risk_is_accepted_by_name() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "volatile-lru"]);
+    let e = fairlock::LockClient::connect(&server.url()).expect_err("volatile-lru");
+    let msg = e.to_string();
+    for says in [
+        "parameter group",
+        "Memorystore",
+        "Azure",
+        "danger_accept_eviction",
+    ] {
+        assert!(msg.contains(says), "{says}: {msg}");
+    }
+    let client = fairlock::LockClient::builder(&server.url())
+        .danger_accept_eviction(true)
+        .build()
+        .expect("accepted by name");
+    assert!(client.config().danger_accept_eviction);
+    let lock = client.fair_lock("evicting").unwrap();
+    lock.lock().unwrap().unlock().unwrap();
+    client.check_server().expect("warns, does not fail");
+}
+
 /// Fault 9: after a restart every pooled connection is stale. A waiter's BLPOP on one counted as
 /// a failure, and three of them ended the wait with an error; a dropped connection is now
 /// replaced without counting.

@@ -76,6 +76,10 @@ fn no_error_debug_or_log_line_shows_the_password() {
         format!("redis://u:{SECRET}@127.0.0.1:{dead}/"),
         format!("redis+sentinel://u:{SECRET}@127.0.0.1:{dead}/main"),
         format!("redis+cluster://u:{SECRET}@127.0.0.1:{dead}/"),
+        // over TLS
+        format!("rediss://u:{SECRET}@127.0.0.1:{dead}/"),
+        format!("rediss+sentinel://u:{SECRET}@127.0.0.1:{dead}/main"),
+        format!("rediss+cluster://u:{SECRET}@127.0.0.1:{dead}/"),
     ];
     for url in &urls {
         let builder = quick(url);
@@ -116,6 +120,29 @@ fn no_error_debug_or_log_line_shows_the_password() {
         waiter.join().unwrap().unwrap();
     });
     drop(client);
+
+    // the secret from a credentials provider, and a private key given as PEM: neither in the
+    // builder's Debug, nor anywhere when the provider's password is refused or accepted
+    let key = format!("-----BEGIN PRIVATE KEY-----\n{SECRET}\n-----END PRIVATE KEY-----\n");
+    let with_key = quick(&format!("rediss://127.0.0.1:{dead}/"))
+        .tls_client_cert_pem("-----BEGIN CERTIFICATE-----\n", key.clone());
+    assert_secret_free("a builder with a client key", &format!("{with_key:?}"));
+    let e = with_key.build().expect_err("an unusable key");
+    assert_secret_free("an unusable key's error", &printed(&e));
+    let plain = format!("redis://127.0.0.1:{}/", server.port);
+    for password in [format!("{SECRET}-not"), SECRET.to_string()] {
+        let builder = quick(&plain)
+            .credentials_provider(move || Ok(fairlock::Credentials::new(Some("app"), &password)));
+        assert_secret_free("a builder with a provider", &format!("{builder:?}"));
+        match builder.build() {
+            Err(e) => assert_secret_free("the provider's refused password", &printed(&e)),
+            Ok(client) => {
+                let lock = client.fair_lock("secrets-provider").unwrap();
+                lock.lock().unwrap().unlock().unwrap();
+                assert_secret_free("a provider's client", &format!("{client:?}"));
+            }
+        }
+    }
 
     let logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
     for line in logged.iter() {

@@ -59,7 +59,7 @@ impl Manager {
             }
             lowest = lowest.min(parsed);
         }
-        check_memory(&mut conn)?;
+        check_memory(&mut conn, self.accept_eviction)?;
         Ok(Some(lowest))
     }
 
@@ -73,7 +73,7 @@ impl Manager {
         let mut conn = self
             .open()
             .map_err(|e| Error::from_redis("checking the server", e))?;
-        check_memory(&mut conn)
+        check_memory(&mut conn, self.accept_eviction)
     }
 }
 
@@ -82,8 +82,9 @@ fn is_info_refused(e: &redis::RedisError) -> bool {
     permission_error(e) == Some(false) || is_refused_command(e)
 }
 
-/// Every master must be safe (on a Cluster, each one's setting is its own).
-fn check_memory(conn: &mut Conn) -> Result<()> {
+/// Every master must be safe (on a Cluster, each one's setting is its own), or the user has
+/// accepted eviction (`accept`): then each check warns instead.
+fn check_memory(conn: &mut Conn, accept: bool) -> Result<()> {
     let infos = conn
         .query_masters(redis::cmd("INFO").arg("memory"))
         .map_err(|e| Error::from_redis("checking the eviction policy", e))?;
@@ -94,6 +95,10 @@ fn check_memory(conn: &mut Conn) -> Result<()> {
                 log::warn!("fairlock: {UNKNOWN_POLICY_WARNING}{}", at_node(&node))
             }
             Ok(_) => {}
+            Err(detail) if accept => log::warn!(
+                "fairlock: accepted with danger_accept_eviction: {detail}{}",
+                at_node(&node)
+            ),
             Err(detail) => {
                 return Err(Error::UnsafeServer {
                     detail: format!("{detail}{}", at_node(&node)),

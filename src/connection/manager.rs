@@ -5,13 +5,16 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
-use redis::sentinel::SentinelNodeConnectionInfo;
-use redis::IntoConnectionInfo;
+use redis::{ConnectionInfo, IntoConnectionInfo};
 
 use super::{Conn, Inner};
+use crate::credentials::Provider;
 use crate::error::{Error, Result};
-use crate::sentinel::{Followed, SentinelTarget};
+use crate::sentinel::{Connect, Followed, SentinelTarget};
+use crate::tls::{Tls, TlsSettings};
 
 /// How often a client asks the sentinels which master they name (see
 /// [`Manager::follow_master`]).
@@ -31,7 +34,7 @@ const SENTINEL_BLOCK: Duration = Duration::from_secs(1);
 /// Where connections go.
 pub(super) enum Target {
     /// One node.
-    Node(redis::Client),
+    Node(Box<NodeAccess>),
     /// The master that a Sentinel group names, watched (see [`Manager::follow_master`]) and
     /// looked up again for a new connection when the watch has not confirmed it lately (see
     /// [`Manager::open`]).
@@ -40,19 +43,111 @@ pub(super) enum Target {
     /// a request after a failure (safe: see the scripts' headers); `blocking` for the waker's
     /// BLPOP, which must never be repeated behind our back (its reply, a grant, would be lost
     /// unseen), so any failure or redirect reaches the waker, which re-checks and reconnects.
-    Cluster {
-        commands: Box<ClusterClient>,
-        blocking: Box<ClusterClient>,
-    },
+    /// Made anew for each connection when the credentials come from a provider.
+    Cluster(Box<ClusterAccess>),
+}
+
+/// How a node is reached: its address and URL credentials, TLS, and a credentials provider.
+pub(super) struct NodeAccess {
+    info: ConnectionInfo,
+    tls: Tls,
+    credentials: Option<Provider>,
+}
+
+impl NodeAccess {
+    /// A client with the credentials of the moment.
+    fn client(&self) -> redis::RedisResult<redis::Client> {
+        let info = match &self.credentials {
+            Some(provider) => provider.apply(self.info.clone())?,
+            None => self.info.clone(),
+        };
+        self.tls.client(info)
+    }
+}
+
+/// How a Cluster is reached (see [`Target::Cluster`]).
+pub(super) struct ClusterAccess {
+    nodes: Vec<ConnectionInfo>,
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    tls: Tls,
+    credentials: Option<Provider>,
+    connect_timeout: Duration,
+    read_timeout: Duration,
+    /// Made once when the credentials do not change: for the pool, and for the waker.
+    fixed: Option<(ClusterClient, ClusterClient)>,
+}
+
+impl ClusterAccess {
+    /// The redis crate's client, repeating a failed request `retries` times.
+    fn build(&self, retries: u32) -> redis::RedisResult<ClusterClient> {
+        let nodes = match &self.credentials {
+            Some(provider) => self
+                .nodes
+                .iter()
+                .map(|n| provider.apply(n.clone()))
+                .collect::<redis::RedisResult<Vec<_>>>()?,
+            None => self.nodes.clone(),
+        };
+        #[allow(unused_mut)]
+        let mut builder = ClusterClientBuilder::new(nodes)
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.read_timeout)
+            .retries(retries)
+            .min_retry_wait(CLUSTER_RETRY_WAIT_MS.0)
+            .retry_wait_formula(CLUSTER_RETRY_WAIT_MS.1, 2)
+            .max_retry_wait(CLUSTER_RETRY_WAIT_MS.2);
+        #[cfg(feature = "tls")]
+        {
+            if let Some(certificates) = self.tls.certificates() {
+                crate::tls::install_crypto_provider();
+                builder = builder.certs(certificates.clone());
+            }
+            if self.tls.accepts_invalid_hostnames() {
+                builder = builder.danger_accept_invalid_hostnames(true);
+            }
+        }
+        builder.build()
+    }
+
+    /// A client for the pool (`blocking_use` false) or the waker.
+    fn client(&self, blocking_use: bool) -> redis::RedisResult<ClusterClient> {
+        let retries = if blocking_use { 0 } else { CLUSTER_RETRIES };
+        match &self.fixed {
+            Some((commands, blocking)) => {
+                Ok(if blocking_use { blocking } else { commands }.clone())
+            }
+            None => self.build(retries),
+        }
+    }
 }
 
 /// The scheme of a URL that names a Sentinel group: `redis+sentinel://[user:password@]host:port
 /// [,host:port...]/<master name>` (the credentials are the master's and its replicas').
 pub(crate) const SENTINEL_SCHEME: &str = "redis+sentinel://";
 
+/// The same over TLS, to the sentinels and to the data nodes.
+pub(crate) const SENTINEL_TLS_SCHEME: &str = "rediss+sentinel://";
+
 /// The scheme of a URL that names a Redis Cluster by some of its nodes:
 /// `redis+cluster://[user:password@]host:port[,host:port...]/`.
 pub(crate) const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+/// The same over TLS.
+pub(crate) const CLUSTER_TLS_SCHEME: &str = "rediss+cluster://";
+
+/// How a client connects, besides its URL.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ConnectOptions {
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+    /// Through a Sentinel group or on a Cluster: how long a call keeps trying while there is
+    /// no master.
+    pub failover_timeout: Duration,
+    pub tls: TlsSettings,
+    pub credentials: Option<Provider>,
+    /// Accept a server whose `maxmemory-policy` may evict keys (logged at every check).
+    pub accept_eviction: bool,
+}
 
 /// How often a Cluster connection of the pool follows a redirect or repeats a failed request
 /// before the call fails (and `with_pooled` takes over, for the failover timeout).
@@ -80,6 +175,8 @@ pub(crate) struct Manager {
     /// The server refused `INFO` to this user at the first check: the periodic eviction check
     /// is skipped (see `checks.rs`).
     pub(super) info_refused: AtomicBool,
+    /// Accept an evicting `maxmemory-policy` (see [`ConnectOptions::accept_eviction`]).
+    pub(super) accept_eviction: bool,
 }
 
 impl std::fmt::Debug for Manager {
@@ -87,121 +184,156 @@ impl std::fmt::Debug for Manager {
         let target = match &self.target {
             Target::Node(_) => "node",
             Target::Sentinel(_) => "sentinel",
-            Target::Cluster { .. } => "cluster",
+            Target::Cluster(_) => "cluster",
         };
         f.debug_struct("Manager").field("target", &target).finish()
     }
 }
 
 impl Manager {
-    /// `url`: `redis://...` (or any URL the redis crate opens) for one node, or
-    /// `redis+sentinel://[user:password@]host:port[,host:port...]/<master name>` for a Sentinel
-    /// group (the credentials are the data nodes'; the sentinels are reached without), or
-    /// `redis+cluster://[user:password@]host:port[,host:port...]/` for a Redis Cluster, whose
-    /// calls ride out a
-    /// failover for up to `failover_timeout`.
-    pub fn new(
-        url: &str,
-        connect_timeout: Duration,
-        read_timeout: Duration,
-        failover_timeout: Duration,
-    ) -> Result<Manager> {
+    /// `url`: `redis://...` or `rediss://...` (or any URL the redis crate opens) for one
+    /// node; `redis+sentinel://[user:password@]host:port[,host:port...]/<master name>` for a
+    /// Sentinel group (the credentials are the data nodes'; the sentinels are reached
+    /// without); `redis+cluster://[user:password@]host:port[,host:port...]/` for a Redis
+    /// Cluster, whose calls ride out a failover for up to `failover_timeout`; `rediss+sentinel`
+    /// and `rediss+cluster` for the same over TLS.
+    pub fn new(url: &str, options: &ConnectOptions) -> Result<Manager> {
         let invalid = |reason: String| Error::invalid_url(url, reason);
-        let (target, patience) = match url.strip_prefix(SENTINEL_SCHEME) {
-            Some(rest) => {
+        let tls = options.tls.resolve()?;
+        let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+        let uses_tls = scheme.starts_with("rediss");
+        if uses_tls && cfg!(not(feature = "tls")) {
+            return Err(invalid(
+                "a TLS URL needs fairlock's `tls` feature (on by default)".into(),
+            ));
+        }
+        if options.tls.is_set() && !uses_tls {
+            return Err(invalid(
+                "TLS settings were given for a URL without TLS: use rediss://, rediss+sentinel:// or rediss+cluster://".into(),
+            ));
+        }
+        let node_scheme = if uses_tls { "rediss" } else { "redis" };
+        let (target, patience) = match scheme {
+            "redis+sentinel" | "rediss+sentinel" => {
                 let (hosts, name) = rest.split_once('/').unwrap_or((rest, ""));
                 let name = name.trim_end_matches('/');
                 if name.is_empty() || name.contains('/') {
-                    return Err(invalid(
-                        "a Sentinel URL ends with the master's name: redis+sentinel://[user:password@]host:port[,host:port...]/<master name>".into(),
-                    ));
+                    return Err(invalid(format!(
+                        "a Sentinel URL ends with the master's name: {scheme}://[user:password@]host:port[,host:port...]/<master name>"
+                    )));
                 }
                 // `[user:password@]`: the credentials of the master and its replicas (the
                 // sentinels are reached without), percent-encoded as in a redis:// URL, whose
                 // parser decodes them
                 let (credentials, hosts) = match hosts.rsplit_once('@') {
-                    Some((credentials, hosts)) => (Some(credentials), hosts),
-                    None => (None, hosts),
-                };
-                let nodes = match credentials {
-                    None => None,
-                    Some(credentials) => {
-                        let info = format!("redis://{credentials}@127.0.0.1/")
-                            .into_connection_info()
-                            .map_err(|e| invalid(format!("the credentials: {e}")))?;
-                        Some(
-                            SentinelNodeConnectionInfo::default()
-                                .set_redis_connection_info(info.redis_settings().clone()),
-                        )
-                    }
+                    Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
+                    None => (String::new(), hosts),
                 };
                 let sentinels: Vec<String> = hosts
                     .split(',')
                     .filter(|h| !h.is_empty())
-                    .map(|h| format!("redis://{h}/"))
+                    .map(str::to_string)
                     .collect();
                 if sentinels.is_empty() {
                     return Err(invalid("no sentinel address".into()));
                 }
-                let target = SentinelTarget::new(name, sentinels, nodes)
-                    .map_err(|e| invalid(e.to_string()))?;
-                (Target::Sentinel(Box::new(target)), failover_timeout)
-            }
-            None => match url.strip_prefix(CLUSTER_SCHEME) {
-                Some(rest) => {
-                    let rest = rest.trim_end_matches('/');
-                    // `[user:password@]`: the nodes' credentials, percent-encoded as in a
-                    // redis:// URL (the redis crate decodes them), the same for every node
-                    let (credentials, hosts) = match rest.rsplit_once('@') {
-                        Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
-                        None => (String::new(), rest),
-                    };
-                    if hosts.contains('/') {
-                        return Err(invalid(
-                            "a Cluster URL names nodes only: redis+cluster://[user:password@]host:port[,host:port...]/".into(),
-                        ));
-                    }
-                    let nodes: Vec<String> = hosts
-                        .split(',')
-                        .filter(|h| !h.is_empty())
-                        .map(|h| format!("redis://{credentials}{h}/"))
-                        .collect();
-                    if nodes.is_empty() {
-                        return Err(invalid("no node address".into()));
-                    }
-                    let builder = |retries: u32| {
-                        ClusterClientBuilder::new(nodes.clone())
-                            .connection_timeout(connect_timeout)
-                            .response_timeout(read_timeout)
-                            .retries(retries)
-                            .min_retry_wait(CLUSTER_RETRY_WAIT_MS.0)
-                            .retry_wait_formula(CLUSTER_RETRY_WAIT_MS.1, 2)
-                            .max_retry_wait(CLUSTER_RETRY_WAIT_MS.2)
-                            .build()
-                            .map_err(|e| invalid(e.to_string()))
-                    };
-                    (
-                        Target::Cluster {
-                            commands: Box::new(builder(CLUSTER_RETRIES)?),
-                            blocking: Box::new(builder(0)?),
-                        },
-                        failover_timeout,
-                    )
+                // parsed now, so a bad address or credentials fail here, not at the first call
+                for host in &sentinels {
+                    format!("{node_scheme}://{credentials}{host}/")
+                        .into_connection_info()
+                        .map_err(|e| invalid(e.to_string()))?;
                 }
-                None => (
-                    Target::Node(redis::Client::open(url).map_err(|e| invalid(e.to_string()))?),
-                    Duration::ZERO,
-                ),
-            },
+                let sentinel_tls = tls.clone();
+                let connect_sentinel: Connect = Arc::new(move |addr: &str| {
+                    sentinel_tls.client(format!("{node_scheme}://{addr}/").into_connection_info()?)
+                });
+                let node_tls = tls.clone();
+                let provider = options.credentials.clone();
+                let connect_node: Connect = Arc::new(move |addr: &str| {
+                    NodeAccess {
+                        info: format!("{node_scheme}://{credentials}{addr}/")
+                            .into_connection_info()?,
+                        tls: node_tls.clone(),
+                        credentials: provider.clone(),
+                    }
+                    .client()
+                });
+                let target = SentinelTarget::new(name, sentinels, connect_sentinel, connect_node)
+                    .map_err(|e| invalid(e.to_string()))?;
+                (Target::Sentinel(Box::new(target)), options.failover_timeout)
+            }
+            "redis+cluster" | "rediss+cluster" => {
+                let rest = rest.trim_end_matches('/');
+                // `[user:password@]`: the nodes' credentials, percent-encoded as in a
+                // redis:// URL (the redis crate decodes them), the same for every node
+                let (credentials, hosts) = match rest.rsplit_once('@') {
+                    Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
+                    None => (String::new(), rest),
+                };
+                if hosts.contains('/') {
+                    return Err(invalid(format!(
+                        "a Cluster URL names nodes only: {scheme}://[user:password@]host:port[,host:port...]/"
+                    )));
+                }
+                let nodes = hosts
+                    .split(',')
+                    .filter(|h| !h.is_empty())
+                    .map(|h| format!("{node_scheme}://{credentials}{h}/").into_connection_info())
+                    .collect::<redis::RedisResult<Vec<_>>>()
+                    .map_err(|e| invalid(e.to_string()))?;
+                if nodes.is_empty() {
+                    return Err(invalid("no node address".into()));
+                }
+                let mut access = ClusterAccess {
+                    nodes,
+                    tls,
+                    credentials: options.credentials.clone(),
+                    connect_timeout: options.connect_timeout,
+                    read_timeout: options.read_timeout,
+                    fixed: None,
+                };
+                if access.credentials.is_none() {
+                    let built = (access.build(CLUSTER_RETRIES), access.build(0));
+                    match built {
+                        (Ok(commands), Ok(blocking)) => access.fixed = Some((commands, blocking)),
+                        (Err(e), _) | (_, Err(e)) => return Err(invalid(e.to_string())),
+                    }
+                } else {
+                    // checked now: the nodes and the TLS settings (not the credentials)
+                    access.build(0).map_err(|e| invalid(e.to_string()))?;
+                }
+                (Target::Cluster(Box::new(access)), options.failover_timeout)
+            }
+            _ => {
+                let info = url
+                    .into_connection_info()
+                    .map_err(|e| invalid(e.to_string()))?;
+                let access = NodeAccess {
+                    info,
+                    tls,
+                    credentials: options.credentials.clone(),
+                };
+                // checked now: the address and the TLS settings
+                if access.credentials.is_none() {
+                    access.client().map_err(|e| invalid(e.to_string()))?;
+                }
+                (Target::Node(Box::new(access)), Duration::ZERO)
+            }
         };
         Ok(Manager {
             target,
-            connect_timeout,
-            read_timeout,
+            connect_timeout: options.connect_timeout,
+            read_timeout: options.read_timeout,
             patience,
             generation: AtomicU64::new(0),
             info_refused: AtomicBool::new(false),
+            accept_eviction: options.accept_eviction,
         })
+    }
+
+    /// Whether this is a Redis Cluster's manager.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
     }
 
     /// Whether this is a Sentinel group's manager, whose master [`Manager::follow_master`]
@@ -268,7 +400,7 @@ impl Manager {
         // checks the node's ROLE): connections move only when that changed, so the watch and
         // new connections never disagree
         let (client, addr) = target
-            .client_for(&agreed)
+            .client_for(&agreed, self.connect_timeout, self.read_timeout)
             .map_err(|e| Error::from_redis("asking the sentinels for the master", e))?;
         self.note_master(target, addr, client, agreed.asked);
         Ok(())
@@ -343,7 +475,7 @@ impl Manager {
     fn open_for(&self, blocking_use: bool) -> redis::RedisResult<Conn> {
         let mut generation = self.generation.load(Ordering::SeqCst);
         let client = match &self.target {
-            Target::Node(client) => client.clone(),
+            Target::Node(access) => access.client()?,
             // the master more than half of the sentinels name (and that says it is one)
             Target::Sentinel(target) => match self.fresh_master(target) {
                 Some((client, followed)) => {
@@ -352,14 +484,14 @@ impl Manager {
                 }
                 None => {
                     let agreed = target.agreed_master(self.connect_timeout, self.read_timeout)?;
-                    let (client, addr) = target.client_for(&agreed)?;
+                    let (client, addr) =
+                        target.client_for(&agreed, self.connect_timeout, self.read_timeout)?;
                     generation = self.note_master(target, addr, client.clone(), agreed.asked);
                     client
                 }
             },
-            Target::Cluster { commands, blocking } => {
-                let client = if blocking_use { blocking } else { commands };
-                let inner = client.get_connection()?;
+            Target::Cluster(access) => {
+                let inner = access.client(blocking_use)?.get_connection()?;
                 inner.set_read_timeout(Some(self.read_timeout))?;
                 inner.set_write_timeout(Some(self.read_timeout))?;
                 return Ok(Conn {
@@ -390,11 +522,17 @@ mod tests {
     /// it was refused.
     fn target_of(url: &str) -> std::result::Result<&'static str, String> {
         let s = Duration::from_secs(1);
-        match Manager::new(url, s, s, s) {
+        let options = ConnectOptions {
+            connect_timeout: s,
+            read_timeout: s,
+            failover_timeout: s,
+            ..ConnectOptions::default()
+        };
+        match Manager::new(url, &options) {
             Ok(m) => Ok(match m.target {
                 Target::Node(_) => "node",
                 Target::Sentinel(_) => "sentinel",
-                Target::Cluster { .. } => "cluster",
+                Target::Cluster(_) => "cluster",
             }),
             Err(Error::InvalidUrl { reason, .. }) => Err(reason),
             Err(e) => panic!("{url}: {e:?}"),

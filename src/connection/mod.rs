@@ -22,7 +22,10 @@ use checks::text_of;
 mod manager;
 mod pool;
 
-pub(crate) use manager::{Manager, CLUSTER_SCHEME, MASTER_WATCH_INTERVAL, SENTINEL_SCHEME};
+pub(crate) use manager::{
+    ConnectOptions, Manager, CLUSTER_SCHEME, CLUSTER_TLS_SCHEME, MASTER_WATCH_INTERVAL,
+    SENTINEL_SCHEME, SENTINEL_TLS_SCHEME,
+};
 pub(crate) use pool::{with_pooled, Pool};
 
 /// A pooled connection that remembers whether it is still trustworthy.

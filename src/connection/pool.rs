@@ -4,8 +4,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+
 use super::{Conn, Manager};
-use crate::error::{Error, Result};
+use crate::error::{is_tls_failure, permission_error, Error, Result};
 
 /// Run `f` on a connection from `pool`. A pooled connection can be stale (Redis restarted since
 /// it was last used); when one turns out dropped by the server, `f` runs again on another, up to
@@ -39,17 +41,30 @@ pub(crate) struct Pool {
     pool: r2d2::Pool<Pooled>,
     manager: Arc<Manager>,
     patience: Duration,
+    refusal: Arc<Mutex<Option<Refusal>>>,
 }
 
 /// The manager as r2d2 holds it: shared with the waker and the master watch (a Sentinel
-/// group's master generation is one for all of a client's connections).
-pub(crate) struct Pooled(Arc<Manager>);
+/// group's master generation is one for all of a client's connections). Remembers why the last
+/// connection could not be made when the server refused the credentials or the TLS handshake
+/// failed, which r2d2 reports only as text: a checkout that fails after it is then that error,
+/// not an unavailable server.
+pub(crate) struct Pooled(Arc<Manager>, Arc<Mutex<Option<Refusal>>>);
+
+/// Why the server refused the last new connection of a pool.
+#[derive(Clone)]
+pub(crate) struct Refusal {
+    credentials: bool,
+    tls: bool,
+    detail: String,
+}
 
 impl Pool {
     /// A pool of at most `size` connections; waits at most `checkout_timeout` for one.
     pub fn new(manager: Arc<Manager>, size: u32, checkout_timeout: Duration) -> Pool {
         let patience = manager.patience;
-        let pooled = Pooled(Arc::clone(&manager));
+        let refusal = Arc::new(Mutex::new(None));
+        let pooled = Pooled(Arc::clone(&manager), Arc::clone(&refusal));
         let pool = r2d2::Pool::builder()
             .max_size(size)
             .min_idle(Some(0))
@@ -61,6 +76,7 @@ impl Pool {
             pool,
             manager,
             patience,
+            refusal,
         }
     }
 }
@@ -76,11 +92,26 @@ fn once_pooled<T>(
     let mut attempts = pool.pool.max_size() + 1;
     let mut retired = 0;
     loop {
-        let mut conn = pool.pool.get().map_err(|e| Error::Connection {
-            during,
-            detail: format!("no connection available: {e}"),
-            source: Some(Box::new(e)),
-        })?;
+        let mut conn = pool
+            .pool
+            .get()
+            .map_err(|e| match pool.refusal.lock().clone() {
+                Some(Refusal {
+                    credentials,
+                    tls: false,
+                    detail,
+                }) => Error::PermissionDenied {
+                    during,
+                    detail,
+                    credentials,
+                },
+                Some(Refusal { detail, .. }) => Error::Tls { during, detail },
+                None => Error::Connection {
+                    during,
+                    detail: format!("no connection available: {e}"),
+                    source: Some(Box::new(e)),
+                },
+            })?;
         if pool.manager.is_retired(&conn) {
             // idle since before the Sentinel group named another master: r2d2 drops it
             conn.broken = true;
@@ -104,7 +135,22 @@ impl r2d2::ManageConnection for Pooled {
     type Error = redis::RedisError;
 
     fn connect(&self) -> redis::RedisResult<Conn> {
-        self.0.open()
+        let result = self.0.open();
+        *self.1.lock() = match &result {
+            Ok(_) => None,
+            Err(e) => {
+                let tls = is_tls_failure(e);
+                permission_error(e)
+                    .map(|credentials| (credentials, false))
+                    .or(tls.then_some((false, true)))
+                    .map(|(credentials, tls)| Refusal {
+                        credentials,
+                        tls,
+                        detail: e.to_string(),
+                    })
+            }
+        };
+        result
     }
 
     fn is_valid(&self, conn: &mut Conn) -> redis::RedisResult<()> {

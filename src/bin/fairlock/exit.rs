@@ -14,6 +14,8 @@ pub const NOPERM: u8 = 77;
 pub const SOFTWARE: u8 = 70;
 /// The lock is busy (`--no-wait`) or `--wait` ran out. `--busy-exit-code` changes it.
 pub const TEMPFAIL: u8 = 75;
+/// The server's configuration is unsafe for locks (an evicting `maxmemory-policy`).
+pub const CONFIG: u8 = 78;
 /// The lock was lost while the command ran (or while `hold` held it).
 pub const LOST: u8 = 79;
 /// The command was found but could not be executed.
@@ -46,9 +48,13 @@ impl From<fairlock::Error> for Failure {
         use fairlock::Error as E;
         let code = match &e {
             E::InvalidName { .. } | E::InvalidConfig { .. } | E::InvalidUrl { .. } => USAGE,
-            E::Connection { .. } | E::NotRedis { .. } | E::UnsupportedServer { .. } => UNAVAILABLE,
+            E::Connection { .. }
+            | E::NotRedis { .. }
+            | E::UnsupportedServer { .. }
+            | E::Tls { .. } => UNAVAILABLE,
             E::ForeignData { .. } => DATAERR,
             E::PermissionDenied { .. } => NOPERM,
+            E::UnsafeServer { .. } => CONFIG,
             _ => SOFTWARE,
         };
         Failure::new(code, e.to_string())

@@ -13,6 +13,7 @@ mod status;
 mod waiting;
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -37,6 +38,7 @@ Exit codes:
   69     Redis unreachable, not Redis, or older than 6.2
   70     unexpected error
   77     Redis refused the credentials, or the user's ACL lacks a permission
+  78     the server may evict keys (see --danger-accept-eviction)
   75     lock busy (--no-wait) or --wait ran out (see --busy-exit-code)
   79     the lock was lost while the command ran (or while held)
   126    the command could not be executed; 127: it was not found
@@ -51,10 +53,11 @@ to it; the lock is released once it has exited.";
 #[derive(Parser, Debug)]
 #[command(name = "fairlock", version, propagate_version = true, after_help = EXIT_CODES)]
 struct Cli {
-    /// Redis server URL, redis+sentinel://[user:password@]host:port[,host:port...]/<master name>
+    /// Redis server URL (rediss:// for TLS), redis+sentinel://[user:password@]host:port[,host:port...]/<master name>
     /// for the master of a Sentinel group (list every sentinel: the master that more than half
     /// of them name is used), or redis+cluster://[user:password@]host:port[,...]/ for a Redis
-    /// Cluster [default: $FAIRLOCK_REDIS_URL, then redis://127.0.0.1:6379/]
+    /// Cluster; rediss+sentinel:// and rediss+cluster:// over TLS [default: $FAIRLOCK_REDIS_URL,
+    /// then redis://127.0.0.1:6379/]
     #[arg(
         long,
         global = true,
@@ -64,8 +67,116 @@ struct Cli {
     )]
     redis: Option<String>,
 
+    #[command(flatten)]
+    access: AccessArgs,
+
     #[command(subcommand)]
     command: Cmd,
+}
+
+/// How to reach and log in to the server, besides the URL (every command).
+#[derive(Args, Debug)]
+struct AccessArgs {
+    /// For a rediss:// URL: trust the certificate authorities in this PEM file instead of the
+    /// system's [env: FAIRLOCK_TLS_CA]
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "FAIRLOCK_TLS_CA",
+        hide_env = true
+    )]
+    tls_ca: Option<PathBuf>,
+    /// For mutual TLS: the client certificate (PEM), with --tls-key [env: FAIRLOCK_TLS_CERT]
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "FAIRLOCK_TLS_CERT",
+        hide_env = true,
+        requires = "tls_key"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// For mutual TLS: the client certificate's private key (PEM) [env: FAIRLOCK_TLS_KEY]
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "FAIRLOCK_TLS_KEY",
+        hide_env = true,
+        requires = "tls_cert"
+    )]
+    tls_key: Option<PathBuf>,
+    /// Accept a server certificate that does not name the host connected to (still signed by a
+    /// trusted CA): for servers reached by IP whose certificates name a host
+    #[arg(long, global = true)]
+    danger_accept_invalid_hostnames: bool,
+    /// Read the password (or token) from this file for every new connection, so one that is
+    /// rotated while fairlock runs is picked up; overrides the URL's [env: FAIRLOCK_PASSWORD_FILE]
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "FAIRLOCK_PASSWORD_FILE",
+        hide_env = true
+    )]
+    password_file: Option<PathBuf>,
+    /// Use a server whose maxmemory-policy may evict keys (refused otherwise): only if its
+    /// memory never fills, as an evicted lock key can give a lock two holders
+    #[arg(
+        long,
+        global = true,
+        env = "FAIRLOCK_DANGER_ACCEPT_EVICTION",
+        hide_env = true
+    )]
+    danger_accept_eviction: bool,
+}
+
+/// The server to connect to: its URL and how to reach it.
+struct Server {
+    url: String,
+    access: AccessArgs,
+}
+
+impl Server {
+    /// A client builder for the server with `lease`.
+    fn builder(&self, lease: Duration) -> fairlock::LockClientBuilder {
+        let a = &self.access;
+        let mut b = LockClient::builder(&self.url)
+            .lease(lease)
+            .danger_accept_eviction(a.danger_accept_eviction)
+            .danger_accept_invalid_hostnames(a.danger_accept_invalid_hostnames);
+        if let Some(ca) = &a.tls_ca {
+            b = b.tls_ca_file(ca);
+        }
+        if let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) {
+            b = b.tls_client_cert_files(cert, key);
+        }
+        if let Some(file) = &a.password_file {
+            // the user stays the URL's
+            let user = user_of(&self.url);
+            let file = file.clone();
+            b = b.credentials_provider(move || {
+                let password = std::fs::read_to_string(&file).map_err(|e| {
+                    format!("cannot read the password file {}: {e}", file.display())
+                })?;
+                Ok(fairlock::Credentials::new(
+                    user.as_deref(),
+                    password.trim_end_matches(['\r', '\n']),
+                ))
+            });
+        }
+        b
+    }
+}
+
+/// The user name a URL gives (`scheme://user:password@...`), if any.
+fn user_of(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split('/').next()?;
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    let user = userinfo.split(':').next()?;
+    (!user.is_empty()).then(|| user.to_string())
 }
 
 #[derive(Subcommand, Debug)]
@@ -235,23 +346,28 @@ fn describe(e: &clap::Error) -> String {
 }
 
 fn execute(cli: Cli) -> Result<u8, Failure> {
-    let url = cli.redis.unwrap_or_else(|| DEFAULT_URL.to_string());
+    let server = Server {
+        url: cli.redis.unwrap_or_else(|| DEFAULT_URL.to_string()),
+        access: cli.access,
+    };
     match cli.command {
         Cmd::Run(args) => {
             let opts = wait_options(&args.acquire);
             // the client lives (and its watchdog and janitor with it) until the command is done
-            let (_client, lock, signals) = connect_to_hold(&url, &args.name, args.acquire.lease)?;
+            let (_client, lock, signals) =
+                connect_to_hold(&server, &args.name, args.acquire.lease)?;
             run::run(&lock, &signals, &opts, args.kill_grace, &args.command)
         }
         Cmd::Hold(args) => {
             let opts = wait_options(&args.acquire);
-            let (_client, lock, signals) = connect_to_hold(&url, &args.name, args.acquire.lease)?;
+            let (_client, lock, signals) =
+                connect_to_hold(&server, &args.name, args.acquire.lease)?;
             run::hold(&lock, &signals, &opts)
         }
         Cmd::Status(args) => {
             fairlock::validate_name(&args.name)?;
-            let (_client, lock) = connect(&url, &args.name, fairlock::DEFAULT_LEASE)?;
-            status::status(&lock, args.json)
+            let (client, lock) = connect(&server, &args.name, fairlock::DEFAULT_LEASE)?;
+            status::status(&lock, args.json, client.config().danger_accept_eviction)
         }
         Cmd::Release(args) => {
             if !args.force {
@@ -260,7 +376,7 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
                 ));
             }
             fairlock::validate_name(&args.name)?;
-            let (_client, lock) = connect(&url, &args.name, fairlock::DEFAULT_LEASE)?;
+            let (_client, lock) = connect(&server, &args.name, fairlock::DEFAULT_LEASE)?;
             status::release(&lock)
         }
     }
@@ -282,7 +398,7 @@ fn wait_options(a: &AcquireArgs) -> WaitOptions {
 /// For `run` and `hold`: check the name and lease, catch signals, connect. Arguments are checked
 /// before the server is contacted, so a typo is a usage error (64) even when Redis is down.
 fn connect_to_hold(
-    url: &str,
+    server: &Server,
     name: &str,
     lease: Duration,
 ) -> Result<(LockClient, FairLock, Receiver<signals::Received>), Failure> {
@@ -301,16 +417,24 @@ fn connect_to_hold(
             format!("cannot install signal handlers: {e}"),
         )
     })?;
-    let (client, lock) = connect(url, name, lease)?;
+    let (client, lock) = connect(server, name, lease)?;
     Ok((client, lock, signals))
 }
 
 /// Connect to Redis (the name has been checked).
-fn connect(url: &str, name: &str, lease: Duration) -> Result<(LockClient, FairLock), Failure> {
-    let client = LockClient::builder(url).lease(lease).build().map_err(|e| {
+fn connect(
+    server: &Server,
+    name: &str,
+    lease: Duration,
+) -> Result<(LockClient, FairLock), Failure> {
+    let client = server.builder(lease).build().map_err(|e| {
         let mut f = Failure::from(e);
         if f.code == exit::UNAVAILABLE {
-            f.message = format!("{} (Redis URL {})", f.message, fairlock::redact_url(url));
+            f.message = format!(
+                "{} (Redis URL {})",
+                f.message,
+                fairlock::redact_url(&server.url)
+            );
         }
         f
     })?;

@@ -15,13 +15,22 @@ pub fn describe_origin(o: &Origin) -> String {
 }
 
 /// Print the lock's status, for people or as JSON.
-pub fn status(lock: &FairLock, as_json: bool) -> Result<u8, Failure> {
+/// `eviction_accepted`: the client was told to use a server that may evict keys, which both
+/// forms say.
+pub fn status(lock: &FairLock, as_json: bool, eviction_accepted: bool) -> Result<u8, Failure> {
     let st = lock.status()?;
     let text = if as_json {
-        let mut s = serde_json::to_string_pretty(&to_json(&st))
+        let mut json = to_json(&st);
+        json["eviction_accepted"] = serde_json::Value::Bool(eviction_accepted);
+        let mut s = serde_json::to_string_pretty(&json)
             .map_err(|e| Failure::new(crate::exit::SOFTWARE, e.to_string()))?;
         s.push('\n');
         s
+    } else if eviction_accepted {
+        format!(
+            "{}warning: the server may evict keys (--danger-accept-eviction): a lock can get a second holder\n",
+            to_text(&st)
+        )
     } else {
         to_text(&st)
     };
