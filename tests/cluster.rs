@@ -3,6 +3,9 @@
 //! moves or a master that dies loses no waiter and no replicated hold.
 
 mod support;
+#[cfg(feature = "tls")]
+#[path = "support/tls.rs"]
+mod tls_support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -418,8 +421,54 @@ fn a_master_killed_under_a_hold_and_waiters_serves_every_waiter_in_order_on_the_
 #[test]
 fn a_graceful_failover_under_load_loses_no_update() {
     let cluster = RedisCluster::start();
-    let (name, master) = names_on_every_master(&cluster, "graceful").remove(0);
     let clients = [client(&cluster), client(&cluster)];
+    graceful_failover_under_load(&cluster, clients);
+}
+
+/// The same over TLS (issue 24): the nodes' client ports, cluster bus and replication all TLS,
+/// the client starting from two TLS ports and trusting the test CA.
+#[cfg(feature = "tls")]
+#[test]
+fn over_tls_a_graceful_failover_under_load_loses_no_update() {
+    let certs = tls_support::certs();
+    tls_support::install_provider();
+    let cluster = RedisCluster::start_tls([&certs.server.0, &certs.server.1, &certs.ca]);
+    let tls_client = || {
+        let nodes: Vec<String> = cluster
+            .node_ports()
+            .iter()
+            .take(2)
+            .map(|&p| format!("rediss://127.0.0.1:{}/", RedisCluster::tls_port(p)))
+            .collect();
+        let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        fairlock::LockClient::builder_cluster(&nodes)
+            .lease(Duration::from_secs(10))
+            .janitor_interval(Duration::from_millis(300))
+            .failover_timeout(SECS_30)
+            .tls_ca_file(&certs.ca)
+            .build()
+            .expect("a TLS client of the cluster")
+    };
+    let clients = [tls_client(), tls_client()];
+    // its connections are TLS ones: no plain connection of the default user but the harness's
+    graceful_failover_under_load(&cluster, clients);
+    // and a plain client is not served on a TLS port
+    let plain = fairlock::LockClient::builder(&format!(
+        "redis+cluster://127.0.0.1:{}/",
+        RedisCluster::tls_port(cluster.node_ports()[0])
+    ))
+    .connect_timeout(Duration::from_secs(1))
+    .read_timeout(Duration::from_secs(1))
+    .failover_timeout(Duration::ZERO)
+    .build();
+    assert!(plain.is_err(), "plain text to a TLS port");
+}
+
+/// 2 clients x 3 threads take one lock in turn while its master hands over to its replica
+/// (`CLUSTER FAILOVER`): one holder at a time, tokens rising, no update lost, and progress on
+/// the new master.
+fn graceful_failover_under_load(cluster: &RedisCluster, clients: [fairlock::LockClient; 2]) {
+    let (name, master) = names_on_every_master(cluster, "graceful").remove(0);
     let stop = Arc::new(AtomicBool::new(false));
     let inside = Arc::new(AtomicUsize::new(0));
     let counter = Arc::new(Mutex::new((0u64, 0u64))); // (count, last token)

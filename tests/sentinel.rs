@@ -4,6 +4,9 @@
 //! order, a hold that reached the replicas survives, and tokens keep rising.
 
 mod support;
+#[cfg(feature = "tls")]
+#[path = "support/tls.rs"]
+mod tls_support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -144,6 +147,33 @@ fn a_master_killed_under_a_hold_and_waiters_serves_every_waiter_in_order_on_the_
 fn a_graceful_failover_under_load_with_every_replica_acknowledging_loses_no_update() {
     let group = SentinelGroup::start();
     let client = client_with_acks(&group, 2, Duration::from_secs(1));
+    graceful_failover_under_load(&group, &client);
+}
+
+/// The same over TLS (issue 24): every node and sentinel speaks TLS only (replication and the
+/// sentinels' own connections too), and the client trusts the test CA.
+#[cfg(feature = "tls")]
+#[test]
+fn over_tls_a_graceful_failover_under_load_with_every_replica_acknowledging_loses_no_update() {
+    let certs = tls_support::certs();
+    tls_support::install_provider();
+    let group = SentinelGroup::start_tls([&certs.server.0, &certs.server.1, &certs.ca]);
+    let urls = group.sentinel_urls();
+    assert!(urls.iter().all(|u| u.starts_with("rediss://")), "{urls:?}");
+    let sentinels: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let client = fairlock::LockClient::builder_sentinel("mymaster", &sentinels)
+        .janitor_interval(Duration::from_millis(300))
+        .replica_acks(2, Duration::from_secs(1))
+        .tls_ca_file(&certs.ca)
+        .build()
+        .expect("a TLS client through the sentinels");
+    graceful_failover_under_load(&group, &client);
+}
+
+/// 4 threads take one lock in turn while the sentinels fail the master over gracefully: one
+/// holder at a time, no token twice, no error, and the lock usable once the old master is a
+/// replica again.
+fn graceful_failover_under_load(group: &SentinelGroup, client: &fairlock::LockClient) {
     let lock = client.fair_lock("graceful").unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let in_section = Arc::new(AtomicBool::new(false));

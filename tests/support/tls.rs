@@ -1,4 +1,5 @@
 //! TLS for tests: certificates made at test time with `openssl` (and `faketime` for an expired
+#![allow(dead_code)]
 //! one), and a TLS-only redis-server on loopback.
 
 use std::path::{Path, PathBuf};

@@ -13,11 +13,12 @@
 //! down detection, a vote, the promotion, then the other replica's reconfiguration before the
 //! sentinels switch their answer), a cluster failover about 2 to 4 s.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use redis::{Connection, FromRedisValue, RedisResult, Value};
@@ -76,6 +77,21 @@ impl SentinelGroup {
     /// [`SentinelGroup::start`], with `master_conf` added to the first master's config file
     /// (e.g. `rename-command REPLICAOF ""`, so that the sentinels can never make it a replica).
     pub fn start_with(master_conf: &str) -> SentinelGroup {
+        Self::start_inner(master_conf, None)
+    }
+
+    /// [`SentinelGroup::start`] with every node and sentinel speaking TLS only, on its port,
+    /// with `files` (certificate, key, CA): clients, replication and the sentinels' own
+    /// connections (`tls-replication yes`). The harness's connections to them are TLS too.
+    pub fn start_tls(files: [&Path; 3]) -> SentinelGroup {
+        Self::start_inner("", Some(files.map(Path::to_path_buf)))
+    }
+
+    fn start_inner(master_conf: &str, tls: Option<[PathBuf; 3]>) -> SentinelGroup {
+        let tls_conf = |port: u16| match &tls {
+            Some(files) => serve_tls(port, files),
+            None => String::new(),
+        };
         let dir = tempdir("fairlock-sentinel-");
         let root = dir.path().to_path_buf();
         // pushed one by one: a panic drops the group and kills what was started so far
@@ -87,12 +103,12 @@ impl SentinelGroup {
         group
             .nodes
             .push(Node::start(&root, "master", &[], |port, dir| {
-                data_conf(port, dir, master_conf)
+                data_conf(port, dir, master_conf) + &tls_conf(port)
             }));
         let master = group.nodes[0].port;
         for i in 1..=2 {
             let node = Node::start(&root, &format!("replica-{i}"), &[], |port, dir| {
-                data_conf(port, dir, &format!("replicaof 127.0.0.1 {master}\n"))
+                data_conf(port, dir, &format!("replicaof 127.0.0.1 {master}\n")) + &tls_conf(port)
             });
             group.nodes.push(node);
         }
@@ -125,7 +141,7 @@ impl SentinelGroup {
                 &root,
                 &format!("sentinel-{i}"),
                 &["--sentinel"],
-                |port, dir| sentinel_conf(port, dir, master),
+                |port, dir| sentinel_conf(port, dir, master) + &tls_conf(port),
             );
             group.sentinels.push(node);
         }
@@ -545,6 +561,31 @@ impl RedisCluster {
     /// `cluster_state:ok`, all agree on who owns which of the 16384 slots, every master has a
     /// replica and every replica's link is up.
     pub fn start() -> RedisCluster {
+        Self::start_with(|_| String::new())
+    }
+
+    /// [`RedisCluster::start`], each node also serving TLS on the port after its own (see
+    /// [`RedisCluster::tls_port`]) with `files` (certificate, key, CA), its cluster bus and its
+    /// replication over TLS too. The nodes answer a TLS connection's `CLUSTER SLOTS` with their
+    /// TLS ports, so a client that starts from TLS ports stays on them; the harness's own
+    /// connections use the plain ports.
+    pub fn start_tls(files: [&Path; 3]) -> RedisCluster {
+        let [cert, key, ca] = files.map(|p| p.display().to_string());
+        Self::start_with(move |port| {
+            format!(
+                "tls-port {}\ntls-cert-file {cert}\ntls-key-file {key}\ntls-ca-cert-file {ca}\n\
+                 tls-auth-clients no\ntls-cluster yes\ntls-replication yes\n",
+                Self::tls_port(port)
+            )
+        })
+    }
+
+    /// The TLS port of the node on `port` (of a cluster made by [`RedisCluster::start_tls`]).
+    pub fn tls_port(port: u16) -> u16 {
+        port + 1
+    }
+
+    fn start_with(more_conf: impl Fn(u16) -> String) -> RedisCluster {
         let dir = tempdir("fairlock-cluster-");
         let root = dir.path().to_path_buf();
         let mut cluster = RedisCluster {
@@ -557,8 +598,11 @@ impl RedisCluster {
                 data_conf(
                     port,
                     dir,
-                    "cluster-enabled yes\ncluster-config-file nodes.conf\n\
-                     cluster-node-timeout 1000\n",
+                    &format!(
+                        "cluster-enabled yes\ncluster-config-file nodes.conf\n\
+                         cluster-node-timeout 1000\n{}",
+                        more_conf(port)
+                    ),
                 )
             });
             cluster.nodes.push(node);
@@ -1046,6 +1090,11 @@ fn tempdir(prefix: &str) -> TempDir {
 
 /// The config every process shares: loopback only, its own dir and log, in the foreground.
 fn base_conf(port: u16, dir: &Path) -> String {
+    // plain text unless `serve_tls` says otherwise (a port an earlier TLS node had)
+    TLS_PORTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&port);
     let dir = dir.display();
     format!(
         "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\n\
@@ -1073,12 +1122,58 @@ fn sentinel_conf(port: u16, dir: &Path, master: u16) -> String {
 }
 
 fn url(port: u16) -> String {
-    format!("redis://127.0.0.1:{port}/")
+    match tls_ca(port) {
+        Some(_) => format!("rediss://127.0.0.1:{port}/"),
+        None => format!("redis://127.0.0.1:{port}/"),
+    }
+}
+
+/// The ports that serve TLS only (see [`serve_tls`]), with the CA that signed their
+/// certificate.
+static TLS_PORTS: Mutex<BTreeMap<u16, PathBuf>> = Mutex::new(BTreeMap::new());
+
+fn tls_ca(port: u16) -> Option<PathBuf> {
+    TLS_PORTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&port)
+        .cloned()
+}
+
+/// The config lines that make the node on `port` speak TLS only there, with `files`
+/// (certificate, key, CA), to clients and in its own connections to other nodes; the port is
+/// noted, so the harness's connections to it are TLS too.
+fn serve_tls(port: u16, files: &[PathBuf; 3]) -> String {
+    let [cert, key, ca] = files.each_ref().map(|p| p.display().to_string());
+    TLS_PORTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(port, files[2].clone());
+    format!(
+        "port 0\ntls-port {port}\ntls-cert-file {cert}\ntls-key-file {key}\n\
+         tls-ca-cert-file {ca}\ntls-auth-clients no\ntls-replication yes\n"
+    )
+}
+
+/// A client for the node on `port`: over TLS, trusting its CA, where it serves TLS.
+fn client_for(port: u16) -> RedisResult<redis::Client> {
+    match tls_ca(port) {
+        #[cfg(feature = "tls")]
+        Some(ca) => {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let certificates = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(fs::read(ca)?),
+            };
+            redis::Client::build_with_tls(url(port), certificates)
+        }
+        _ => redis::Client::open(url(port)),
+    }
 }
 
 /// A connection with short timeouts, for the checks of a wait.
 fn try_conn(port: u16) -> RedisResult<Connection> {
-    let c = redis::Client::open(url(port))?.get_connection_with_timeout(Duration::from_secs(1))?;
+    let c = client_for(port)?.get_connection_with_timeout(Duration::from_secs(1))?;
     c.set_read_timeout(Some(Duration::from_secs(2)))?;
     c.set_write_timeout(Some(Duration::from_secs(2)))?;
     Ok(c)
