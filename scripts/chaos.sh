@@ -21,14 +21,16 @@
 #     single    (default) one redis-server behind the proxy, the run described first
 #     sentinel  a Sentinel group
 #     cluster   a Redis Cluster
-#     all       single, sentinel and cluster one after another, SECONDS each
+#     tls       a Sentinel group that speaks TLS only (rediss+sentinel:// URL)
+#     all       single, sentinel, cluster and tls one after another, SECONDS each
 #   FAIRLOCK_CHAOS_SEED=N           replay a fault schedule (the seed is printed per round)
-# The short mode (two 40 s single-node scenarios) runs in scripts/test.sh.
+# The short mode (two 40 s single-node scenarios and a 20 s TLS Sentinel one) runs in
+# scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-usage="usage: scripts/chaos.sh [SECONDS] [single|sentinel|cluster|all]"
+usage="usage: scripts/chaos.sh [SECONDS] [single|sentinel|cluster|tls|all]"
 seconds=${1:-600}
 mode=${2:-single}
 require_count "$seconds" "$usage"
@@ -36,7 +38,8 @@ case "$mode" in
   single) tests=(chaos_long) ;;
   sentinel) tests=(chaos_long_sentinel) ;;
   cluster) tests=(chaos_long_cluster) ;;
-  all) tests=(chaos_long chaos_long_sentinel chaos_long_cluster) ;;
+  tls) tests=(chaos_long_tls) ;;
+  all) tests=(chaos_long chaos_long_sentinel chaos_long_cluster chaos_long_tls) ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 

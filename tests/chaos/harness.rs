@@ -333,9 +333,13 @@ impl Run<'_> {
         let mut cmd = self.children.command("chaos-worker", &[]);
         match &self.redis {
             Redis::Single(d) => cmd.env(workload::ENV_URL, d.proxy.url()),
-            Redis::Topology { topology, resource } => cmd
-                .env(workload::ENV_URL, topology.worker_url())
-                .env(workload::ENV_RESOURCE_URL, resource.url()),
+            Redis::Topology { topology, resource } => {
+                if let Some(ca) = topology.tls_ca() {
+                    cmd.env(workload::ENV_TLS_CA, ca);
+                }
+                cmd.env(workload::ENV_URL, topology.worker_url())
+                    .env(workload::ENV_RESOURCE_URL, resource.url())
+            }
         };
         cmd.env(
             workload::ENV_HISTORY,

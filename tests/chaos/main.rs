@@ -27,6 +27,9 @@ mod support;
 // redis-server on a steppable clock (shared with the fuzzer; only FakeClockRedis is used here)
 use support::faketime;
 
+#[path = "../support/tls.rs"]
+mod tls_support;
+
 mod checker;
 mod harness;
 mod history;
@@ -145,6 +148,32 @@ fn chaos_long_sentinel() {
             fault_time,
         )
     });
+}
+
+/// The long mode on a Sentinel group that speaks TLS only: `FAIRLOCK_CHAOS_SECS` (default 600)
+/// of rounds, each on a fresh group; totals in `target/chaos/summary-tls.json`.
+#[test]
+#[ignore = "long mode: scripts/chaos.sh [SECONDS] tls"]
+fn chaos_long_tls() {
+    let workers = support::child_test!("chaos-worker" => workload::run);
+    long_mode("summary-tls.json", &workers, |n, fault_time| {
+        topology_scenario(&format!("tls-{n:02}"), Deployment::SentinelTls, fault_time)
+    });
+}
+
+/// The short TLS mode: one round of a TLS-only Sentinel group (master kills, graceful
+/// failovers, stopped sentinels, worker kills and pauses).
+#[test]
+fn chaos_short_tls_sentinel() {
+    let workers = support::child_test!("chaos-worker" => workload::run);
+    run_and_assert(
+        &topology_scenario(
+            "short-tls",
+            Deployment::SentinelTls,
+            Duration::from_secs(12),
+        ),
+        &workers,
+    );
 }
 
 /// The long mode on a Redis Cluster: `FAIRLOCK_CHAOS_SECS` (default 600) of rounds, each on a

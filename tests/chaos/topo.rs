@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Connection, Value};
 
-use crate::support::topology::{RedisCluster, SentinelGroup, MASTER_NAME};
+use crate::support::topology::{client_for, tls_ca, RedisCluster, SentinelGroup, MASTER_NAME};
 use crate::support::unix_micros;
 
 /// Where the locks live.
@@ -31,6 +31,9 @@ pub enum Deployment {
     Single,
     /// A Sentinel group; workers connect with `redis+sentinel://.../mymaster`.
     Sentinel,
+    /// A Sentinel group that speaks TLS only (clients, replication, the sentinels' own
+    /// connections); workers connect with `rediss+sentinel://.../mymaster`.
+    SentinelTls,
     /// A Redis Cluster; workers connect with `redis+cluster://...`.
     Cluster,
 }
@@ -40,6 +43,7 @@ impl Deployment {
         match self {
             Deployment::Single => "single",
             Deployment::Sentinel => "sentinel",
+            Deployment::SentinelTls => "sentinel-tls",
             Deployment::Cluster => "cluster",
         }
     }
@@ -61,6 +65,15 @@ impl Topology {
         match d {
             Deployment::Single => panic!("one node is no topology"),
             Deployment::Sentinel => Topology::Sentinel(SentinelGroup::start()),
+            Deployment::SentinelTls => {
+                let certs = crate::tls_support::certs();
+                crate::tls_support::install_provider();
+                Topology::Sentinel(SentinelGroup::start_tls([
+                    &certs.server.0,
+                    &certs.server.1,
+                    &certs.ca,
+                ]))
+            }
             Deployment::Cluster => Topology::Cluster(RedisCluster::start()),
         }
     }
@@ -76,12 +89,22 @@ impl Topology {
         };
         match self {
             Topology::Sentinel(g) => {
-                format!(
-                    "redis+sentinel://{}/{MASTER_NAME}",
-                    hosts(g.sentinel_ports())
-                )
+                let scheme = if self.tls_ca().is_some() {
+                    "rediss+sentinel"
+                } else {
+                    "redis+sentinel"
+                };
+                format!("{scheme}://{}/{MASTER_NAME}", hosts(g.sentinel_ports()))
             }
             Topology::Cluster(c) => format!("redis+cluster://{}/", hosts(c.node_ports())),
+        }
+    }
+
+    /// The CA the workers must trust, when the topology speaks TLS.
+    pub fn tls_ca(&self) -> Option<std::path::PathBuf> {
+        match self {
+            Topology::Sentinel(g) => tls_ca(g.sentinel_ports()[0]),
+            Topology::Cluster(_) => None,
         }
     }
 
@@ -445,7 +468,7 @@ fn read_fences(c: &mut Connection, locks: &[String]) -> Option<Fences> {
 
 /// A connection with short timeouts; `None` when the node does not answer.
 pub fn try_conn(port: u16) -> Option<Connection> {
-    let c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+    let c = client_for(port)
         .ok()?
         .get_connection_with_timeout(Duration::from_millis(500))
         .ok()?;

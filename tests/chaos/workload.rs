@@ -21,6 +21,8 @@ pub const ENV_HISTORY: &str = "FAIRLOCK_CHAOS_HISTORY";
 pub const ENV_THREADS: &str = "FAIRLOCK_CHAOS_THREADS";
 pub const ENV_LOCKS: &str = "FAIRLOCK_CHAOS_LOCKS";
 pub const ENV_LIMIT: &str = "FAIRLOCK_CHAOS_LIMIT_SECS";
+/// The CA to trust, for a TLS topology (unset: no TLS settings).
+pub const ENV_TLS_CA: &str = "FAIRLOCK_CHAOS_TLS_CA";
 /// Where the counter and the fenced resource live (default: `ENV_URL`).
 pub const ENV_RESOURCE_URL: &str = "FAIRLOCK_CHAOS_RESOURCE_URL";
 
@@ -151,8 +153,13 @@ pub fn run() -> ! {
 
     // Redis may be restarting or black-holed right now: keep trying for a while.
     let started = Instant::now();
+    let tls_ca = std::env::var_os(ENV_TLS_CA);
     let client = loop {
-        match fairlock::LockClient::builder(&url)
+        let mut builder = fairlock::LockClient::builder(&url);
+        if let Some(ca) = &tls_ca {
+            builder = builder.tls_ca_file(ca);
+        }
+        match builder
             .lease(LEASE)
             .janitor_interval(JANITOR)
             .connect_timeout(CONNECT_TIMEOUT)

@@ -1132,7 +1132,8 @@ fn url(port: u16) -> String {
 /// certificate.
 static TLS_PORTS: Mutex<BTreeMap<u16, PathBuf>> = Mutex::new(BTreeMap::new());
 
-fn tls_ca(port: u16) -> Option<PathBuf> {
+/// The CA that signed the certificate of the node on `port`, when it serves TLS only.
+pub fn tls_ca(port: u16) -> Option<PathBuf> {
     TLS_PORTS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -1156,7 +1157,7 @@ fn serve_tls(port: u16, files: &[PathBuf; 3]) -> String {
 }
 
 /// A client for the node on `port`: over TLS, trusting its CA, where it serves TLS.
-fn client_for(port: u16) -> RedisResult<redis::Client> {
+pub fn client_for(port: u16) -> RedisResult<redis::Client> {
     match tls_ca(port) {
         #[cfg(feature = "tls")]
         Some(ca) => {
