@@ -909,3 +909,67 @@ fn a_release_sent_while_its_slot_migrates_ends_soon_after_the_migration() {
         );
     });
 }
+
+/// Review (issue 24): a shard added to the cluster has no function library (it was loaded on
+/// the masters of the time). While a held lock's slot migrates there, its keys moved and the
+/// slot not yet assigned, calls reach the new master by `ASK`, answered "Function not found";
+/// loading the library again goes to the masters the client's slot map knows, which do not
+/// include the new one, so the release failed. It must be served there, and after the migration
+/// too.
+#[test]
+fn a_lock_whose_slot_moves_to_a_new_shard_is_served_there_during_and_after_the_migration() {
+    let mut cluster = RedisCluster::start();
+    let client = client(&cluster);
+    let name = "new-shard";
+    let lock = client.fair_lock(name).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let (go, went) = mpsc::channel::<()>();
+    let worker = {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            let held = lock.lock().unwrap();
+            tx.send(Ok(held.fencing_token())).unwrap();
+            // told once every key of the lock is on the new master, the slot still the old
+            // one's: Redis answers TRYAGAIN (some declared keys missing there) until the slot
+            // is assigned, then MOVED to a master without the library
+            went.recv().unwrap();
+            tx.send(held.unlock().map(|()| 0)).unwrap();
+            let again = lock
+                .try_lock_for(Duration::from_secs(20))
+                .map(|g| g.map_or(0, |g| g.fencing_token()));
+            tx.send(again).unwrap();
+        })
+    };
+    let first = rx.recv_timeout(SECS_30).unwrap().unwrap();
+    let new_master = cluster.add_master();
+    let slot = cluster.slot_of(&lock_key(name));
+    cluster.migrate_slot_around(
+        slot,
+        new_master,
+        |_| {},
+        |_| {
+            go.send(()).unwrap();
+            thread::sleep(Duration::from_millis(200));
+        },
+    );
+    rx.recv_timeout(SECS_60)
+        .unwrap()
+        .expect("released across the migration");
+    let second = rx
+        .recv_timeout(SECS_60)
+        .unwrap()
+        .expect("taken again on the new master");
+    worker.join().unwrap();
+    assert!(second > first, "{second} after {first}");
+    // and on the new master once the slot is its own
+    assert_eq!(cluster.master_for_slot(slot), new_master);
+    let g = lock.lock().expect("served by the new master");
+    assert!(g.fencing_token() > second);
+    assert!(g.is_held_in_redis().unwrap());
+    // which the client gave its function library
+    let libraries: Vec<redis::Value> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query(&mut cluster.conn_to(new_master))
+        .unwrap();
+    assert_eq!(libraries.len(), 1, "{libraries:?}");
+}

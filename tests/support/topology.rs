@@ -528,6 +528,8 @@ impl LoneSentinel {
 /// `redis-cli --cluster create`). No persistence besides each node's `nodes.conf`.
 pub struct RedisCluster {
     nodes: Vec<Node>,
+    /// Masters added by [`RedisCluster::add_master`] (no slots until one is migrated there).
+    added: Vec<u16>,
     /// The slot ranges and replicas of each killed master, as they were when it was killed.
     killed: HashMap<u16, Killed>,
     /// Last: removed after the processes above were killed.
@@ -590,6 +592,7 @@ impl RedisCluster {
         let root = dir.path().to_path_buf();
         let mut cluster = RedisCluster {
             nodes: Vec::new(),
+            added: Vec::new(),
             killed: HashMap::new(),
             dir,
         };
@@ -798,6 +801,18 @@ impl RedisCluster {
     /// As [`RedisCluster::migrate_slot`], running `during` (given the old owner's port) while
     /// the slot is MIGRATING and IMPORTING, before any key has moved.
     pub fn migrate_slot_with(&self, slot: u16, to_port: u16, during: impl FnOnce(u16)) {
+        self.migrate_slot_around(slot, to_port, during, |_| {});
+    }
+
+    /// As [`RedisCluster::migrate_slot_with`], also running `moved` (given the old owner's
+    /// port) once every key has moved, before the slot is assigned to its new owner.
+    pub fn migrate_slot_around(
+        &self,
+        slot: u16,
+        to_port: u16,
+        during: impl FnOnce(u16),
+        moved: impl FnOnce(u16),
+    ) {
         let map = self.slot_map();
         let from_port = owner(&map, slot).expect("a settled map covers every slot");
         if from_port == to_port {
@@ -805,8 +820,8 @@ impl RedisCluster {
         }
         let masters = self.master_ports();
         assert!(
-            masters.contains(&to_port),
-            "{to_port} is not a master owning slots ({masters:?})"
+            masters.contains(&to_port) || self.added.contains(&to_port),
+            "{to_port} is not a master owning slots ({masters:?}) nor one added"
         );
         let (mut from, mut to) = (conn_to(from_port), conn_to(to_port));
         let from_id = myid(&mut from);
@@ -849,6 +864,7 @@ impl RedisCluster {
                 .query(&mut from);
             reply.unwrap_or_else(|e| panic!("MIGRATE of slot {slot} to {to_port}: {e}"));
         }
+        moved(from_port);
         setslot(&mut to, "NODE", &to_id);
         setslot(&mut from, "NODE", &to_id);
         for port in masters {
@@ -867,6 +883,50 @@ impl RedisCluster {
                  {AGREE_TIMEOUT:?} (last seen: {last})"
             ));
         }
+    }
+
+    /// Start a seventh node, a master without slots, and have it meet the cluster (as a new
+    /// shard is added before slots move to it); waits (30 s) until every running node knows it
+    /// as a connected master. Returns its port.
+    pub fn add_master(&mut self) -> u16 {
+        let root = self.dir.path().to_path_buf();
+        let name = format!("node-{}", self.nodes.len() + 1);
+        let node = Node::start(&root, &name, &[], |port, dir| {
+            data_conf(
+                port,
+                dir,
+                "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 1000\n",
+            )
+        });
+        let port = node.port;
+        self.nodes.push(node);
+        self.added.push(port);
+        let met: RedisResult<()> = redis::cmd("CLUSTER")
+            .arg("MEET")
+            .arg("127.0.0.1")
+            .arg(port)
+            .query(&mut conn_to(self.nodes[0].port));
+        met.unwrap_or_else(|e| self.fail(&format!("CLUSTER MEET 127.0.0.1 {port}: {e}")));
+        let known = poll(SETTLE_TIMEOUT, || {
+            self.running()
+                .all(|n| {
+                    cluster_nodes(n.port).is_some_and(|v| {
+                        v.iter().any(|e| {
+                            e.port == port
+                                && e.flags.contains("master")
+                                && !e.flags.contains("handshake")
+                                && !e.flags.contains("fail")
+                        })
+                    })
+                })
+                .then_some(())
+        });
+        if known.is_none() {
+            self.fail(&format!(
+                "the nodes did not all come to know the new master {port} within {SETTLE_TIMEOUT:?}"
+            ));
+        }
+        port
     }
 
     /// The slot map every running node agrees on (10 s at most).
