@@ -49,6 +49,9 @@ const MAX_DROPS: u32 = 10;
 /// starts again. A wait may last hours, and a signal (a Ctrl-Z and `fg`), a restart or a
 /// network blip now and then must not end it.
 const FAILURE_WINDOW: Duration = Duration::from_secs(10);
+/// The pause before a waiter asks again after its request failed (see
+/// `Attempt::pause_before_asking_again`).
+const REQUEST_PAUSE: Duration = Duration::from_millis(100);
 
 /// How many failures of one kind came in a row, each within [`FAILURE_WINDOW`] of the last.
 #[derive(Default)]
@@ -181,9 +184,21 @@ impl<'a> Attempt<'a> {
                 .for_waiter(lock_key, thread)
                 .register(self.number)
         });
+        let mut queued = false;
         loop {
             let sent = BootInstant::now();
-            let grant = match self.request(&call, sent)? {
+            let requested = match self.request(&call, sent) {
+                Ok(requested) => requested,
+                // asking again from the queue: a server that restarts (a dropped connection,
+                // then LOADING while it reads its data) or a failed request costs a pause, not
+                // the place; failures count as those of the wait
+                Err(e) if queued && e.is_connection() => {
+                    self.pause_before_asking_again(e, wait)?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let grant = match requested {
                 Requested::Granted { token, expires } => Some((token, expires)),
                 Requested::Busy => {
                     if self.unanswered.get() {
@@ -194,6 +209,7 @@ impl<'a> Attempt<'a> {
                     return Ok(None);
                 }
                 Requested::Queued { pttl_ms } => {
+                    queued = true;
                     let Some(registration) = &registration else {
                         return Err(Error::protocol(
                             "acquire queued an attempt made with 'try'".to_string(),
@@ -212,6 +228,30 @@ impl<'a> Attempt<'a> {
                 }
             }
         }
+    }
+
+    /// After a queued attempt's request failed with `e`: wait a little before asking again,
+    /// or fail with `e` when the wait's deadline has passed or failures came too often
+    /// ([`MAX_WAIT_FAILURES`]). A server still loading its data after a restart is no failure:
+    /// the waiter asks again until it is loaded (or its deadline).
+    fn pause_before_asking_again(&self, e: Error, wait: Wait) -> Result<()> {
+        let deadline = match wait {
+            Wait::Until(d) => Some(d),
+            Wait::No | Wait::Forever => None,
+        };
+        let expired = deadline.is_some_and(|d| d <= Instant::now());
+        if expired || (!e.is_loading() && self.failures.add() >= MAX_WAIT_FAILURES) {
+            return Err(e);
+        }
+        log::debug!(
+            "fairlock: asking again for {:?} failed ({e}); asking again soon",
+            self.lock.name()
+        );
+        let pause = deadline.map_or(REQUEST_PAUSE, |d| {
+            REQUEST_PAUSE.min(d.saturating_duration_since(Instant::now()))
+        });
+        std::thread::sleep(pause);
+        Ok(())
     }
 
     /// Run the acquire script once (sent at `sent`).

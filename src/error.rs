@@ -309,6 +309,17 @@ impl Error {
         matches!(self, Error::Connection { .. })
     }
 
+    /// Whether this is Redis answering `LOADING`: restarted, it is still reading its data.
+    pub(crate) fn is_loading(&self) -> bool {
+        matches!(
+            self,
+            Error::Connection { source: Some(source), .. }
+                if source.downcast_ref::<redis::RedisError>().is_some_and(|e| {
+                    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
+                })
+        )
+    }
+
     /// Classify an error from the redis crate. `during` names the operation for the message.
     pub(crate) fn from_redis(during: &'static str, e: redis::RedisError) -> Error {
         if is_tls_failure(&e) {

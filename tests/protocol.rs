@@ -523,6 +523,54 @@ fn an_evicting_server_is_used_only_when_the_risk_is_accepted_by_name() {
     client.check_server().expect("warns, does not fail");
 }
 
+/// Found by the server matrix (issue 24): a waiter whose re-request after a restart reached
+/// Redis while it was still loading its AOF (`LOADING`) gave up the wait with "Redis is still
+/// loading its data after a restart". A loading server is a restart in progress: the waiter
+/// keeps its place and asks again. (300,000 keys make the load last long enough to be hit
+/// every time; Valkey answers LOADING even for a tiny file.)
+#[test]
+fn a_waiter_keeps_waiting_while_a_restarted_redis_loads_its_data() {
+    let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    {
+        let mut c = server.conn();
+        for chunk in 0..300 {
+            let mut p = redis::pipe();
+            for i in 0..1000 {
+                p.cmd("SET")
+                    .arg(format!("filler:{chunk}:{i}"))
+                    .arg("x")
+                    .ignore();
+            }
+            let _: () = p.query(&mut c).unwrap();
+        }
+    }
+    let client = support::client(&server);
+    let lock = client.fair_lock("loading").unwrap();
+    let held = lock.lock().unwrap();
+    let waiter = {
+        let lock = lock.clone();
+        thread::spawn(move || lock.lock().map(|g| g.fencing_token()))
+    };
+    assert!(support::queued(&lock, 1, Duration::from_secs(5)));
+    for i in 0..2 {
+        server.restart();
+        assert!(
+            eventually(Duration::from_secs(20), || {
+                lock.status().is_ok_and(|s| s.waiters.len() == 1)
+            }),
+            "after restart {i} the waiter left the queue: {:?}",
+            waiter.is_finished().then_some("it returned")
+        );
+    }
+    let token = held.fencing_token();
+    held.unlock().unwrap();
+    let got = waiter
+        .join()
+        .unwrap()
+        .expect("the waiter waited through the loads");
+    assert!(got > token);
+}
+
 /// Fault 9: after a restart every pooled connection is stale. A waiter's BLPOP on one counted as
 /// a failure, and three of them ended the wait with an error; a dropped connection is now
 /// replaced without counting.
