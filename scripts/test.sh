@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: formatting, lints (the library alone and everything with every
 # feature), the docs, the declared MSRV's build, then unit, integration and doc tests against
-# real redis-server processes that the tests start and stop themselves.
+# real redis-server processes that the tests start and stop themselves, and last the core suites
+# against Redis 6.2 and Valkey (scripts/matrix.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -31,3 +32,6 @@ cargo test --all-features "$@"
 echo "== the core behaviour again with a connection per waiting thread (WaitMode::PerThread)"
 FAIRLOCK_TEST_WAIT_MODE=per-thread cargo test --quiet --all-features \
   --test basic --test fairness --test counter --test lease --test crash
+
+echo "== the server matrix: the core suites against Redis 6.2.14 and Valkey 8.1.8"
+scripts/matrix.sh

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use fairlock::raw::{
     self, Acquire, ForceUnlock, LateAcquire, Leave, LeaveMode, Mode, RawLock, Reenter, Release,
-    Settings, Wake,
+    Runner, Settings, Wake,
 };
 use fairlock::Error;
 use support::{eventually, RedisServer};
@@ -23,20 +23,34 @@ const WAITER_TIMEOUT: Duration = Duration::from_millis(600);
 /// A fresh server, a connection to it and the raw lock `name`.
 fn start(name: &str) -> (RedisServer, redis::Connection, RawLock) {
     let server = RedisServer::start();
-    let c = server.conn();
-    (server, c, raw_lock(name))
+    let mut c = server.conn();
+    let lock = raw_lock(&mut c, name);
+    (server, c, lock)
 }
 
-fn raw_lock(name: &str) -> RawLock {
+/// The raw lock `name`, calling the scripts the way the server behind `c` runs them.
+fn raw_lock(c: &mut redis::Connection, name: &str) -> RawLock {
     RawLock::new(
         "fairlock",
         name,
         Settings {
             waiter_timeout: WAITER_TIMEOUT,
+            runner: runner(c),
             ..Settings::default()
         },
     )
     .unwrap()
+}
+
+/// How the client would call the scripts on the server behind `c`: the function library, or
+/// `EVALSHA` on a server without functions (Redis 6.2 of the server matrix in scripts/test.sh);
+/// asked of the server (does it know `FCALL`), not read from its version.
+fn runner(c: &mut redis::Connection) -> Runner {
+    if support::has_command(c, "FCALL") {
+        Runner::Functions
+    } else {
+        Runner::Eval
+    }
 }
 
 /// `owner`'s attempt takes the lock (it must be free); returns the token.
@@ -389,7 +403,7 @@ fn tokens_keep_rising_across_data_loss() {
 fn server_clock_steps_neither_purge_live_waiters_nor_keep_dead_ones() {
     let mut server = faketime::FakeClockRedis::start();
     let mut c = server.conn();
-    let lock = raw_lock("stepped");
+    let lock = raw_lock(&mut c, "stepped");
     let th = take(&mut c, &lock, "h:1", 1);
     for (owner, attempt) in [("a:1", 2), ("b:1", 3), ("dead:1", 4)] {
         enqueue(&mut c, &lock, owner, attempt);
@@ -1145,7 +1159,7 @@ fn foreign_data_of_any_kind_at_any_key_in_any_state_is_refused_or_left_untouched
             for (v, (what, write)) in values.iter().enumerate() {
                 for call in 0..12 {
                     let name = format!("fd-{s}-{k}-{v}-{call}");
-                    let lock = raw_lock(&name);
+                    let lock = raw_lock(&mut c, &name);
                     // the state, with h:1 (token th) holding and w:1 queued as set up
                     let mut th = 0;
                     if *state != "free" {
@@ -1252,9 +1266,11 @@ fn foreign_data_of_any_kind_at_any_key_in_any_state_is_refused_or_left_untouched
 fn a_long_timeout_client_cannot_age_a_short_timeout_waiter_out_after_a_clock_step() {
     let mut server = faketime::FakeClockRedis::start();
     let mut c = server.conn();
+    let runner = runner(&mut c);
     let with_timeout = |ms| {
         let settings = Settings {
             waiter_timeout: Duration::from_millis(ms),
+            runner,
             ..Settings::default()
         };
         RawLock::new("fairlock", "mixed", settings).unwrap()

