@@ -110,6 +110,9 @@ struct Registered {
     list: Option<String>,
     /// Whether its thread is in [`Registration::next`] now (only those are made leaders).
     in_next: bool,
+    /// An event was sent to it while it led (see [`Waker::recheck`]): its next BLPOP must not
+    /// be sent before it has read its channel.
+    told: bool,
 }
 
 struct Watched {
@@ -283,6 +286,7 @@ impl Waker {
                 events: tx,
                 list: None,
                 in_next: false,
+                told: false,
             },
         );
         Registration {
@@ -353,6 +357,11 @@ impl Waker {
             let _ = r.events.send(Signal::Event(Event::Dropped));
             if state.leader != Some(attempt) {
                 return;
+            }
+            // leading, maybe about to block: if its BLPOP is not in flight yet, there is
+            // nothing to interrupt, and it must read its channel first (see `lead_once`)
+            if let Some(r) = state.attempts.get_mut(&attempt) {
+                r.told = true;
             }
             // a new generation, so that `interrupt` ends the BLPOP in flight (the next one is
             // built afresh, with the same lists)
@@ -466,6 +475,13 @@ impl Waker {
         // its thread sees an older generation in flight and sends an UNBLOCK
         let lists = {
             let mut state = self.state.lock();
+            // told something since it last read its channel (a WaitCanceller gave it up just
+            // as it took the lead): no BLPOP, it reads the news first
+            if let Some(r) = state.attempts.get_mut(&me).filter(|r| r.told) {
+                r.told = false;
+                state.blocking = Some(blocking);
+                return None;
+            }
             state.forget_idle_lists(Instant::now());
             let mut lists: Vec<String> = state.lists.keys().cloned().collect();
             // rotate, so a busy list first in line never keeps the others waiting
@@ -779,6 +795,7 @@ mod tests {
                     events: tx,
                     list: listed.then(|| "p:{a}:wake:c".to_string()),
                     in_next,
+                    told: false,
                 },
             );
             receivers.insert(attempt, rx);
