@@ -3,7 +3,8 @@
 # latency, contended throughput with fairness, scaling with waiters, Redis calls and CPU per
 # acquisition (per script for fairlock); fairlock, the redlock crate and the naive lock, in RTTs;
 # what waiting threads cost (connections, memory, hand-off with 1-256 waiters; fairlock);
-# fairlock on a 3-master Redis Cluster next to one node (hand-off, contended throughput).
+# fairlock on a 3-master Redis Cluster next to one node, and over TLS next to plain TCP
+# (hand-off, contended throughput).
 #
 #   scripts/bench.sh [--quick] [--out PATH] [--only SECTIONS]
 #
@@ -11,7 +12,7 @@
 # tables. The full run takes about 4.5 minutes after the build; --quick (what CI runs) checks that
 # everything still works in well under a minute and its numbers mean nothing.
 # --only SECTIONS (comma-separated: micro, handoff, throughput, fifo, scaling, scripts, waiting,
-# cluster) runs those sections of the driver only, and skips the criterion micro benchmarks
+# cluster, tls) runs those sections of the driver only, and skips the criterion micro benchmarks
 # unless "micro" is among them.
 # Benchmarks are not tests: nothing here fails on a slow figure, only on a broken run.
 set -euo pipefail
@@ -50,6 +51,7 @@ cluster_pids=() cluster_dirs=() cluster_nodes=()
 stop_all() {
   stop_redis "$BENCH_PID" "$BENCH_DIR"
   for i in "${!cluster_pids[@]}"; do stop_redis "${cluster_pids[$i]}" "${cluster_dirs[$i]}"; done
+  if [ -n "${tls_pid:-}" ]; then stop_redis "$tls_pid" "$TLS_DIR"; fi
 }
 trap stop_all EXIT
 for _ in 1 2 3; do
@@ -72,6 +74,13 @@ for _ in $(seq 1 200); do
 done
 [ "$ok" -eq 3 ] || { echo "bench.sh: the cluster did not reach cluster_state:ok" >&2; exit 1; }
 export FAIRLOCK_BENCH_CLUSTER="redis+cluster://$(IFS=,; echo "${cluster_nodes[*]}")/"
+# a TLS-only redis-server for section "tls"
+tls_pid=""
+for attempt in 1 2 3 4 5; do
+  if start_tls_redis TLS; then tls_pid=$TLS_PID; break; fi
+  [ "$attempt" -lt 5 ] || { echo "bench.sh: could not start a TLS redis-server" >&2; exit 1; }
+done
+export FAIRLOCK_BENCH_TLS="$TLS_URL" FAIRLOCK_BENCH_TLS_CA="$TLS_CA"
 export FAIRLOCK_BENCH_REDIS="$BENCH_URL"
 echo "== redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') on $BENCH_URL; load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 

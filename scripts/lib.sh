@@ -95,6 +95,49 @@ start_redis() {
   return 1
 }
 
+# start_tls_redis VAR_PREFIX: a redis-server that speaks TLS only, on a free port in a temp dir,
+# with a CA and a server certificate (for 127.0.0.1) made there by openssl; sets
+# ${VAR_PREFIX}_PORT, _PID, _DIR, _URL (rediss://) and _CA (the CA's PEM file).
+start_tls_redis() {
+  local var=$1 port dir pid
+  port=$(free_port)
+  dir=$(mktemp -d -t fairlock-tls-redis.XXXXXX)
+  (
+    cd "$dir"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+      -keyout ca.key -out ca.crt -days 2 -subj /CN=fairlock-bench-ca 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+      -keyout server.key -out server.csr -subj /CN=127.0.0.1 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1\n' >server.ext
+    openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+      -out server.crt -days 1 -extfile server.ext 2>/dev/null
+  ) || { echo "openssl could not make the TLS certificates" >&2; return 1; }
+  redis-server --port 0 --tls-port "$port" --bind 127.0.0.1 --dir "$dir" --save '' \
+    --appendonly no --daemonize no --logfile "$dir/redis.log" \
+    --tls-cert-file "$dir/server.crt" --tls-key-file "$dir/server.key" \
+    --tls-ca-cert-file "$dir/ca.crt" --tls-auth-clients no &
+  pid=$!
+  for _ in $(seq 1 200); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "TLS redis-server exited at start on port $port:" >&2
+      tail -n 5 "$dir/redis.log" >&2 || true
+      return 1
+    fi
+    if redis-cli --tls --cacert "$dir/ca.crt" -p "$port" ping >/dev/null 2>&1; then
+      printf -v "${var}_PORT" '%s' "$port"
+      printf -v "${var}_PID" '%s' "$pid"
+      printf -v "${var}_DIR" '%s' "$dir"
+      printf -v "${var}_URL" '%s' "rediss://127.0.0.1:$port/"
+      printf -v "${var}_CA" '%s' "$dir/ca.crt"
+      return 0
+    fi
+    sleep 0.05
+  done
+  echo "TLS redis-server did not start on port $port (log: $dir/redis.log)" >&2
+  kill "$pid" 2>/dev/null || true
+  return 1
+}
+
 # stop_redis PID DIR
 stop_redis() {
   kill "$1" 2>/dev/null || true

@@ -269,3 +269,75 @@ fn refused_credentials_are_a_permission_error() {
     assert!(text.contains("credentials"), "{text}");
     assert!(!text.contains("wrong"), "no password: {text}");
 }
+
+/// A measurement, not a test (`cargo test --release --test acl -- --ignored --nocapture
+/// wake_up_latency`): how long after a release the waiter on a lock newly waited on is served,
+/// while the client's waiting connection is blocked for another lock, for a user that may send
+/// `CLIENT UNBLOCK` and one that may not (`-@admin`), in the same run. 40 samples each.
+#[test]
+#[ignore = "a measurement: cargo test --release --test acl -- --ignored --nocapture wake_up_latency"]
+fn wake_up_latency_without_client_unblock() {
+    let server = RedisServer::start();
+    set_user(&server, &rules("full", &["~*", "&*", "+@all"]));
+    set_user(
+        &server,
+        &rules("noadmin", &["~*", "&*", "+@all", "-@admin"]),
+    );
+    let admin = support::client(&server);
+    let mut report = vec![];
+    for user in ["full", "noadmin"] {
+        let client = LockClient::connect(&url_for(&server, user)).unwrap();
+        // a thread of the client waits on a lock that stays held: the waiting connection is
+        // blocked in a BLPOP that covers only that lock's list
+        let anchor = admin.fair_lock(&format!("anchor-{user}")).unwrap();
+        let anchor_held = anchor.lock().unwrap();
+        let anchor_waiter = {
+            let lock = client.fair_lock(&format!("anchor-{user}")).unwrap();
+            thread::spawn(move || lock.lock().map(drop))
+        };
+        assert!(queued(&anchor, 1, SECS_10));
+        let mut samples = vec![];
+        for i in 0..40 {
+            let name = format!("wake-{user}-{i}");
+            let held = admin.fair_lock(&name).unwrap().lock().unwrap();
+            let (tx, rx) = mpsc::channel();
+            let lock = client.fair_lock(&name).unwrap();
+            let waiter = thread::spawn(move || {
+                let g = lock.lock().unwrap();
+                tx.send(Instant::now()).unwrap();
+                g.unlock().unwrap();
+            });
+            assert!(queued(&admin.fair_lock(&name).unwrap(), 1, SECS_10));
+            // let the waiter's BLPOP settle (with UNBLOCK it is re-sent with the new list)
+            thread::sleep(Duration::from_millis(50));
+            let released = Instant::now();
+            held.unlock().unwrap();
+            let served = rx.recv_timeout(SECS_10).expect("served");
+            samples.push(served.duration_since(released));
+            waiter.join().unwrap();
+        }
+        anchor_held.unlock().unwrap();
+        anchor_waiter.join().unwrap().unwrap();
+        samples.sort();
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+        report.push(format!(
+            "{user}: p50 {:?}, p90 {:?}, p99 {:?}, max {:?}",
+            at(0.5),
+            at(0.9),
+            at(0.99),
+            samples[samples.len() - 1]
+        ));
+    }
+    let rtt = {
+        let mut c = server.conn();
+        let start = Instant::now();
+        for _ in 0..100 {
+            let _: String = redis::cmd("PING").query(&mut c).unwrap();
+        }
+        start.elapsed() / 100
+    };
+    println!("wake-up after a release, lock newly waited on (PING {rtt:?}):");
+    for line in report {
+        println!("  {line}");
+    }
+}

@@ -618,3 +618,37 @@ fn an_evicting_server_needs_the_danger_flag_and_status_says_it_was_given() {
     ]));
     assert_eq!(out.code, Some(0), "{:?}", out.stderr);
 }
+
+/// `--password-file`: read for every new connection (a sidecar may rewrite it); a refused
+/// password exits 77 with one line that does not show it.
+#[test]
+fn the_password_file_is_read_and_a_refused_password_exits_77_without_showing_it() {
+    let server = RedisServer::start();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("from-the-file-5e3c")
+        .query(&mut server.conn())
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("password");
+    std::fs::write(&file, "from-the-file-5e3c\n").unwrap();
+    let out = run_out(fairlock(&server).arg("--password-file").arg(&file).args([
+        "run",
+        "--no-wait",
+        "pw-file",
+        "--",
+        "true",
+    ]));
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
+    std::fs::write(&file, "stale-token-9d1f\n").unwrap();
+    let out = run_out(
+        fairlock(&server)
+            .env("FAIRLOCK_PASSWORD_FILE", &file)
+            .args(["status", "pw-file"]),
+    );
+    assert_eq!(out.code, Some(77), "{:?}", out.stderr);
+    assert_one_line(&out);
+    assert!(out.stderr.contains("credentials"), "{}", out.stderr);
+    assert!(!out.stderr.contains("stale-token"), "{}", out.stderr);
+}

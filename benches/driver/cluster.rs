@@ -34,13 +34,37 @@ pub fn cluster(b: &mut Bench) {
     b.md.push("### On a Redis Cluster (3 masters, no replicas) and on one node, same run\n".into());
     b.md.push("| scenario | one node | cluster | cluster / one node | RTT µs |".into());
     b.md.push("|---|---:|---:|---:|---:|".into());
+    let out = one_node_versus(b, &cluster_url, "cl")
+        .into_iter()
+        .map(|v| row(b, v))
+        .collect();
+    b.md.push(String::new());
+    b.results.cluster = Some(out);
+}
+
+/// One scenario measured with the lock on the benchmark's node and at another URL.
+pub struct Versus {
+    pub scenario: String,
+    pub unit: &'static str,
+    /// [on the benchmark's node, at the other URL]
+    pub values: [f64; 2],
+    pub errors: Vec<String>,
+}
+
+/// Hand-off (thread → thread, process → process) and contended throughput (8 processes × 4
+/// threads, hold 0 and 1 ms) with fairlock's lock on the benchmark's node, then at `other_url`;
+/// counters and ping-pong signals stay on the benchmark's node in both. `tag` names the runs.
+pub fn one_node_versus(b: &mut Bench, other_url: &str, tag: &str) -> Vec<Versus> {
     let mut out = vec![];
     // hand-off: two workers taking turns (ping-pong), as section "handoff"
     for (procs, threads, between) in [(0, 2, "thread → thread"), (2, 1, "process → process")] {
         let mut p50 = [0.0; 2];
         let mut errors = vec![];
-        for (k, lock_url) in [String::new(), cluster_url.clone()].into_iter().enumerate() {
-            let what = format!("cl-handoff-{procs}-{k}");
+        for (k, lock_url) in [String::new(), other_url.to_string()]
+            .into_iter()
+            .enumerate()
+        {
+            let what = format!("{tag}-handoff-{procs}-{k}");
             let start = mono_ns() + if procs > 0 { 800 * MS } else { 200 * MS };
             let spec = Spec {
                 lib: Lib::Fairlock,
@@ -61,25 +85,27 @@ pub fn cluster(b: &mut Bench) {
             errors.extend(o.errors);
             cleanup(&b.url, &spec);
         }
-        out.push(row(
-            b,
-            format!("hand-off p50 µs, {between}"),
-            "hand-off p50 µs",
-            p50,
+        out.push(Versus {
+            scenario: format!("hand-off p50 µs, {between}"),
+            unit: "hand-off p50 µs",
+            values: p50,
             errors,
-        ));
+        });
     }
     // contended throughput: 8 processes × 4 threads, hold 0 and 1 ms, as section "throughput"
     let secs = b.sizes.throughput_secs;
     for hold in [0, 1000] {
         let mut rate = [0.0; 2];
         let mut errors = vec![];
-        for (k, lock_url) in [String::new(), cluster_url.clone()].into_iter().enumerate() {
+        for (k, lock_url) in [String::new(), other_url.to_string()]
+            .into_iter()
+            .enumerate()
+        {
             let start = mono_ns() + 800 * MS;
             let dur = (secs * SEC as f64) as u64;
             let mut spec = b.timed_spec(
                 Lib::Fairlock,
-                &format!("cl-tp-{hold}-{k}"),
+                &format!("{tag}-tp-{hold}-{k}"),
                 true,
                 hold,
                 start,
@@ -100,42 +126,42 @@ pub fn cluster(b: &mut Bench) {
             errors.extend(o.errors);
             cleanup(&b.url, &spec);
         }
-        out.push(row(
-            b,
-            format!("acq/s, 8 procs × 4 threads, hold {} ms", hold / 1000),
-            "acq/s",
-            rate,
+        out.push(Versus {
+            scenario: format!("acq/s, 8 procs × 4 threads, hold {} ms", hold / 1000),
+            unit: "acq/s",
+            values: rate,
             errors,
-        ));
+        });
     }
-    b.md.push(String::new());
-    b.results.cluster = Some(out);
+    out
 }
 
-fn row(
-    b: &mut Bench,
-    scenario: String,
-    unit: &'static str,
-    [single, cluster]: [f64; 2],
-    errors: Vec<String>,
-) -> ClusterRow {
-    let ratio = if single > 0.0 { cluster / single } else { 0.0 };
+/// A Markdown line (`| scenario | one node | other | other / one node | RTT µs |`) for `v`.
+pub fn md_line(b: &mut Bench, v: &Versus) -> f64 {
+    let [single, other] = v.values;
+    let ratio = if single > 0.0 { other / single } else { 0.0 };
     b.md.push(format!(
-        "| {scenario} | {single:.0} | {cluster:.0} | {ratio:.2} | {:.0} |{}",
+        "| {} | {single:.0} | {other:.0} | {ratio:.2} | {:.0} |{}",
+        v.scenario,
         b.rtt_us,
-        if errors.is_empty() {
+        if v.errors.is_empty() {
             String::new()
         } else {
-            format!(" errors: {errors:?}")
+            format!(" errors: {:?}", v.errors)
         }
     ));
+    ratio
+}
+
+fn row(b: &mut Bench, v: Versus) -> ClusterRow {
+    let ratio = md_line(b, &v);
     ClusterRow {
-        scenario,
-        unit,
-        single_node: r1(single),
-        cluster: r1(cluster),
+        scenario: v.scenario,
+        unit: v.unit,
+        single_node: r1(v.values[0]),
+        cluster: r1(v.values[1]),
         ratio: r2(ratio),
         rtt_us: r1(b.rtt_us),
-        errors,
+        errors: v.errors,
     }
 }

@@ -42,6 +42,8 @@ pub struct Results {
     /// section "cluster": fairlock on a Redis Cluster next to one node
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster: Option<Vec<crate::cluster::ClusterRow>>,
+    /// section "tls": fairlock over TLS next to plain TCP
+    pub tls: Option<Vec<crate::tls::TlsRow>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub targets: Option<Vec<TargetRow>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -70,6 +72,8 @@ impl Results {
                 &r.errors
             }))
             .chain(of("waiting_handoff", &self.waiting_handoff, |r| &r.errors))
+            .chain(of("cluster", &self.cluster, |r| &r.errors))
+            .chain(of("tls", &self.tls, |r| &r.errors))
             .collect()
     }
 }

@@ -56,7 +56,14 @@ pub fn fairlock_client(url: &str) -> fairlock::Result<fairlock::LockClient> {
         Ok("per-thread") => fairlock::WaitMode::PerThread,
         _ => fairlock::WaitMode::Shared,
     };
-    fairlock::LockClient::builder(url).wait_mode(mode).build()
+    let mut builder = fairlock::LockClient::builder(url).wait_mode(mode);
+    // the TLS server of section "tls" (scripts/bench.sh made its CA)
+    if url.starts_with("rediss") {
+        if let Some(ca) = std::env::var_os("FAIRLOCK_BENCH_TLS_CA") {
+            builder = builder.tls_ca_file(ca);
+        }
+    }
+    builder.build()
 }
 
 /// Everything a worker needs; passed to child processes as `key=value` arguments.
