@@ -34,6 +34,7 @@ while [ $# -gt 0 ]; do
 done
 
 ensure_redis_server
+ensure_openssl
 echo "== building the benchmarks (cargo bench --all-features --no-run)" >&2
 cargo bench --quiet --all-features --no-run >&2
 

@@ -29,11 +29,23 @@ ensure_faketime() {
   ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || { echo "could not install faketime" >&2; return 1; }
 }
 
-# What the tests need: redis-server, and libfaketime to step its wall clock
-# (tests/support/faketime.rs); prints the server's version.
+# Install openssl when missing (the TLS tests and benchmarks make their certificates with it).
+ensure_openssl() {
+  if command -v openssl >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "openssl not found: installing it from Debian packages" >&2
+  apt_install openssl
+  command -v openssl >/dev/null 2>&1 || { echo "could not install openssl" >&2; return 1; }
+}
+
+# What the tests need: redis-server, libfaketime to step its wall clock
+# (tests/support/faketime.rs), and openssl for the TLS tests' certificates; prints the server's
+# version.
 ensure_test_tools() {
   ensure_redis_server
   ensure_faketime
+  ensure_openssl
   echo "== redis-server: $(redis-server --version | head -n1)"
 }
 

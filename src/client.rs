@@ -16,6 +16,7 @@ use crate::connection::{
 use crate::credentials::{Credentials, CredentialsError, Provider};
 use crate::error::{Error, Result};
 use crate::janitor::Janitor;
+use crate::loss::OnLost;
 use crate::master_watch::MasterWatch;
 use crate::raw;
 use crate::tls::{Pem, TlsSettings};
@@ -39,6 +40,7 @@ pub struct LockClientBuilder {
     config: Config,
     tls: TlsSettings,
     credentials: Option<Provider>,
+    on_lost: Option<OnLost>,
 }
 
 /// The URL without its password ([`redact_url`](crate::redact_url)).
@@ -49,6 +51,7 @@ impl fmt::Debug for LockClientBuilder {
             .field("config", &self.config)
             .field("tls", &self.tls)
             .field("credentials", &self.credentials)
+            .field("on_lost", &self.on_lost.as_ref().map(|_| "<callback>"))
             .finish()
     }
 }
@@ -239,6 +242,23 @@ impl LockClientBuilder {
         self
     }
 
+    /// Call `callback` (on the watchdog's thread) for every hold of this client that the
+    /// watchdog finds lost, once per hold, within a renewal interval of the loss: the same
+    /// [`LostHold`](crate::LostHold) that the guard's
+    /// [`lost_signal`](crate::LockGuard::lost_signal) receives. Keep it short (it delays the
+    /// other renewals); a panic in it is caught and logged.
+    ///
+    /// ```no_run
+    /// let client = fairlock::LockClient::builder("redis://127.0.0.1:6379/")
+    ///     .on_lost(|lost| eprintln!("fairlock: {lost}; stopping the writers"))
+    ///     .build()?;
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    pub fn on_lost(mut self, callback: impl Fn(&crate::LostHold) + Send + Sync + 'static) -> Self {
+        self.on_lost = Some(Arc::new(callback));
+        self
+    }
+
     /// Accept a server whose `maxmemory-policy` may evict keys (the `volatile-lru` default of
     /// ElastiCache, Memorystore and Azure Cache, say), which [`build`](Self::build) refuses
     /// otherwise. Only for a server whose memory is sized so that it never fills: an evicted
@@ -289,7 +309,7 @@ impl LockClientBuilder {
             c.read_timeout,
             acks,
         );
-        let watchdog = Watchdog::start(pool.clone(), &id, c.lease)?;
+        let watchdog = Watchdog::start(pool.clone(), &id, c.lease, self.on_lost.clone())?;
         let master_watch = MasterWatch::start(Arc::clone(&manager), &id)?;
         let checker = Arc::clone(&manager);
         let janitor = Janitor::start(
@@ -457,6 +477,7 @@ impl LockClient {
             config: Config::default(),
             tls: TlsSettings::default(),
             credentials: None,
+            on_lost: None,
         }
     }
 

@@ -11,6 +11,7 @@ use crate::boot_clock::BootInstant;
 use crate::error::{Error, Result};
 use crate::hold::{Hold, HoldState};
 use crate::lock::FairLock;
+use crate::loss::LostHold;
 use crate::raw::Release;
 
 /// A held lock. Dropping it releases one level (and logs a warning if that fails); call
@@ -35,7 +36,7 @@ impl LockGuard {
         expires: BootInstant,
         late_acquire: Option<u64>,
     ) -> LockGuard {
-        let state = Arc::new(HoldState::new(expires));
+        let state = Arc::new(HoldState::new(lock.name(), token, expires));
         let renewal = lock.renewed_lease().map(|lease| {
             lock.client().watchdog.register(
                 lock.raw().clone(),
@@ -99,6 +100,34 @@ impl LockGuard {
     /// no call to Redis (see [`LockGuard::is_held_in_redis`] for one).
     pub fn is_lost(&self) -> bool {
         self.hold.is_lost()
+    }
+
+    /// A channel that receives one [`LostHold`] when the watchdog finds this hold lost: a
+    /// renewal found the lock gone or taken by another owner, or Redis could not be reached to
+    /// renew it before its lease ran out. It comes within a renewal interval (a third of the
+    /// lease) of the loss, once per hold, never for a hold released normally; a hold that ends
+    /// (its last guard released or leaked) disconnects the channel instead. Block on it, or
+    /// `select!` on it beside the work, to stop writing at once; the client's
+    /// [`on_lost`](crate::LockClientBuilder::on_lost) callback hears the same. Holds with a
+    /// fixed lease are not renewed and not watched: their lease ends by design
+    /// ([`LockGuard::lease_remaining`]).
+    ///
+    /// ```no_run
+    /// use fairlock::crossbeam_channel::select;
+    /// # let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
+    /// # let (jobs, _) = fairlock::crossbeam_channel::unbounded::<u32>();
+    /// let guard = client.fair_lock("leader")?.lock()?;
+    /// let lost = guard.lost_signal();
+    /// loop {
+    ///     select! {
+    ///         recv(lost) -> why => { eprintln!("stopping: {why:?}"); break; }
+    ///         recv(jobs) -> job => { /* work, with guard.fencing_token() */ }
+    ///     }
+    /// }
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    pub fn lost_signal(&self) -> crossbeam_channel::Receiver<LostHold> {
+        self.hold.state.loss.receiver()
     }
 
     /// Local, conservative estimate of the lease left (the server may allow a little more, as

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::boot_clock::BootInstant;
+use crate::loss::LossSignal;
 
 /// What the watchdog and the guards of one hold share.
 pub(crate) struct HoldState {
@@ -17,13 +18,17 @@ pub(crate) struct HoldState {
     /// Local estimate of when the lease runs out (never later than the server's). On a clock
     /// that counts system suspend, so the estimate stays early across one.
     pub expires: Mutex<BootInstant>,
+    /// Told once when the watchdog finds the hold lost (see `loss.rs`).
+    pub loss: LossSignal,
 }
 
 impl HoldState {
-    pub fn new(expires: BootInstant) -> HoldState {
+    /// The state of the hold of lock `name` with `token`, its lease ending at `expires`.
+    pub fn new(name: &str, token: u64, expires: BootInstant) -> HoldState {
         HoldState {
             lost: AtomicBool::new(false),
             expires: Mutex::new(expires),
+            loss: LossSignal::new(name, token),
         }
     }
 }

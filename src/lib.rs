@@ -137,6 +137,7 @@ mod keys;
 mod lease_estimate;
 mod limits;
 mod lock;
+mod loss;
 mod master_watch;
 #[cfg(feature = "raw")]
 pub mod raw;
@@ -156,11 +157,15 @@ mod watchdog;
 pub use client::{LockClient, LockClientBuilder};
 pub use config::{Config, WaitMode};
 pub use credentials::{Credentials, CredentialsError};
+/// The channels of [`LockGuard::lost_signal`], re-exported so that `select!` needs no other
+/// dependency.
+pub use crossbeam_channel;
 pub use error::{Error, ErrorKind, Result};
 pub use guard::LockGuard;
 pub use keys::validate_name;
 pub use limits::{DEFAULT_LEASE, MAX_LEASE, MAX_NAME_LEN, MAX_PREFIX_LEN, MIN_LEASE};
 pub use lock::{FairLock, WaitCanceller};
+pub use loss::{LossCause, LostHold};
 pub use redact::redact_url;
 /// The redis crate, whose types [`Error::Redis`] and the `raw` feature's calls carry.
 pub use redis;

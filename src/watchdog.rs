@@ -3,8 +3,11 @@
 //!
 //! Renewal stops the moment a guard is released (the guard unregisters before its release goes
 //! out), and the renew script checks owner *and* token, so a released hold never extends the next
-//! owner's lease. A renewal that finds the lock gone or taken marks the hold lost and logs a
-//! warning; a renewal that fails on the network is retried until the lease would have run out.
+//! owner's lease. A renewal that finds the lock gone or taken marks the hold lost, logs a
+//! warning and tells the holder (the hold's loss signal and the client's `on_lost` callback,
+//! once); a renewal that fails on the network is retried until the lease would have run out,
+//! and then the hold is lost the same way. A hold released normally is unregistered before its
+//! release goes out, so it is never told.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +22,7 @@ use crate::boot_clock::BootInstant;
 use crate::connection::{with_pooled, Pool};
 use crate::error::{Error, Result};
 use crate::hold::HoldState;
+use crate::loss::{LossCause, OnLost};
 use crate::raw::{self, RawLock};
 
 struct Renewal {
@@ -47,14 +51,20 @@ pub(crate) struct Watchdog {
 impl Watchdog {
     /// `lease` is the client's default lease: with no holds, the thread still wakes every sixth
     /// of it, so a new hold with that lease (first due after a third) never needs to wake it.
-    pub fn start(pool: Pool, client_id: &str, lease: Duration) -> Result<Watchdog> {
+    /// `on_lost`: the client's callback for lost holds.
+    pub fn start(
+        pool: Pool,
+        client_id: &str,
+        lease: Duration,
+        on_lost: Option<OnLost>,
+    ) -> Result<Watchdog> {
         let idle_wake = (lease / 6).max(Duration::from_millis(50));
         let registry = Arc::new(Mutex::new(Registry::default()));
         let (nudge, rx) = crossbeam_channel::unbounded();
         let reg = registry.clone();
         thread::Builder::new()
             .name(format!("fairlock-watchdog-{}", &client_id[..8]))
-            .spawn(move || run(&pool, &reg, &rx, idle_wake))
+            .spawn(move || run(&pool, &reg, &rx, idle_wake, on_lost.as_ref()))
             .map_err(|source| Error::Io {
                 during: "starting the watchdog thread",
                 source,
@@ -109,7 +119,13 @@ impl Watchdog {
     }
 }
 
-fn run(pool: &Pool, registry: &Mutex<Registry>, nudge: &Receiver<()>, idle_wake: Duration) {
+fn run(
+    pool: &Pool,
+    registry: &Mutex<Registry>,
+    nudge: &Receiver<()>,
+    idle_wake: Duration,
+    on_lost: Option<&OnLost>,
+) {
     loop {
         let next = {
             let mut reg = registry.lock();
@@ -126,12 +142,12 @@ fn run(pool: &Pool, registry: &Mutex<Registry>, nudge: &Receiver<()>, idle_wake:
         match nudge.recv_timeout(wait) {
             Ok(()) => continue,
             Err(RecvTimeoutError::Disconnected) => return,
-            Err(RecvTimeoutError::Timeout) => renew_due(pool, registry),
+            Err(RecvTimeoutError::Timeout) => renew_due(pool, registry, on_lost),
         }
     }
 }
 
-fn renew_due(pool: &Pool, registry: &Mutex<Registry>) {
+fn renew_due(pool: &Pool, registry: &Mutex<Registry>, on_lost: Option<&OnLost>) {
     let now = BootInstant::now();
     // Snapshot what is due and let go of the registry: guards must never wait on the network.
     let (ids, calls): (Vec<u64>, Vec<_>) = registry
@@ -147,17 +163,25 @@ fn renew_due(pool: &Pool, registry: &Mutex<Registry>) {
     let sent = BootInstant::now();
     let replies = with_pooled(pool, "renewing leases", |c| raw::run_pipeline(c, &calls));
 
+    // The holds found lost, told after the registry is let go (the callback is user code), in
+    // the order found. Their entries are removed under the lock: a release that comes after
+    // finds nothing to unregister, one that came before left nothing to tell.
+    let mut lost: Vec<(Arc<HoldState>, LossCause)> = Vec::new();
     let mut reg = registry.lock();
     let replies = match replies {
         Ok(replies) => replies,
         Err(e) => {
             for id in &ids {
                 if let Some(r) = reg.entries.get_mut(id) {
-                    retry_or_give_up(r, &e);
+                    if let Some(l) = retry_or_give_up(r, &e) {
+                        lost.push((r.state.clone(), l));
+                    }
                 }
             }
             reg.entries
                 .retain(|_, r| !r.state.lost.load(Ordering::SeqCst));
+            drop(reg);
+            tell(lost, on_lost);
             return;
         }
     };
@@ -176,18 +200,32 @@ fn renew_due(pool: &Pool, registry: &Mutex<Registry>) {
                     r.raw.key_names()[0], r.token
                 );
                 r.state.lost.store(true, Ordering::SeqCst);
+                lost.push((r.state.clone(), LossCause::TakenOrGone));
                 reg.entries.remove(id);
             }
-            Err(e) => retry_or_give_up(r, &e),
+            Err(e) => {
+                if let Some(l) = retry_or_give_up(r, &e) {
+                    lost.push((r.state.clone(), l));
+                }
+            }
         }
     }
     reg.entries
         .retain(|_, r| !r.state.lost.load(Ordering::SeqCst));
+    drop(reg);
+    tell(lost, on_lost);
+}
+
+/// Tell each hold's holder that it was lost (once each: see `LossSignal::tell`).
+fn tell(lost: Vec<(Arc<HoldState>, LossCause)>, on_lost: Option<&OnLost>) {
+    for (state, cause) in lost {
+        state.loss.tell(cause, on_lost);
+    }
 }
 
 /// A renewal failed on the network (or the server): retry soon, unless the lease ran out
-/// meanwhile by our estimate, and then the hold is presumed lost.
-fn retry_or_give_up(r: &mut Renewal, e: &Error) {
+/// meanwhile by our estimate, and then the hold is presumed lost (returned, to be told).
+fn retry_or_give_up(r: &mut Renewal, e: &Error) -> Option<LossCause> {
     let expires = *r.state.expires.lock();
     if BootInstant::now() >= expires {
         log::warn!(
@@ -195,11 +233,14 @@ fn retry_or_give_up(r: &mut Renewal, e: &Error) {
             r.raw.key_names()[0], r.token
         );
         r.state.lost.store(true, Ordering::SeqCst);
+        Some(LossCause::LeaseRanOut)
     } else {
         log::warn!(
             "fairlock: renewing lock {:?} failed ({e}); retrying",
             r.raw.key_names()[0]
         );
-        r.due = BootInstant::now() + (r.lease / 10).min(Duration::from_millis(500));
+        // not after the lease's end: a loss is told within a retry of it
+        r.due = (BootInstant::now() + (r.lease / 10).min(Duration::from_millis(500))).min(expires);
+        None
     }
 }

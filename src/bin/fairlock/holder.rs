@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use fairlock::{FairLock, WaitCanceller};
 
 /// How often the lock thread looks at `LockGuard::is_lost` (a local check, no Redis call).
@@ -95,11 +95,19 @@ fn hold(lock: &FairLock, wait: Wait, events: &Sender<Event>, release: &Receiver<
         token: guard.fencing_token(),
     });
     let mut lost = false;
+    // the watchdog's news at once, and the lease's end by the local estimate within LOSS_POLL
+    let lost_signal = guard.lost_signal();
     loop {
-        match release.recv_timeout(LOSS_POLL) {
+        fairlock::crossbeam_channel::select! {
             // asked to release, or the main thread is gone (it gave up): release either way
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
-            Err(RecvTimeoutError::Timeout) => {
+            recv(release) -> _ => break,
+            recv(lost_signal) -> _ => {
+                if !lost {
+                    lost = true;
+                    let _ = events.send(Event::Lost);
+                }
+            }
+            default(LOSS_POLL) => {
                 if !lost && guard.is_lost() {
                     lost = true;
                     let _ = events.send(Event::Lost);
