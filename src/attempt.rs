@@ -176,6 +176,7 @@ impl<'a> Attempt<'a> {
             )
         };
         // before the request: a grant may be popped before its reply arrives
+        let _waiting = (mode == Mode::Wait).then(crate::telemetry::Waiting::start);
         let registration = (mode == Mode::Wait).then(|| {
             let lock_key = self.lock.raw().key_names()[0];
             let thread = self.client().thread_number();
@@ -224,6 +225,15 @@ impl<'a> Attempt<'a> {
             };
             if let Some((token, expires)) = grant {
                 if let Some(guard) = self.fresh_hold(token, expires)? {
+                    if queued {
+                        // a release handed it over (or a janitor, from a dead holder)
+                        crate::telemetry::handoff(
+                            self.client()
+                                .config
+                                .metrics_lock_label
+                                .then_some(self.lock.name()),
+                        );
+                    }
                     return Ok(Some(guard));
                 }
             }

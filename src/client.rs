@@ -259,6 +259,14 @@ impl LockClientBuilder {
         self
     }
 
+    /// With the feature `metrics`: label the acquisition, wait, hold, hand-off, re-entry and
+    /// loss metrics with the lock name (`lock`). One series per name, so only for a bounded set
+    /// of names. Off by default.
+    pub fn metrics_lock_label(mut self, label: bool) -> Self {
+        self.config.metrics_lock_label = label;
+        self
+    }
+
     /// Accept a server whose `maxmemory-policy` may evict keys (the `volatile-lru` default of
     /// ElastiCache, Memorystore and Azure Cache, say), which [`build`](Self::build) refuses
     /// otherwise. Only for a server whose memory is sized so that it never fills: an evicted
@@ -657,7 +665,7 @@ impl ClientInner {
         f: impl FnMut(&mut Conn) -> Result<T>,
     ) -> Result<T> {
         self.check_fork()?;
-        with_pooled(&self.pool, during, f)
+        with_pooled(&self.pool, during, f).inspect_err(|e| crate::telemetry::error(e.kind()))
     }
 }
 

@@ -66,6 +66,9 @@ pub struct Config {
     /// otherwise (see [`LockClientBuilder::danger_accept_eviction`](crate::LockClientBuilder::danger_accept_eviction)).
     /// Default false.
     pub danger_accept_eviction: bool,
+    /// With the feature `metrics`: label the per-lock metrics with the lock name (one series
+    /// per name: only for a bounded set of names). Default false.
+    pub metrics_lock_label: bool,
 }
 
 impl Config {
@@ -91,6 +94,7 @@ impl Default for Config {
             replica_ack_timeout: defaults::REPLICA_ACK_TIMEOUT,
             wait_mode: WaitMode::Shared,
             danger_accept_eviction: false,
+            metrics_lock_label: false,
         }
     }
 }

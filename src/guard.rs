@@ -36,7 +36,8 @@ impl LockGuard {
         expires: BootInstant,
         late_acquire: Option<u64>,
     ) -> LockGuard {
-        let state = Arc::new(HoldState::new(lock.name(), token, expires));
+        let labelled = lock.client().config.metrics_lock_label;
+        let state = Arc::new(HoldState::new(lock.name(), token, expires, labelled));
         let renewal = lock.renewed_lease().map(|lease| {
             lock.client().watchdog.register(
                 lock.raw().clone(),
@@ -54,7 +55,10 @@ impl LockGuard {
             renewal,
             late_acquire,
             leaked: Cell::new(false),
+            started: std::time::Instant::now(),
+            label: labelled.then(|| lock.name().to_string()),
         });
+        crate::telemetry::holding(1.0);
         lock.remember_hold(hold.clone());
         LockGuard {
             lock: lock.clone(),
@@ -227,7 +231,10 @@ impl LockGuard {
         match outcome {
             Release::StillHeld | Release::Released { .. } => Ok(()),
             Release::NotHeld { holder } => {
-                hold.state.lost.store(true, Ordering::SeqCst);
+                // counted once per hold: not when the watchdog found it first
+                if !hold.state.lost.swap(true, Ordering::SeqCst) {
+                    crate::telemetry::hold_lost("at_release", hold.label.as_deref());
+                }
                 Err(Error::NotHeld {
                     name: self.lock.name().to_string(),
                     holder,

@@ -23,12 +23,13 @@ pub(crate) struct HoldState {
 }
 
 impl HoldState {
-    /// The state of the hold of lock `name` with `token`, its lease ending at `expires`.
-    pub fn new(name: &str, token: u64, expires: BootInstant) -> HoldState {
+    /// The state of the hold of lock `name` with `token`, its lease ending at `expires`;
+    /// `labelled`: its metrics carry the name.
+    pub fn new(name: &str, token: u64, expires: BootInstant, labelled: bool) -> HoldState {
         HoldState {
             lost: AtomicBool::new(false),
             expires: Mutex::new(expires),
-            loss: LossSignal::new(name, token),
+            loss: LossSignal::new(name, token, labelled),
         }
     }
 }
@@ -46,6 +47,17 @@ pub(crate) struct Hold {
     /// A guard of it was leaked: the hold is given up as a whole (it runs out by its lease, not
     /// renewed) and its other guards release nothing.
     pub leaked: Cell<bool>,
+    /// When it was granted (for `fairlock_hold_seconds`), and the metrics' lock label.
+    pub started: std::time::Instant,
+    pub label: Option<String>,
+}
+
+impl Drop for Hold {
+    /// The hold is over (its last guard released or leaked, or found lost).
+    fn drop(&mut self) {
+        crate::telemetry::held(self.started.elapsed(), self.label.as_deref());
+        crate::telemetry::holding(-1.0);
+    }
 }
 
 impl Hold {

@@ -150,6 +150,7 @@ mod redact;
 mod sentinel;
 mod server_check;
 mod status;
+mod telemetry;
 mod tls;
 mod waker;
 mod watchdog;

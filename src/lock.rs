@@ -17,6 +17,7 @@ use crate::guard::LockGuard;
 use crate::hold::{self, Hold, HoldKey};
 use crate::raw::{self, LateAcquire, LeaveMode, RawLock};
 use crate::status::LockStatus;
+use crate::telemetry::Outcome;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum LeaseMode {
@@ -359,6 +360,7 @@ impl FairLock {
             // lost): this is a fresh acquisition. An old guard still around releases nothing.
             self.forget_hold(&hold);
         }
+        let started = std::time::Instant::now();
         let attempt = Attempt::new(self);
         let key = (self.raw.keys().lock.clone(), attempt.owner.clone());
         self.client
@@ -373,7 +375,23 @@ impl FairLock {
             // Redis is unreachable, other clients' janitors purge the place once it goes stale.
             attempt.leave_quietly();
         }
+        let outcome = match &result {
+            Ok(Some(_)) => Outcome::Acquired,
+            Ok(None) if matches!(wait, Wait::No) => Outcome::Busy,
+            Ok(None) => Outcome::TimedOut,
+            Err(Error::Abandoned { .. }) => Outcome::Abandoned,
+            Err(_) => Outcome::Error,
+        };
+        crate::telemetry::acquisition(outcome, started.elapsed(), self.metric_label());
         result
+    }
+
+    /// The lock name, when the client labels its metrics with it.
+    fn metric_label(&self) -> Option<&str> {
+        self.client
+            .config
+            .metrics_lock_label
+            .then_some(self.name.as_ref())
     }
 
     fn reenter(&self, hold: Rc<Hold>) -> Result<LockGuard> {
@@ -381,9 +399,14 @@ impl FairLock {
             .raw
             .reenter(&self.client.owner(), hold.token, hold.depth.get());
         match self.client.with_conn(call.during(), |c| call.run(c))? {
-            raw::Reenter::Reentered(_) => Ok(LockGuard::nested(self, hold)),
+            raw::Reenter::Reentered(_) => {
+                crate::telemetry::reentry(self.metric_label());
+                Ok(LockGuard::nested(self, hold))
+            }
             raw::Reenter::Lost => {
-                hold.state.lost.store(true, Ordering::SeqCst);
+                if !hold.state.lost.swap(true, Ordering::SeqCst) {
+                    crate::telemetry::hold_lost("at_reentry", self.metric_label());
+                }
                 self.forget_hold(&hold);
                 Err(Error::NotHeld {
                     name: self.name.to_string(),

@@ -58,17 +58,20 @@ pub(crate) struct LossSignal {
     /// The lock name and the hold's token, for the message.
     name: String,
     token: u64,
+    /// Label the loss metric with the name.
+    labelled: bool,
     told: AtomicBool,
     sender: Sender<LostHold>,
     receiver: Receiver<LostHold>,
 }
 
 impl LossSignal {
-    pub fn new(name: &str, token: u64) -> LossSignal {
+    pub fn new(name: &str, token: u64, labelled: bool) -> LossSignal {
         let (sender, receiver) = crossbeam_channel::bounded(1);
         LossSignal {
             name: name.to_string(),
             token,
+            labelled,
             told: AtomicBool::new(false),
             sender,
             receiver,
@@ -91,6 +94,11 @@ impl LossSignal {
             token: self.token,
             cause,
         };
+        let label = match cause {
+            LossCause::TakenOrGone => "taken_or_gone",
+            LossCause::LeaseRanOut => "lease_ran_out",
+        };
+        crate::telemetry::hold_lost(label, self.labelled.then_some(self.name.as_str()));
         if let Some(callback) = callback {
             // a panicking callback must not take the watchdog thread down with it
             let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(&lost)));
@@ -119,7 +127,7 @@ mod tests {
 
     #[test]
     fn a_loss_is_told_once_to_the_channel_and_the_callback() {
-        let signal = LossSignal::new("job", 7);
+        let signal = LossSignal::new("job", 7, false);
         let rx = signal.receiver();
         let calls = Arc::new(AtomicU32::new(0));
         let counted = calls.clone();
@@ -136,7 +144,7 @@ mod tests {
 
     #[test]
     fn a_panicking_callback_is_contained() {
-        let signal = LossSignal::new("job", 7);
+        let signal = LossSignal::new("job", 7, false);
         let callback: OnLost = Arc::new(|_: &LostHold| panic!("user code"));
         assert!(signal.tell(LossCause::TakenOrGone, Some(&callback)));
         assert_eq!(

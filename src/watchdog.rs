@@ -167,10 +167,12 @@ fn renew_due(pool: &Pool, registry: &Mutex<Registry>, on_lost: Option<&OnLost>) 
     // the order found. Their entries are removed under the lock: a release that comes after
     // finds nothing to unregister, one that came before left nothing to tell.
     let mut lost: Vec<(Arc<HoldState>, LossCause)> = Vec::new();
+    let (mut renewed, mut failed) = (0, 0);
     let mut reg = registry.lock();
     let replies = match replies {
         Ok(replies) => replies,
         Err(e) => {
+            crate::telemetry::renewals(0, ids.len() as u64);
             for id in &ids {
                 if let Some(r) = reg.entries.get_mut(id) {
                     if let Some(l) = retry_or_give_up(r, &e) {
@@ -193,6 +195,7 @@ fn renew_due(pool: &Pool, registry: &Mutex<Registry>, on_lost: Option<&OnLost>) 
             Ok(true) => {
                 *r.state.expires.lock() = sent + r.lease;
                 r.due = sent + r.lease / 3;
+                renewed += 1;
             }
             Ok(false) => {
                 log::warn!(
@@ -204,12 +207,14 @@ fn renew_due(pool: &Pool, registry: &Mutex<Registry>, on_lost: Option<&OnLost>) 
                 reg.entries.remove(id);
             }
             Err(e) => {
+                failed += 1;
                 if let Some(l) = retry_or_give_up(r, &e) {
                     lost.push((r.state.clone(), l));
                 }
             }
         }
     }
+    crate::telemetry::renewals(renewed, failed);
     reg.entries
         .retain(|_, r| !r.state.lost.load(Ordering::SeqCst));
     drop(reg);
