@@ -119,7 +119,7 @@ impl LockGuard {
     /// ```no_run
     /// use fairlock::crossbeam_channel::select;
     /// # let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
-    /// # let (jobs, _) = fairlock::crossbeam_channel::unbounded::<u32>();
+    /// # let (_, jobs) = fairlock::crossbeam_channel::unbounded::<u32>();
     /// let guard = client.fair_lock("leader")?.lock()?;
     /// let lost = guard.lost_signal();
     /// loop {
