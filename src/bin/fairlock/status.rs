@@ -97,7 +97,11 @@ fn to_text(st: &LockStatus) -> String {
             );
             s += &format!("  hold count:      {}\n", h.hold_count);
             s += &format!("  fencing token:   {}\n", h.fencing_token);
-            s += &format!("  lease left:      {}\n", human(h.lease_remaining));
+            s += &format!(
+                "  lease left:      {} of {}\n",
+                human(h.lease_remaining),
+                human(h.lease)
+            );
         }
         None => s += &format!("lock {:?}: free\n", st.name),
     }
@@ -134,6 +138,7 @@ fn to_json(st: &LockStatus) -> serde_json::Value {
             "held_for_ms": ms(h.held_for),
             "since_unix_ms": since(h.held_for).duration_since(UNIX_EPOCH).map(ms).unwrap_or(0),
             "lease_remaining_ms": ms(h.lease_remaining),
+            "lease_ms": ms(h.lease),
         })
     });
     let waiters: Vec<_> = st
