@@ -1,4 +1,5 @@
-//! `fairlock status` and `fairlock release --force`.
+//! `fairlock status` and `fairlock release --force` (and the JSON object of a lock that `list`
+//! prints too).
 
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -77,7 +78,8 @@ pub fn release(lock: &FairLock) -> Result<u8, Failure> {
     Ok(0)
 }
 
-fn print(text: &str) {
+/// Write `text` to stdout (a closed stdout is ignored, as `say` ignores a closed stderr).
+pub fn print(text: &str) {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(text.as_bytes());
     let _ = out.flush();
@@ -126,7 +128,8 @@ fn to_text(st: &LockStatus) -> String {
     s
 }
 
-fn to_json(st: &LockStatus) -> serde_json::Value {
+/// The JSON object of one lock (`status --json`, and each element of `list --json`).
+pub fn to_json(st: &LockStatus) -> serde_json::Value {
     let holder = st.holder.as_ref().map(|h| {
         json!({
             "owner": h.origin.owner,
