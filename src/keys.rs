@@ -39,6 +39,50 @@ impl LockKeys {
     }
 }
 
+/// What a key found under the prefix is to its lock (see [`lock_key_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KeyRole {
+    /// The lock hash: a hold, or a tombstone for the rest of a released lease.
+    Lock,
+    /// The queue: the lock has waiters.
+    Queue,
+    /// The fence, the waiters hash, the left marks, a wake list or the replica-ack marker: keys
+    /// a lock keeps without being held or waited for (the fence lives for days).
+    Other,
+}
+
+/// The `SCAN ... MATCH` pattern of every key of every lock under `prefix`: `<prefix>:{*}*`, the
+/// prefix's glob characters escaped.
+pub(crate) fn scan_pattern(prefix: &str) -> String {
+    let mut pattern = String::with_capacity(prefix.len() + 5);
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push_str(":{*}*");
+    pattern
+}
+
+/// The lock name and the role of `key` when it is one of the keys [`LockKeys`] makes under
+/// `prefix` (or a wake list, or the Cluster's replica-ack marker); `None` for any other key (the
+/// name is not checked: see [`validate_name`]).
+pub(crate) fn lock_key_of<'k>(prefix: &str, key: &'k [u8]) -> Option<(&'k [u8], KeyRole)> {
+    let rest = key.strip_prefix(prefix.as_bytes())?.strip_prefix(b":{")?;
+    // a name has no braces: the first '}' closes the hash tag
+    let end = rest.iter().position(|&b| b == b'}')?;
+    let (name, suffix) = (&rest[..end], &rest[end + 1..]);
+    let role = match suffix {
+        b"" => KeyRole::Lock,
+        b":queue" => KeyRole::Queue,
+        b":fence" | b":waiters" | b":left" | b":replicated" => KeyRole::Other,
+        _ if suffix.starts_with(b":wake:") && suffix.len() > b":wake:".len() => KeyRole::Other,
+        _ => return None,
+    };
+    Some((name, role))
+}
+
 /// Check a lock name: 1 to [`MAX_NAME_LEN`] bytes, no `{` or `}` (they would break the hash tag),
 /// no control characters (they garble logs and the command-line tool's output).
 ///
@@ -94,6 +138,49 @@ mod tests {
         }
         assert_eq!(k.wake("c:1"), "fairlock:{orders:close}:wake:c");
         assert_eq!(k.wake("c"), "fairlock:{orders:close}:wake:c");
+    }
+
+    #[test]
+    fn every_key_a_lock_makes_is_recognised_with_its_name() {
+        let k = LockKeys::new("fairlock", "orders:close*?");
+        fn of(key: &str) -> Option<(&[u8], KeyRole)> {
+            lock_key_of("fairlock", key.as_bytes())
+        }
+        let name: &[u8] = b"orders:close*?";
+        assert_eq!(of(&k.lock), Some((name, KeyRole::Lock)));
+        assert_eq!(of(&k.queue), Some((name, KeyRole::Queue)));
+        for other in [&k.fence, &k.waiters, &k.wake("c:1")] {
+            assert_eq!(of(other), Some((name, KeyRole::Other)), "{other}");
+        }
+        assert_eq!(
+            of("fairlock:{orders:close*?}:left").unwrap().1,
+            KeyRole::Other
+        );
+        assert_eq!(of("fairlock:{a}:replicated").unwrap().1, KeyRole::Other);
+        // an empty name is found (and refused later by validate_name)
+        assert_eq!(of("fairlock:{}"), Some((&b""[..], KeyRole::Lock)));
+        for foreign in [
+            "fairlock:{a}:other",
+            "fairlock:{a}x",
+            "fairlock:{a}:wake:",
+            "fairlock:{a",
+            "fairlock:a}",
+            "fairlockx:{a}",
+            "other:{a}",
+            "fairlock:{a}:fence:x",
+        ] {
+            assert_eq!(of(foreign), None, "{foreign}");
+        }
+        assert_eq!(
+            lock_key_of("p", b"p:{\xff\xfe}:queue"),
+            Some((&b"\xff\xfe"[..], KeyRole::Queue))
+        );
+    }
+
+    #[test]
+    fn the_scan_pattern_escapes_the_prefix() {
+        assert_eq!(scan_pattern("fairlock"), "fairlock:{*}*");
+        assert_eq!(scan_pattern("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\:{*}*");
     }
 
     #[test]

@@ -136,6 +136,7 @@ mod janitor;
 mod keys;
 mod lease_estimate;
 mod limits;
+mod list;
 mod lock;
 mod loss;
 mod master_watch;
@@ -165,6 +166,10 @@ pub use error::{Error, ErrorKind, Result};
 pub use guard::LockGuard;
 pub use keys::validate_name;
 pub use limits::{DEFAULT_LEASE, MAX_LEASE, MAX_NAME_LEN, MAX_PREFIX_LEN, MIN_LEASE};
+pub use list::{
+    ListOptions, LockListing, SkippedName, StaleSigns, LIST_SCAN_COUNT, UNUSUALLY_LONG_FACTOR,
+    UNUSUALLY_LONG_FLOOR,
+};
 pub use lock::{FairLock, WaitCanceller};
 pub use loss::{LossCause, LostHold};
 pub use redact::redact_url;

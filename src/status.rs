@@ -44,8 +44,22 @@ pub struct Holder {
     pub fencing_token: u64,
     /// Lease left on the server.
     pub lease_remaining: Duration,
+    /// The hold's lease: what each renewal resets the lease left to (a fixed lease is never
+    /// renewed).
+    pub lease: Duration,
     /// How long this hold has lasted (server clock).
     pub held_for: Duration,
+}
+
+impl Holder {
+    /// Whether less than a third of the lease is left. The watchdog renews a hold every third of
+    /// its lease, so a renewed hold that shows this has missed a renewal: its process is stalled
+    /// or dead, or cannot reach Redis, and the lock frees itself when the lease runs out. A hold
+    /// with a fixed lease ([`FairLock::with_fixed_lease`](crate::FairLock::with_fixed_lease))
+    /// shows it in the last third of its lease, as it should.
+    pub fn is_lease_running_out(&self) -> bool {
+        self.lease_remaining.saturating_mul(3) < self.lease
+    }
 }
 
 /// A waiter in the queue.
@@ -82,6 +96,7 @@ impl LockStatus {
             hold_count: raw.count.max(0) as u32,
             fencing_token: raw.token,
             lease_remaining: ms(raw.pttl_ms),
+            lease: ms(raw.lease_ms),
             held_for: ms(raw.server_ms - raw.since_ms),
         });
         let waiters = raw
@@ -115,6 +130,7 @@ mod tests {
             since_ms: 4_000,
             meta: meta.into(),
             fence: 77,
+            lease_ms: 30_000,
             queue: vec![
                 ("c:2".into(), 9_000_000, "h2|12|worker|with|bars".into()),
                 ("c:3".into(), 11_000_000, "".into()),
@@ -132,6 +148,9 @@ mod tests {
         assert_eq!((h.hold_count, h.fencing_token), (2, 77));
         assert_eq!(h.lease_remaining, Duration::from_millis(2_500));
         assert_eq!(h.held_for, Duration::from_millis(6_000));
+        assert_eq!(h.lease, Duration::from_secs(30));
+        // 2.5 s of a 30 s lease: renewals were missed
+        assert!(h.is_lease_running_out());
         let owners: Vec<&str> = s.waiters.iter().map(|w| w.origin.owner.as_str()).collect();
         assert_eq!(owners, ["c:2", "c:3"]);
         // a thread name may contain the separator; a waiter's meta may be missing
@@ -144,6 +163,19 @@ mod tests {
         // an arrival after the server's reading (another clock) is no negative wait
         assert_eq!(s.waiters[1].waiting_for, Duration::ZERO);
         assert_eq!(s.fencing_counter, 77);
+    }
+
+    #[test]
+    fn a_lease_runs_out_below_a_third_of_it() {
+        let left = |pttl_ms| {
+            let mut r = raw("c:1", "h|1|t");
+            r.pttl_ms = pttl_ms;
+            LockStatus::from_raw("job", r).holder.expect("held")
+        };
+        assert!(!left(30_000).is_lease_running_out());
+        assert!(!left(10_000).is_lease_running_out());
+        assert!(left(9_999).is_lease_running_out());
+        assert!(left(0).is_lease_running_out());
     }
 
     #[test]

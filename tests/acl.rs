@@ -158,6 +158,10 @@ fn the_documented_acl_line_is_enough_for_every_call() {
     assert!(lock.is_owned_by_current_thread().unwrap());
     let status = lock.status().unwrap();
     assert!(status.holder.is_some(), "{status:?}");
+    // the listing of every lock (SCAN)
+    let listing = client.list_locks(fairlock::ListOptions::new()).unwrap();
+    let names: Vec<&str> = listing.locks.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["doc-calls"], "{listing:?}");
     drop(inner);
     let other = {
         let lock = lock.clone();

@@ -236,6 +236,8 @@ fn late_release_after_expiry_is_refused_and_the_new_owner_keeps_the_lock() {
     assert_eq!(h.fencing_token, new_token);
     assert_eq!(h.hold_count, 1);
     assert!(h.lease_remaining > Duration::from_secs(20));
+    assert_eq!(h.lease, fairlock::DEFAULT_LEASE);
+    assert!(!h.is_lease_running_out());
     done_tx.send(()).unwrap();
     owner.join().unwrap();
 }

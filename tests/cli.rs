@@ -417,6 +417,7 @@ fn status_shows_holder_and_waiters_as_text_and_json() {
     assert_eq!(h["fencing_token"].as_u64(), Some(held_token));
     let lease = h["lease_remaining_ms"].as_u64().unwrap();
     assert!(lease > 0 && lease <= 5000, "{lease}");
+    assert_eq!(h["lease_ms"], 5000, "the hold's lease is --lease");
     assert!(h["held_for_ms"].as_u64().unwrap() < 60_000);
     assert!(h["since_unix_ms"].as_u64().unwrap() > 1_600_000_000_000);
     let w = v["waiters"].as_array().unwrap();

@@ -973,3 +973,122 @@ fn a_lock_whose_slot_moves_to_a_new_shard_is_served_there_during_and_after_the_m
         .unwrap();
     assert_eq!(libraries.len(), 1, "{libraries:?}");
 }
+
+/// `SCAN` calls the node on `port` has served (`INFO commandstats`).
+fn scan_calls(cluster: &RedisCluster, port: u16) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut cluster.conn_to(port))
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_scan:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `list_locks` and `fairlock list` on a Cluster: 1,000 locks spread over the 3 masters (600
+/// held, one with a waiter on each master, 400 idle) are all found, sorted, by a `SCAN` loop on
+/// each master, and on masters only.
+#[test]
+fn list_finds_a_thousand_locks_on_every_master_of_the_cluster() {
+    let cluster = RedisCluster::start();
+    let holder = client(&cluster);
+    let waiting = client(&cluster);
+    let mut guards = vec![];
+    let mut held = std::collections::BTreeSet::new();
+    let (tx, served) = mpsc::channel();
+    let mut threads = vec![];
+    let waited = names_on_every_master(&cluster, "waited");
+    for (name, _) in &waited {
+        let lock = holder.fair_lock(name).unwrap();
+        guards.push(lock.try_lock().unwrap().expect("free"));
+        let waiting = waiting.fair_lock(name).unwrap();
+        threads.extend(support::spawn_queued(&lock, 1, SECS_30, |_| {
+            let (waiting, tx) = (waiting.clone(), tx.clone());
+            move || {
+                waiting.lock().unwrap().unlock().unwrap();
+                tx.send(()).unwrap();
+            }
+        }));
+        held.insert(name.clone());
+    }
+    for i in 0..597 {
+        let name = format!("job-{i:04}");
+        let lock = holder.fair_lock(&name).unwrap();
+        guards.push(lock.try_lock().unwrap().expect("free"));
+        held.insert(name);
+    }
+    let mut all = held.clone();
+    for i in 0..400 {
+        let name = format!("idle-{i:03}");
+        holder
+            .fair_lock(&name)
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        all.insert(name);
+    }
+
+    let masters = cluster.master_ports();
+    let ports = cluster.node_ports();
+    let before: Vec<u64> = ports.iter().map(|&p| scan_calls(&cluster, p)).collect();
+    let listing = holder.list_locks(fairlock::ListOptions::new()).unwrap();
+    let after: Vec<u64> = ports.iter().map(|&p| scan_calls(&cluster, p)).collect();
+    let names: Vec<&str> = listing.locks.iter().map(|l| l.name.as_str()).collect();
+    let want: Vec<&str> = held.iter().map(String::as_str).collect();
+    assert_eq!(names, want, "every held lock of every master, sorted");
+    for lock in &listing.locks {
+        let waiters = usize::from(waited.iter().any(|(n, _)| *n == lock.name));
+        assert_eq!(lock.waiters.len(), waiters, "{lock:?}");
+        assert!(lock.holder.is_some(), "{lock:?}");
+    }
+    // a SCAN loop on each master, none on a replica, each counted
+    assert_eq!(listing.masters, 3);
+    let mut total = 0;
+    for ((port, b), a) in ports.iter().zip(&before).zip(&after) {
+        let calls = a - b;
+        assert_eq!(
+            calls > 0,
+            masters.contains(port),
+            "{calls} SCAN calls on {port}"
+        );
+        total += calls;
+    }
+    assert_eq!(listing.scan_calls, total);
+
+    let listing = holder
+        .list_locks(fairlock::ListOptions::new().include_idle(true))
+        .unwrap();
+    assert_eq!(listing.locks.len(), 1000);
+    let names: Vec<&str> = listing.locks.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, all.iter().map(String::as_str).collect::<Vec<_>>());
+
+    let out = Proc::spawn(
+        std::process::Command::new(env!("CARGO_BIN_EXE_fairlock")).args([
+            "--redis",
+            &cluster_url(&cluster),
+            "list",
+            "--json",
+        ]),
+    )
+    .finish(SECS_30);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    let array = v.as_array().expect("an array");
+    assert_eq!(array.len(), 600);
+    for (name, _) in &waited {
+        let obj = array.iter().find(|o| o["name"] == name.as_str()).unwrap();
+        assert_eq!(obj["waiters"].as_array().map(Vec::len), Some(1), "{obj}");
+    }
+
+    drop(guards);
+    for _ in 0..3 {
+        served.recv_timeout(SECS_30).expect("a waiter served");
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+}

@@ -108,6 +108,76 @@ impl Conn {
         }
     }
 
+    /// Every key that matches `pattern` on every master (one node, or each master of a
+    /// Cluster, one after the other), each passed to `each` as the server wrote it (a key may
+    /// come twice: `SCAN` promises only that a key present for the whole scan comes at least
+    /// once). `SCAN cursor MATCH pattern COUNT count` on each node until its cursor is back at
+    /// 0: each call looks at about `count` keys of the node, matching or not, so a node with N
+    /// keys takes about N / `count` calls whatever matches. Never `KEYS`.
+    ///
+    /// On a Cluster a `SCAN` call that fails is repeated by the redis crate with the same cursor
+    /// (it only reads); a slot that moves during the scan may have its keys missed or seen twice.
+    pub fn scan_masters(
+        &mut self,
+        pattern: &str,
+        count: u32,
+        mut each: impl FnMut(&[u8]),
+    ) -> redis::RedisResult<Scanned> {
+        let nodes: Vec<Option<(String, u16)>> = match &self.inner {
+            Inner::Node(_) => vec![None],
+            // the masters of the crate's slot map (PING goes to each; its reply names them)
+            Inner::Cluster(_) => self
+                .query_masters(&redis::cmd("PING"))?
+                .into_iter()
+                .map(|(node, _)| match node.rsplit_once(':') {
+                    Some((host, port)) => port
+                        .parse()
+                        .map(|port| Some((host.to_string(), port)))
+                        .map_err(|_| unexpected_reply("a node address", &node)),
+                    None => Err(unexpected_reply("a node address", &node)),
+                })
+                .collect::<redis::RedisResult<_>>()?,
+        };
+        let mut scanned = Scanned {
+            masters: nodes.len(),
+            calls: 0,
+        };
+        for node in &nodes {
+            let mut cursor = 0_u64;
+            loop {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(count);
+                let (next, keys): (u64, Vec<Vec<u8>>) = match (node, &mut self.inner) {
+                    (Some((host, port)), Inner::Cluster(c)) => {
+                        let result = c.route_command(
+                            &cmd,
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                                host: host.clone(),
+                                port: *port,
+                            }),
+                        );
+                        self.note(&result);
+                        redis::FromRedisValue::from_redis_value(result?.extract_error()?)?
+                    }
+                    _ => self.query(&cmd)?,
+                };
+                scanned.calls += 1;
+                for key in &keys {
+                    each(key);
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(scanned)
+    }
+
     /// The master generation this connection was opened in (see [`Manager::is_retired`]).
     pub fn master_generation(&self) -> u64 {
         self.generation
@@ -190,6 +260,21 @@ impl redis::ConnectionLike for Conn {
     fn is_open(&self) -> bool {
         !self.broken && self.inner.as_ref_like().is_open()
     }
+}
+
+/// What [`Conn::scan_masters`] did: on how many masters, with how many `SCAN` calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Scanned {
+    pub masters: usize,
+    pub calls: u64,
+}
+
+fn unexpected_reply(what: &str, got: &str) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::UnexpectedReturnType,
+        "unexpected reply",
+        format!("expected {what}, got {got:?}"),
+    ))
 }
 
 /// Whether an error says the server went away or moved (closed, reset, refused, or a failover

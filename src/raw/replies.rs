@@ -126,6 +126,8 @@ pub struct RawStatus {
     pub meta: String,
     /// The last token handed out.
     pub fence: u64,
+    /// The hold's lease (ms): what each renewal resets its TTL to (0 when free).
+    pub lease_ms: i64,
     /// (owner, arrival time in server us, meta) in queue order.
     pub queue: Vec<(String, i64, String)>,
 }
@@ -322,10 +324,10 @@ pub(super) fn parse_heartbeat(v: Value) -> Result<Heartbeat> {
 pub(super) fn parse_status(v: Value) -> Result<RawStatus> {
     const D: &str = "status";
     let items = array(v, D)?;
-    if items.len() < 8 {
+    if items.len() < 9 {
         return Err(Error::protocol(format!("{D}: {items:?}")));
     }
-    let queue = items[8..]
+    let queue = items[9..]
         .chunks(3)
         .map(|c| {
             (
@@ -344,6 +346,7 @@ pub(super) fn parse_status(v: Value) -> Result<RawStatus> {
         since_ms: field_int(&items, 5, D)?,
         meta: field_text(&items, 6),
         fence: field_int(&items, 7, D)?.max(0) as u64,
+        lease_ms: field_int(&items, 8, D)?,
         queue,
     })
 }
@@ -488,14 +491,17 @@ mod tests {
     #[test]
     fn a_status_reply_parses_with_its_queue() {
         let s = parse_status(reply(&[
-            "10000", "c:1", "2", "77", "2500", "4000", "h|1|t", "77", "c:2", "9000000", "h|2|u",
+            "10000", "c:1", "2", "77", "2500", "4000", "h|1|t", "77", "30000", "c:2", "9000000",
+            "h|2|u",
         ]))
         .unwrap();
         assert_eq!(
-            (s.owner.as_str(), s.count, s.token, s.fence),
-            ("c:1", 2, 77, 77)
+            (s.owner.as_str(), s.count, s.token, s.fence, s.lease_ms),
+            ("c:1", 2, 77, 77, 30_000)
         );
         assert_eq!(s.queue, [("c:2".to_string(), 9000000, "h|2|u".to_string())]);
         assert!(parse_status(reply(&["10000", "c:1"])).is_err());
+        // a reply of the status script before the lease was added (8 fields) is refused
+        assert!(parse_status(reply(&["10000", "", "0", "0", "0", "0", "", "5"])).is_err());
     }
 }

@@ -7,6 +7,7 @@
 mod duration;
 mod exit;
 mod holder;
+mod list;
 mod run;
 mod signals;
 mod status;
@@ -187,6 +188,9 @@ enum Cmd {
     Run(RunArgs),
     /// Show the holder, its lease and fencing token, and the waiters in queue order.
     Status(StatusArgs),
+    /// List every lock that is held or waited for (with --all idle ones too), sorted by name;
+    /// stale-looking holds are marked with `!`.
+    List(ListArgs),
     /// Release the lock whoever holds it (with --force); the next waiter gets it.
     Release(ReleaseArgs),
     /// Take the lock and hold it until interrupted (Ctrl-C, SIGTERM): for maintenance windows.
@@ -237,6 +241,17 @@ struct StatusArgs {
 }
 
 #[derive(Args, Debug)]
+struct ListArgs {
+    /// Print a JSON array (one `status --json` object per lock, with "stale") instead of a table
+    #[arg(long)]
+    json: bool,
+    /// Also list idle locks: free, nobody waiting, but with keys left (the last fencing token
+    /// is kept for days)
+    #[arg(long)]
+    all: bool,
+}
+
+#[derive(Args, Debug)]
 struct ReleaseArgs {
     /// Lock name
     name: String,
@@ -283,7 +298,7 @@ fn usage_error(e: clap::Error) -> u8 {
         }
         // the first with no arguments at all, the second when $FAIRLOCK_REDIS_URL counts as one
         ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
-            say("missing command: use run, status, release or hold; see fairlock --help");
+            say("missing command: use run, status, list, release or hold; see fairlock --help");
             exit::USAGE
         }
         _ => {
@@ -369,6 +384,15 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
             let (client, lock) = connect(&server, &args.name, fairlock::DEFAULT_LEASE)?;
             status::status(&lock, args.json, client.config().danger_accept_eviction)
         }
+        Cmd::List(args) => {
+            let client = build_client(&server, fairlock::DEFAULT_LEASE)?;
+            list::list(
+                &client,
+                args.json,
+                args.all,
+                client.config().danger_accept_eviction,
+            )
+        }
         Cmd::Release(args) => {
             if !args.force {
                 return Err(Failure::usage(
@@ -427,7 +451,14 @@ fn connect(
     name: &str,
     lease: Duration,
 ) -> Result<(LockClient, FairLock), Failure> {
-    let client = server.builder(lease).build().map_err(|e| {
+    let client = build_client(server, lease)?;
+    let lock = client.fair_lock(name)?;
+    Ok((client, lock))
+}
+
+/// Connect to Redis; an unreachable server is named by its URL (without the password).
+fn build_client(server: &Server, lease: Duration) -> Result<LockClient, Failure> {
+    server.builder(lease).build().map_err(|e| {
         let mut f = Failure::from(e);
         if f.code == exit::UNAVAILABLE {
             f.message = format!(
@@ -437,7 +468,5 @@ fn connect(
             );
         }
         f
-    })?;
-    let lock = client.fair_lock(name)?;
-    Ok((client, lock))
+    })
 }

@@ -1,4 +1,5 @@
-//! `fairlock status` and `fairlock release --force`.
+//! `fairlock status` and `fairlock release --force` (and the JSON object of a lock that `list`
+//! prints too).
 
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -77,7 +78,8 @@ pub fn release(lock: &FairLock) -> Result<u8, Failure> {
     Ok(0)
 }
 
-fn print(text: &str) {
+/// Write `text` to stdout (a closed stdout is ignored, as `say` ignores a closed stderr).
+pub fn print(text: &str) {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(text.as_bytes());
     let _ = out.flush();
@@ -97,7 +99,11 @@ fn to_text(st: &LockStatus) -> String {
             );
             s += &format!("  hold count:      {}\n", h.hold_count);
             s += &format!("  fencing token:   {}\n", h.fencing_token);
-            s += &format!("  lease left:      {}\n", human(h.lease_remaining));
+            s += &format!(
+                "  lease left:      {} of {}\n",
+                human(h.lease_remaining),
+                human(h.lease)
+            );
         }
         None => s += &format!("lock {:?}: free\n", st.name),
     }
@@ -122,7 +128,8 @@ fn to_text(st: &LockStatus) -> String {
     s
 }
 
-fn to_json(st: &LockStatus) -> serde_json::Value {
+/// The JSON object of one lock (`status --json`, and each element of `list --json`).
+pub fn to_json(st: &LockStatus) -> serde_json::Value {
     let holder = st.holder.as_ref().map(|h| {
         json!({
             "owner": h.origin.owner,
@@ -134,6 +141,7 @@ fn to_json(st: &LockStatus) -> serde_json::Value {
             "held_for_ms": ms(h.held_for),
             "since_unix_ms": since(h.held_for).duration_since(UNIX_EPOCH).map(ms).unwrap_or(0),
             "lease_remaining_ms": ms(h.lease_remaining),
+            "lease_ms": ms(h.lease),
         })
     });
     let waiters: Vec<_> = st

@@ -1,0 +1,220 @@
+//! `fairlock list`: every lock under the key prefix, one line each (stale-looking holds marked
+//! `!`), or a JSON array of the objects `status --json` prints.
+
+use fairlock::{ListOptions, LockClient, LockListing, LockStatus, StaleSigns};
+
+use crate::duration::human;
+use crate::exit::{say, Failure};
+use crate::status::{describe_origin, print, to_json};
+
+/// How many skipped names the warning on stderr names.
+const SKIPPED_SHOWN: usize = 5;
+
+/// List the locks: held or waited for, or with `all` idle ones too.
+/// `eviction_accepted`: as for `status`, the text says so.
+pub fn list(
+    client: &LockClient,
+    as_json: bool,
+    all: bool,
+    eviction_accepted: bool,
+) -> Result<u8, Failure> {
+    let listing = client.list_locks(ListOptions::new().include_idle(all))?;
+    let text = if as_json {
+        let array: Vec<serde_json::Value> = listing
+            .locks
+            .iter()
+            .map(|lock| {
+                let mut json = to_json(lock);
+                json["stale"] = stale_words(listing.stale_signs(lock)).into();
+                json
+            })
+            .collect();
+        let mut s = serde_json::to_string_pretty(&array)
+            .map_err(|e| Failure::new(crate::exit::SOFTWARE, e.to_string()))?;
+        s.push('\n');
+        s
+    } else {
+        let mut s = to_text(&listing, all);
+        if eviction_accepted {
+            s += "warning: the server may evict keys (--danger-accept-eviction): a lock can get a second holder\n";
+        }
+        s
+    };
+    print(&text);
+    if !listing.skipped.is_empty() {
+        say(&skipped_warning(&listing));
+    }
+    Ok(0)
+}
+
+/// The stale signs as the words `--json` prints: `lease_running_out`, `held_unusually_long`.
+fn stale_words(signs: StaleSigns) -> Vec<&'static str> {
+    let mut words = Vec::new();
+    if signs.lease_running_out {
+        words.push("lease_running_out");
+    }
+    if signs.held_unusually_long {
+        words.push("held_unusually_long");
+    }
+    words
+}
+
+/// Text from Redis (a host, a thread name) without control characters, for one table cell.
+fn clean(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+/// The table, sorted by name as the listing is, then a note per stale-looking hold and a
+/// summary line.
+fn to_text(listing: &LockListing, all: bool) -> String {
+    let header = [
+        "NAME",
+        "HOLDER",
+        "HELD FOR",
+        "LEASE LEFT",
+        "WAITERS",
+        "TOKEN",
+    ];
+    let rows: Vec<(bool, [String; 6])> = listing
+        .locks
+        .iter()
+        .map(|lock| (listing.stale_signs(lock).any(), row(lock)))
+        .collect();
+    let mut widths = header.map(|h| h.chars().count());
+    for (_, cells) in &rows {
+        for (w, cell) in widths.iter_mut().zip(cells) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |mark: &str, cells: &[String; 6]| {
+        let mut l = String::from(mark);
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == cells.len() {
+                l += cell;
+            } else {
+                l += &format!("{cell:<w$}  ");
+            }
+        }
+        l.trim_end().to_string() + "\n"
+    };
+    let mut s = String::new();
+    if !rows.is_empty() {
+        s += &line("  ", &header.map(String::from));
+        for (stale, cells) in &rows {
+            s += &line(if *stale { "! " } else { "  " }, cells);
+        }
+        s += "\n";
+    }
+    let mut stale = 0;
+    for lock in &listing.locks {
+        let (Some(h), signs) = (&lock.holder, listing.stale_signs(lock)) else {
+            continue;
+        };
+        if signs.any() {
+            stale += 1;
+        }
+        if signs.held_unusually_long {
+            let usual = listing.usual_hold.map(human).unwrap_or_default();
+            s += &format!(
+                "! {}: held for {}, more than {} times the usual {usual}: a hung job or a leaked guard?\n",
+                lock.name,
+                human(h.held_for),
+                fairlock::UNUSUALLY_LONG_FACTOR
+            );
+        }
+        if signs.lease_running_out {
+            s += &format!(
+                "! {}: {} of its {} lease left: renewals were missed (a stalled or dead holder?), or a fixed lease is ending\n",
+                lock.name,
+                human(h.lease_remaining),
+                human(h.lease)
+            );
+        }
+    }
+    let what = if all {
+        "locks"
+    } else {
+        "locks held or waited for"
+    };
+    s += &format!(
+        "{} {what}, {stale} stale-looking; {} scanned with {}",
+        listing.locks.len(),
+        count(listing.masters as u64, "master"),
+        count(listing.scan_calls, "SCAN call")
+    );
+    if listing.foreign_keys > 0 {
+        s += &format!(
+            "; {} under the prefix ignored",
+            count(listing.foreign_keys, "other key")
+        );
+    }
+    s += "\n";
+    s
+}
+
+/// `1 master`, `3 masters`.
+fn count(n: u64, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+fn row(lock: &LockStatus) -> [String; 6] {
+    let waiters = lock.waiters.len().to_string();
+    match &lock.holder {
+        Some(h) => {
+            let mut holder = clean(&describe_origin(&h.origin));
+            if h.hold_count > 1 {
+                holder += &format!(" x{}", h.hold_count);
+            }
+            [
+                lock.name.clone(),
+                holder,
+                human(h.held_for),
+                format!("{} of {}", human(h.lease_remaining), human(h.lease)),
+                waiters,
+                h.fencing_token.to_string(),
+            ]
+        }
+        None => [
+            lock.name.clone(),
+            "(free)".into(),
+            "-".into(),
+            "-".into(),
+            waiters,
+            "-".into(),
+        ],
+    }
+}
+
+/// One line naming the skipped names (the first few) and why.
+fn skipped_warning(listing: &LockListing) -> String {
+    let shown: Vec<String> = listing
+        .skipped
+        .iter()
+        .take(SKIPPED_SHOWN)
+        .map(|s| {
+            let why = match &s.error {
+                fairlock::Error::InvalidName { reason, .. } => format!("not a lock name: {reason}"),
+                fairlock::Error::ForeignData { .. } => "another program's data".to_string(),
+                other => other.to_string(),
+            };
+            format!("{:?} ({why})", s.name)
+        })
+        .collect();
+    let more = listing.skipped.len().saturating_sub(SKIPPED_SHOWN);
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "skipped {} under the key prefix that are not fairlock's locks: {}{more}",
+        count(listing.skipped.len() as u64, "name"),
+        shown.join(", ")
+    )
+}
