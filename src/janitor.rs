@@ -238,6 +238,7 @@ fn tick(pool: &Pool, registry: &Mutex<Registry>) -> Option<BootInstant> {
                     witness.lock().observe(sent, hb.last_token);
                 }
                 crate::telemetry::requeued(hb.told_to_retry.len() as u64);
+                crate::telemetry::repaired(u64::from(hb.repairs));
                 for owner in hb.told_to_retry {
                     log::warn!(
                         "fairlock: waiter {owner} had lost its queue place (presumed dead during a pause, a grant it never picked up lapsed, or Redis lost data); it queues again at the back"

@@ -13,6 +13,7 @@
 //! | `fairlock_lease_renewals_total` | counter | | leases renewed by the watchdog |
 //! | `fairlock_lease_renewal_failures_total` | counter | | renewals that failed on the network (retried) |
 //! | `fairlock_holds_lost_total` | counter | `cause`: `taken_or_gone`, `lease_ran_out`, `at_release`, `at_reentry` | holds found lost |
+//! | `fairlock_janitor_repairs_total` | counter | | what the janitor repaired: hand-offs revoked from dead grantees, stranded locks (a dead holder's, with waiters) granted to the live head |
 //! | `fairlock_janitor_requeues_total` | counter | | waiters the janitor told to queue again (they had lost their place) |
 //! | `fairlock_redis_errors_total` | counter | `kind`: an [`ErrorKind`] in snake case | calls to Redis that failed, best-effort ones included (an acquisition that fails also leaves its place: two calls) |
 //! | `fairlock_waiting_threads` | gauge | | threads waiting for a lock now |
@@ -122,6 +123,12 @@ mod imp {
         }
     }
 
+    pub fn repaired(n: u64) {
+        if n > 0 {
+            metrics::counter!("fairlock_janitor_repairs_total").increment(n);
+        }
+    }
+
     pub fn error(kind: ErrorKind) {
         metrics::counter!("fairlock_redis_errors_total", "kind" => kind_label(kind)).increment(1);
     }
@@ -147,6 +154,7 @@ mod imp {
     pub fn renewals(renewed: u64, failed: u64) {}
     pub fn hold_lost(cause: &'static str, lock: Option<&str>) {}
     pub fn requeued(n: u64) {}
+    pub fn repaired(n: u64) {}
     pub fn error(kind: ErrorKind) {}
     pub fn waiting(delta: f64) {}
     pub fn holding(delta: f64) {}

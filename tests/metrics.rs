@@ -128,6 +128,16 @@ fn a_scripted_workload_records_exactly_what_happened() {
         .recv_timeout(Duration::from_secs(3))
         .expect("told");
     assert!(lost.unlock().is_err());
+    // a holder that dies (its hold leaked, a fixed 300 ms lease) with this client's waiter
+    // queued: the janitor grants the stranded lock to the waiter at the lease's end (a repair)
+    let dead = support::client(&server)
+        .fair_lock("stranded")
+        .unwrap()
+        .with_fixed_lease(Duration::from_millis(300))
+        .unwrap();
+    dead.lock().unwrap().leak();
+    let waited = client.fair_lock("stranded").unwrap().lock().unwrap();
+    waited.unlock().unwrap();
     // another program's data at a lock's key: an error
     let _: () = redis::cmd("SET")
         .arg("fairlock:{foreign}")
@@ -181,6 +191,8 @@ fn a_scripted_workload_records_exactly_what_happened() {
         "{v:#?}"
     );
     assert_eq!(counter(&v, "fairlock_lease_renewal_failures_total{}"), 0);
+    assert_eq!(counter(&v, "fairlock_janitor_repairs_total{}"), 1, "{v:#?}");
+    assert_eq!(counter(&v, "fairlock_handoffs_total{lock=stranded}"), 1);
     assert_eq!(gauge(&v, "fairlock_held_locks{}"), 0.0);
     assert_eq!(gauge(&v, "fairlock_waiting_threads{}"), 0.0);
 }

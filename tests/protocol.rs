@@ -141,6 +141,7 @@ fn an_attempt_whose_grant_lapsed_unseen_is_told_to_retry() {
     assert_eq!(holder(&mut c, &lock).0, None, "the grant lapsed");
     let hb = lock.heartbeat([("w:1", 7)]).run(&mut c).unwrap();
     assert_eq!(hb.told_to_retry, ["w:1"]);
+    assert_eq!(hb.repairs, 0, "telling is no repair");
     assert_eq!(pop(&mut c, &lock, "w:1"), Some(Wake::Retry { attempt: 7 }));
     // and its retry (same attempt) takes the free lock
     take(&mut c, &lock, "w:1", 7);
@@ -334,11 +335,15 @@ fn a_dead_grantee_is_revoked_within_waiter_timeouts_not_its_lease() {
     enqueue(&mut c, &lock, "x:1", 3);
     let start = Instant::now();
     // x's janitor heartbeats every third of the waiter timeout
+    let mut repairs = vec![];
     let served = eventually(Duration::from_secs(10), || {
         thread::sleep(WAITER_TIMEOUT / 3);
-        lock.heartbeat([("x:1", 3)]).run(&mut c).unwrap();
+        repairs.push(lock.heartbeat([("x:1", 3)]).run(&mut c).unwrap().repairs);
         holder(&mut c, &lock).0.as_deref() == Some("x:1")
     });
+    // the heartbeat that served x says so: the hand-off revoked, the free lock granted
+    assert_eq!(repairs.last(), Some(&2), "{repairs:?}");
+    assert_eq!(repairs.iter().sum::<u32>(), 2, "{repairs:?}");
     let took = start.elapsed();
     assert!(served, "the dead grantee kept the lock");
     assert!(took < WAITER_TIMEOUT * 4, "revoked after {took:?}");

@@ -103,6 +103,9 @@ pub struct Heartbeat {
     pub pttl_ms: i64,
     /// The last token handed out when the heartbeat ran (see [`judge_handoff`](super::judge_handoff)).
     pub last_token: u64,
+    /// What the heartbeat repaired: a hand-off revoked from a dead grantee, a stranded lock
+    /// granted to the live head of its queue (0 to 2).
+    pub repairs: u32,
     /// Owners whose attempt had lost its place and were told to retry.
     pub told_to_retry: Vec<String>,
 }
@@ -317,7 +320,8 @@ pub(super) fn parse_heartbeat(v: Value) -> Result<Heartbeat> {
     Ok(Heartbeat {
         pttl_ms: field_int(&items, 0, D)?,
         last_token: field_token(&items, 1, D)?,
-        told_to_retry: items.iter().skip(2).filter_map(text).collect(),
+        repairs: field_int(&items, 2, D)?.clamp(0, i64::from(u32::MAX)) as u32,
+        told_to_retry: items.iter().skip(3).filter_map(text).collect(),
     })
 }
 

@@ -1,6 +1,8 @@
 -- heartbeat.lua: a client's janitor keeps its waiters' places and repairs what others left.
 -- ARGV: [3..] pairs: owner, attempt (this client's waiting attempts on this lock)
--- Returns {holder pttl, last token handed out, owners told to retry...}
+-- Returns {holder pttl, last token handed out, repairs, owners told to retry...}, where repairs
+-- counts what 2. and 3. did (a hand-off revoked, a stranded lock granted: 0 to 2), for the
+-- client's metrics.
 -- 1. For each attempt: a queued one gets a new deadline; one whose hand-off waits unpopped keeps
 --    it alive; any other (its entry was purged during a pause, its grant lapsed unseen, its
 --    queue key was lost) is told "retry" through its wake list and queues again.
@@ -47,11 +49,14 @@ return run(function()
     end
   end
 
-  if not own_handoff and lock_now then revoke_stale_handoff(h, lock_now) end
+  local repairs = 0
+  if not own_handoff and lock_now and revoke_stale_handoff(h, lock_now) then
+    repairs = repairs + 1
+  end
 
   if front()[1] then
     if not h.owner then
-      grant_next(h)
+      if grant_next(h) then repairs = repairs + 1 end
     else
       live_head()
     end
@@ -63,7 +68,7 @@ return run(function()
     -- no queue (emptied, or its key lost): the waiters hash goes too
     drop_orphaned_waiters()
   end
-  local result = { holder_pttl(h), fmt(last_token(h)) }
+  local result = { holder_pttl(h), fmt(last_token(h)), repairs }
   for _, f in ipairs(told) do result[#result + 1] = f end
   return result
 end)
