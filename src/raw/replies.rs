@@ -486,10 +486,11 @@ mod tests {
         assert!(parse_renew(Value::Int(1)).unwrap());
         assert!(!parse_renew(Value::Int(0)).unwrap());
         assert!(parse_renew(Value::Nil).is_err());
-        let hb = parse_heartbeat(reply(&["1500", "42", "c:1", "c:2"])).unwrap();
-        assert_eq!((hb.pttl_ms, hb.last_token), (1500, 42));
+        let hb = parse_heartbeat(reply(&["1500", "42", "1", "c:1", "c:2"])).unwrap();
+        assert_eq!((hb.pttl_ms, hb.last_token, hb.repairs), (1500, 42, 1));
         assert_eq!(hb.told_to_retry, ["c:1", "c:2"]);
         assert!(parse_heartbeat(reply(&["1500"])).is_err());
+        assert!(parse_heartbeat(reply(&["1500", "42"])).is_err());
     }
 
     #[test]
