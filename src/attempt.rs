@@ -53,15 +53,6 @@ const FAILURE_WINDOW: Duration = Duration::from_secs(10);
 /// `Attempt::pause_before_asking_again`).
 const REQUEST_PAUSE: Duration = Duration::from_millis(100);
 
-/// The least lease a grant must have left, by the client's estimate, to become a guard: a
-/// tenth of the lease, at most 200 ms. A grant that reached its thread just before its lease
-/// ended (a process continued after a stop, when all its threads wake at once) would hand the
-/// caller a guard already lost by the time it looks (found by the chaos suite's TLS round:
-/// `expired_grant`, a guard returned with 0 ms left); it is refreshed by asking again instead.
-fn fresh_margin(lease: Duration) -> Duration {
-    (lease / 10).min(Duration::from_millis(200))
-}
-
 /// How many failures of one kind came in a row, each within [`FAILURE_WINDOW`] of the last.
 #[derive(Default)]
 struct Streak {
@@ -432,14 +423,13 @@ impl<'a> Attempt<'a> {
         })
     }
 
-    /// Turn a grant into a guard, unless its lease already ran out by our (early) estimate, or
-    /// nearly ([`fresh_margin`]): then the reply was held up (a stalled network, a stopped
-    /// process) and another owner may hold the lock by now, or will before the caller can use
-    /// the guard, so it must not become one. `None` means: run acquire again (with this attempt
-    /// it returns the grant with a fresh lease if the lock is still ours, and queues us
+    /// Turn a grant into a guard, unless its lease already ran out by our (early) estimate: then
+    /// the reply was held up (a stalled network, a stopped process) and another owner may hold
+    /// the lock by now, so it must not become a guard. `None` means: run acquire again (with this
+    /// attempt it returns the grant with a fresh lease if the lock is still ours, and queues us
     /// otherwise). After `MAX_WAIT_FAILURES` late grants in a row, fail.
     fn fresh_hold(&self, token: u64, expires: BootInstant) -> Result<Option<LockGuard>> {
-        if BootInstant::now() + fresh_margin(self.lock.lease()) < expires {
+        if BootInstant::now() < expires {
             // the hold is this thread's only if no WaitCanceller gave the wait up first: the
             // claim and the canceller's take the same entry, and whoever takes it first wins
             // (a canceller that comes later does nothing; one that came first passes the grant
@@ -454,9 +444,8 @@ impl<'a> Attempt<'a> {
             return Ok(Some(LockGuard::new_hold(self.lock, token, expires, late)));
         }
         log::warn!(
-            "fairlock: a grant of {:?} arrived with its lease run out or nearly (under {:?} left); re-checking",
-            self.lock.name(),
-            fresh_margin(self.lock.lease())
+            "fairlock: a grant of {:?} arrived after its lease had run out; re-checking",
+            self.lock.name()
         );
         if self.failures.add() >= MAX_WAIT_FAILURES {
             return Err(Error::Connection {
