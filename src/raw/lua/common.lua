@@ -62,7 +62,7 @@
 -- on it (field ~cap of the waiters hash, field vcap of the lock hash for a hand-off's clock), so
 -- a client with a long timeout cannot, after a step, advance it by more than a short-timeout
 -- waiter's whole timeout. Every script that judges waiters or a hand-off stores the reading it
--- took once it is due (clock_due: cap/10 after the stored one, or after a backward step), by
+-- took once it is due (`advance`: cap/10 after the stored one, or after a backward step), by
 -- acquire, release, leave, force_unlock or heartbeat (not status, which only reads), so the
 -- clock moves on with whatever traffic the lock has: a dead waiter is found dead by a call at
 -- most cap/10 after its deadline however that call came (a cron job's try_lock), not only by
@@ -89,10 +89,11 @@
 -- missing on the node ("non local key"), an ACL key pattern may refuse them, and serverless
 -- offerings that check declared keys refuse them always. Scripts are not transactions: a
 -- command refused midway leaves the writes before it. So every script touches these keys
--- before the first write of the work they belong to: a grant checks the grantee's wake list
--- before it takes the lock (can_wake, and if refused leaves the lock free with its queue, which
--- a heartbeat repairs once the key can be reached); queueing and leaving drop the thread's old
--- wake-ups before they write; a script that may leave a left mark reads the marks first.
+-- before the first write of the work they belong to: a grant pushes the grantee's wake-up
+-- before it takes the lock (offer_wakeup), and takes it back if the rest is refused; refused
+-- itself, the grant leaves the lock free with its queue, which a heartbeat repairs once the key
+-- can be reached. Queueing and leaving drop the thread's old wake-ups before they write; a
+-- script that may leave a left mark reads the marks first.
 
 -- Network: these helpers only run inside a script, atomically; why a lost reply, a late delivery
 -- and a repeat are safe is said per script, in its own header (every one acts only on the
@@ -228,30 +229,25 @@ local function now_ms()
 end
 
 -- A virtual clock's reading now, from its stored "v|real" (false or nil: a new clock, at the
--- real time). See "Time" above.
+-- real time), and whether that reading is due to be stored. See "Time" above.
 -- `cap`: the most it may advance in one reading (CAP, or less: see "Time").
+-- Due: a reading taken less than cap/10 after the stored one is the stored reading plus the
+-- real time since, which any later reading computes again from the stored one: storing it
+-- changes no judgement, and skipping the write keeps it off the hand-off's path. A later
+-- reading (or one after a backward step of the server clock, so that the clock runs on from
+-- the new real time, or of a new clock) is stored: after a long quiet spell the clock then runs
+-- at most cap/10 behind a clock stored by every run, so a dead waiter is found dead at most
+-- that much later. (One parse gives both: the reading is on the hand-off's path.)
 local function advance(stored, cap)
   local real = now_ms()
   local v, r = string.match(stored or '', '^(%d+)|(%d+)$')
-  if not v then return real end
-  return tonumber(v) + math.min(math.max(real - tonumber(r), 0), cap or CAP)
+  if not v then return real, true end
+  cap = cap or CAP
+  local since = real - tonumber(r)
+  return tonumber(v) + math.min(math.max(since, 0), cap), since < 0 or since > cap / 10
 end
 
 -- The stored form of a virtual clock reading `v` taken now.
 local function clock_value(v)
   return fmt(v) .. '|' .. fmt(now_ms())
-end
-
--- Whether a clock stored as `stored` (advancing by at most `cap`) is to be stored again now.
--- A reading taken less than cap/10 after the stored one is the stored reading plus the real
--- time since, which any later reading computes again from the stored one: storing it changes
--- no judgement, and skipping the write keeps it off the hand-off's path. A later reading (or
--- one after a backward step of the server clock, so that the clock runs on from the new real
--- time) is stored: after a long quiet spell the clock then runs at most cap/10 behind a clock
--- stored by every run, so a dead waiter is found dead at most that much later.
-local function clock_due(stored, cap)
-  local r = tonumber(string.match(stored or '', '|(%d+)$'))
-  if not r then return true end
-  local since = now_ms() - r
-  return since < 0 or since > (cap or CAP) / 10
 end

@@ -17,7 +17,7 @@
 -- waiting threads drop (no thread waits with that attempt); a repeated "retry" only makes its
 -- thread run acquire once more, which keeps its place.
 -- Undeclared keys (common.lua): wake lists (a told owner's is probed with can_wake before the
--- push; a grant probes its grantee's before it writes). Refused midway, only refreshes of
+-- push; a grant pushes its grantee's wake-up first). Refused midway, only refreshes of
 -- this client's entries and clock readings have been written, which the next tick repeats.
 return run(function()
   local h = read_lock()

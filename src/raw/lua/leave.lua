@@ -10,7 +10,7 @@
 -- late or twice, does nothing; only the client knows whether one can (it saw no reply, or sent
 -- it again), and the mark lingers, so it is not left after every leave.
 -- Undeclared keys (common.lua): the left marks (read first when asked for a mark) and wake
--- lists (the caller's dropped before anything is written; a grantee's probed before a grant),
+-- lists (the caller's dropped before anything is written; a grantee's pushed to first by a grant),
 -- so a refusal comes before the first write.
 local owner, attempt, mode, mark = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6] == 'mark'
 return run(function()

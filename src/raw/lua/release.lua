@@ -17,8 +17,9 @@
 -- since no guard of it exists and nobody waits with it.
 -- Cost: with nobody waiting HMGET, ZRANGE (the queue's head), HSET.
 -- Undeclared keys (common.lua): the left marks (read first when asked for a mark) and the
--- grantee's wake list (probed before the grant; refused, the lock is left free with its queue,
--- which the grantee's heartbeat grants later), so a refusal never leaves half a hand-off.
+-- grantee's wake list (the grant's first write, taken back if the grant is refused after it;
+-- refused itself, the lock is left free with its queue, which the grantee's heartbeat grants
+-- later), so a refusal never leaves half a hand-off.
 local owner, token, depth, mark = ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 
 -- Free the hold `h` (as read) or grant it to the next live waiter; `...`: more fields for the

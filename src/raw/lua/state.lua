@@ -87,20 +87,52 @@ local function can_wake(owner)
   return true
 end
 
--- Push `body` to `owner`, keeping the list for at least `ttl` ms: others' messages may be
--- waiting in it with a longer time to live, which a shorter PEXPIRE would cut.
-local function push_wakeup(owner, body, ttl)
-  local wk, prefix = wake_of(owner)
-  if read(wk, 'RPUSH', prefix .. body) == 1 or redis.call('PTTL', wk) < ttl then
+-- Keep the wake list `wk`, `n` long after a push, for at least `ttl` ms: others' messages may
+-- be waiting in it with a longer time to live, which a shorter PEXPIRE would cut.
+local function keep_list(wk, n, ttl)
+  if n == 1 or redis.call('PTTL', wk) < ttl then
     redis.call('PEXPIRE', wk, ttl)
   end
 end
 
+-- Push `body` to `owner`, keeping the list for at least `ttl` ms.
+local function push_wakeup(owner, body, ttl)
+  local wk, prefix = wake_of(owner)
+  keep_list(wk, read(wk, 'RPUSH', prefix .. body), ttl)
+end
+
+-- The first write of a grant: `body` pushed to `owner`, which is also the probe can_wake makes.
+-- Refused (see can_wake), nothing is written and it returns nil; WRONGTYPE is refused as
+-- foreign. A list that held messages already is looked at first thing: another program's gets
+-- its list back (RPOP) before the refusal. Returns the list, the message as pushed (to take it
+-- back if what follows is refused) and the list's length.
+local function offer_wakeup(owner, body)
+  local wk, prefix = wake_of(owner)
+  local msg = prefix .. body
+  local n = redis.pcall('RPUSH', wk, msg)
+  if type(n) == 'table' and n.err then
+    if string.find(n.err, 'WRONGTYPE', 1, true) then
+      refuse(wk, 'a ' .. redis.call('TYPE', wk)['ok'] .. ' but fairlock expects a list')
+    end
+    return nil
+  end
+  if n > 1 and not is_wakeup(redis.call('LINDEX', wk, 0)) then
+    redis.call('RPOP', wk)
+    refuse(wk, FOREIGN_LIST)
+  end
+  return wk, msg, n
+end
+
+-- The token a new hold after the hash `h` gets unless the fence is ahead of it.
+local function first_token(h)
+  return math.max((h.token or 0) + 1, now_us())
+end
+
 -- The next token after the hash `h` (see "Tokens" above). The fence is the script's first write
--- on every path that takes the lock, so foreign data there is refused before anything else is
--- written.
+-- on every path that takes the lock (but a grant's wake-up, which the grant takes back when the
+-- fence is refused), so foreign data there is refused before anything else is written.
 local function next_token(h)
-  local token = math.max((h.token or 0) + 1, now_us())
+  local token = first_token(h)
   local old = read(k.fence, 'SET', fmt(token), 'PX', FENCE_TTL, 'GET')
   local last = old and token_value(old)
   if old and not last then
@@ -209,9 +241,11 @@ local function waiter_entry(owner)
     local v = read(k.waiters, 'HMGET', owner, '~clock', '~tail', '~cap')
     e = parse_waiter(v[1])
     W.cap = math.min(tonumber(v[4]) or CAP, CAP)
-    W.now, W.tail, W.existed = advance(v[2], W.cap), tonumber(v[3]) or 0, v[2] and true or false
+    local due
+    W.now, due = advance(v[2], W.cap)
+    W.tail, W.existed = tonumber(v[3]) or 0, v[2] and true or false
     if v[2] and not W.readonly then
-      if clock_due(v[2], W.cap) then redis.call('HSET', k.waiters, '~clock', clock_value(W.now)) end
+      if due then redis.call('HSET', k.waiters, '~clock', clock_value(W.now)) end
     elseif not v[2] and v[1] then
       refuse(k.waiters, FOREIGN_WAITERS)
     end
@@ -259,6 +293,21 @@ local function front()
     end
   end
   return Q
+end
+
+-- Before a queue place is written: without a waiters hash of ours (fairlock's holds the clock
+-- with every entry) the queue is new, or these keys are another program's. One EXISTS of both
+-- tells the common case, a first waiter on a lock nobody else waits for (neither key is
+-- there); otherwise each is looked at: a hash there without the clock, queue members that are
+-- no owners. (A call less than looking at each, on the path of every hand-off's queueing.)
+local function check_queue_new()
+  if not W.now then waiter_entry('~clock') end
+  if W.existed or W.checked then return end
+  if redis.call('EXISTS', k.queue, k.waiters) > 0 then
+    check_waiters_ours()
+    front()
+  end
+  W.checked = true
 end
 
 -- Remove `owner` from the queue and the waiters hash; the waiters hash (and its clock) goes
@@ -316,9 +365,7 @@ local function enqueue(owner, attempt, lease, meta, mine)
     -- server clock revives an expired key Redis has not deleted yet), and the waiter would take
     -- the old grant for a new one.
     drop_wakeups(owner)
-    check_waiters_ours()
-    -- without a waiters hash of ours the queue is new, or another program's zset: looked at
-    if not W.existed then front() end
+    check_queue_new()
     local score = math.max(now_us(), W.tail + 1)
     read(k.queue, 'ZADD', fmt(score), owner)
     redis.call('PEXPIRE', k.queue, QUEUE_TTL)
@@ -411,18 +458,34 @@ end
 -- Returns the grantee or false.
 local function grant_next(h, ...)
   local head, w = live_head()
-  if not head or not can_wake(head) then return false end
+  if not head then return false end
   local left = math.max(w.deadline - waiters_now(), 0)
   local now = now_ms()
+  -- the wake-up goes first, with the token the hold will have unless the fence is ahead: the
+  -- push is the probe of the undeclared key (see can_wake), and a grant refused after it takes
+  -- it back, so no refusal leaves half a hand-off (and the probe costs no call of its own)
+  local guess = first_token(h)
+  local wk, sent, n = offer_wakeup(head, grant_message(w.attempt, guess) .. fmt(now))
+  if not wk then return false end
   local vc = fmt(now) .. '|' .. fmt(now)
-  local token = take(h, head, w.attempt, w.lease, w.meta, 'vc', vc, 'vcap', fmt(W.cap),
-    'wdl', fmt(now + left), ...)
+  local ok, token = pcall(take, h, head, w.attempt, w.lease, w.meta, 'vc', vc, 'vcap',
+    fmt(W.cap), 'wdl', fmt(now + left), ...)
+  if not ok then
+    redis.call('LREM', wk, -1, sent)
+    error(token, 0)
+  end
+  if token ~= guess then
+    -- the fence was ahead of the hash (its hash was lost, or the server clock went back)
+    redis.call('LREM', wk, -1, sent)
+    local _, prefix = wake_of(head)
+    n = redis.call('RPUSH', wk, prefix .. grant_message(w.attempt, token) .. fmt(now))
+  end
   h.wdl, h.vc, h.vcap = now + left, vc, W.cap
   dequeue(head)
   -- the list lives at least as long as the grant; a message popped after the grant's lease is
   -- refused by its waiter's own estimate (it knows when it queued), and a stale message of an
   -- older attempt is dropped by the waker (those of this attempt went when it queued)
-  push_wakeup(head, grant_message(w.attempt, token) .. fmt(now), w.lease)
+  keep_list(wk, n, w.lease)
   return head
 end
 
@@ -439,8 +502,8 @@ end
 -- The lock hash's virtual clock now (see "Time" in common.lua), stored: every script that
 -- judges a hand-off's deadline moves it on, not only heartbeats.
 local function lock_clock(h)
-  local now = advance(h.vc, h.vcap)
-  if clock_due(h.vc, h.vcap) then
+  local now, due = advance(h.vc, h.vcap)
+  if due then
     h.vc = clock_value(now)
     redis.call('HSET', k.lock, 'vc', h.vc)
   end
