@@ -27,8 +27,9 @@
 -- while a leaked one runs), so it only hands on what nobody holds.
 -- Undeclared keys (common.lua): the left marks (read before any write of the queueing path),
 -- the caller's wake list (dropped before the orphan is passed on, and before queueing), and a
--- grantee's wake list (a grant's first write, taken back if the grant is refused after it). Refused midway, only the lock's clock (vc) or a
--- complete grant has been written: the caller's retry finds a consistent state.
+-- grantee's wake list (a grant's first write, taken back if the grant is refused after it).
+-- Refused midway, only the lock's clock (vc) or a complete grant has been written: the
+-- caller's retry finds a consistent state.
 -- Cost: a free lock nobody waits for is HMGET, EXISTS, TIME, SET (the fence), HSET, PEXPIRE;
 -- queueing behind a holder is HMGET, HGET (the left marks), HMGET, TIME, LRANGE (the wake list),
 -- ZADD, PEXPIRE, HSET (the first waiter: EXISTS and PEXPIRE more); a clock's reading is

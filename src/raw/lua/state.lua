@@ -71,9 +71,10 @@ end
 -- Whether a wake-up can be pushed to `owner` now. The wake list is a key the script does not
 -- declare (it is named after the grantee, whom only the script knows): while the lock's Cluster
 -- slot migrates, Redis refuses it when it is missing on this node, and an ACL may refuse it.
--- A grant checks it before its first write, so it is never left half done (the hold written,
--- the wake-up refused); refused, the lock stays free with its queue (stranded), which the
--- grantee's heartbeat repairs once the key can be reached.
+-- The heartbeat checks it before it drops a waiter it tells to retry; a grant's own push is its
+-- probe (offer_wakeup), so a grant is never left half done (the hold written, the wake-up
+-- refused); refused, the lock stays free with its queue (stranded), which the grantee's
+-- heartbeat repairs once the key can be reached.
 local function can_wake(owner)
   local wk = wake_of(owner)
   local r = redis.pcall('LINDEX', wk, 0)
@@ -101,11 +102,14 @@ local function push_wakeup(owner, body, ttl)
   keep_list(wk, read(wk, 'RPUSH', prefix .. body), ttl)
 end
 
+-- Errors of a server that refuses every write now, whatever the key.
+local WRITES_REFUSED = { 'OOM', 'MISCONF', 'NOREPLICAS', 'READONLY' }
+
 -- The first write of a grant: `body` pushed to `owner`, which is also the probe can_wake makes.
 -- Refused (see can_wake), nothing is written and it returns nil; WRONGTYPE is refused as
 -- foreign. A list that held messages already is looked at first thing: another program's gets
--- its list back (RPOP) before the refusal. Returns the list, the message as pushed (to take it
--- back if what follows is refused) and the list's length.
+-- its list back (the message removed again) before the refusal. Returns the list, the message
+-- as pushed (to take it back if what follows is refused) and the list's length.
 local function offer_wakeup(owner, body)
   local wk, prefix = wake_of(owner)
   local msg = prefix .. body
@@ -114,10 +118,15 @@ local function offer_wakeup(owner, body)
     if string.find(n.err, 'WRONGTYPE', 1, true) then
       refuse(wk, 'a ' .. redis.call('TYPE', wk)['ok'] .. ' but fairlock expects a list')
     end
+    -- the server refusing writes at all (memory, a failed save, too few replicas, a replica) is
+    -- no refusal of this key: the caller hears it, as from its first write before
+    for _, e in ipairs(WRITES_REFUSED) do
+      if string.sub(n.err, 1, #e) == e then error(n) end
+    end
     return nil
   end
   if n > 1 and not is_wakeup(redis.call('LINDEX', wk, 0)) then
-    redis.call('RPOP', wk)
+    redis.call('LREM', wk, -1, msg)
     refuse(wk, FOREIGN_LIST)
   end
   return wk, msg, n
@@ -463,7 +472,7 @@ local function grant_next(h, ...)
   local now = now_ms()
   -- the wake-up goes first, with the token the hold will have unless the fence is ahead: the
   -- push is the probe of the undeclared key (see can_wake), and a grant refused after it takes
-  -- it back, so no refusal leaves half a hand-off (and the probe costs no call of its own)
+  -- it back, so no refusal leaves half a hand-off (and an empty list's probe costs no call)
   local guess = first_token(h)
   local wk, sent, n = offer_wakeup(head, grant_message(w.attempt, guess) .. fmt(now))
   if not wk then return false end
