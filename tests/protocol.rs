@@ -85,6 +85,16 @@ fn queued(reply: Acquire) {
     );
 }
 
+/// The messages waiting in `owner`'s wake list (its client's, shared with its other threads).
+fn wake_messages(conn: &mut redis::Connection, lock: &RawLock, owner: &str) -> Vec<String> {
+    redis::cmd("LRANGE")
+        .arg(lock.wake_key(owner))
+        .arg(0)
+        .arg(-1)
+        .query(conn)
+        .unwrap()
+}
+
 /// Pop `owner`'s next wake-up message, if any.
 fn pop(conn: &mut redis::Connection, lock: &RawLock, owner: &str) -> Option<Wake> {
     let msg: Option<String> = redis::cmd("LPOP")
@@ -726,12 +736,7 @@ fn one_clients_threads_share_a_wake_list_and_lose_only_their_own_messages() {
             next: Some("c:2".into())
         }
     );
-    let msgs: Vec<String> = redis::cmd("LRANGE")
-        .arg(lock.wake_key("c:2"))
-        .arg(0)
-        .arg(-1)
-        .query(&mut c)
-        .unwrap();
+    let msgs = wake_messages(&mut c, &lock, "c:2");
     assert_eq!(msgs.len(), 1, "{msgs:?}");
     assert!(msgs[0].starts_with("2|g|12|"), "{msgs:?}");
     let pttl: i64 = redis::cmd("PTTL")
@@ -1303,12 +1308,7 @@ fn foreign_data_of_any_kind_at_any_key_in_any_state_is_refused_or_left_untouched
                     assert_eq!(ttl, -1, "the foreign data got a TTL: {context}");
                     if r.is_err() && *suffix != "wake-w" {
                         // a grant pushes its wake-up first: refused after it, it takes it back
-                        let wake: Vec<String> = redis::cmd("LRANGE")
-                            .arg(lock.wake_key("w:1"))
-                            .arg(0)
-                            .arg(-1)
-                            .query(&mut c)
-                            .unwrap();
+                        let wake = wake_messages(&mut c, &lock, "w:1");
                         let owner: Option<String> = redis::cmd("HGET")
                             .arg(lock.key_names()[0])
                             .arg("owner")
