@@ -1,0 +1,128 @@
+-- sem.lua (prototype): helpers of the semaphore's scripts, after common.lua and state.lua (whose
+-- queue, waiters, wake-list and left-mark helpers it reuses as they are). See
+-- docs/semaphore-design.md. KEYS of every semaphore script: [1] the semaphore's hash
+-- (P:{N}:sem) [2] its fence [3] its queue [4] its waiters [5] its leases (zset hold -> expiry ms).
+--
+-- The hash: ~kind ('sem' or 'rw'), ~cap, ~used (permits held), ~token (the last token given),
+-- ~released (receipts: the last RECEIPTS tokens fully released), and one field per hold,
+-- "<owner>#<attempt>" -> "token|permits|lease|meta".
+-- A waiter's entry (state.lua) carries the permits it wants in front of its meta: "k;meta".
+-- Network: a hold is named by owner and attempt, so a repeated acquire finds its own hold and a
+-- release or renewal acts only on the hold of its attempt and token; receipts answer a repeated
+-- release. Expiry is by the leases zset, on the server clock (as the mutex's TTLs).
+
+local S
+
+-- The semaphore's hash fields every script needs, read once; `leases` is KEYS[5].
+local function read_sem(keys)
+  k.leases = keys[5]
+  local v = read(k.lock, 'HMGET', '~kind', '~cap', '~used', '~token', '~released')
+  S = { kind = v[1], cap = tonumber(v[2]), used = tonumber(v[3]) or 0, token = tonumber(v[4]),
+        released = v[5] or '', unread = not v[1] }
+  if S.unread and redis.call('EXISTS', k.lock) == 1 then
+    refuse(k.lock, "a hash without fairlock's semaphore fields")
+  end
+  return S
+end
+
+local function hold_id(owner, attempt)
+  return owner .. '#' .. fmt(attempt)
+end
+
+-- "token|permits|lease|meta" -> table (nil if none)
+local function parse_hold(v)
+  if not v then return nil end
+  local t, p, l, meta = string.match(v, '^(%d+)|(%d+)|(%d+)|(.*)$')
+  if not t then return nil end
+  return { token = tonumber(t), token_text = t, permits = tonumber(p), lease = tonumber(l),
+           meta = meta }
+end
+
+-- The permits a waiter's entry asks for (its meta starts with "k;").
+local function wanted(w)
+  return tonumber(string.match(w.meta, '^(%d+);')) or 1
+end
+
+-- Keep the semaphore's hash and leases for at least `ttl` ms (never shortening them).
+local function keep_sem(ttl)
+  if redis.call('PTTL', k.lock) < ttl then redis.call('PEXPIRE', k.lock, ttl) end
+  if redis.call('PTTL', k.leases) < ttl then redis.call('PEXPIRE', k.leases, ttl) end
+end
+
+-- Remove the holds whose lease ran out (server clock) and give their permits back.
+local function expire_holds()
+  local gone = read(k.leases, 'ZRANGEBYSCORE', '-inf', now_ms())
+  if #gone == 0 then return 0 end
+  for _, id in ipairs(gone) do
+    local h = parse_hold(redis.call('HGET', k.lock, id))
+    if h then
+      S.used = math.max(S.used - h.permits, 0)
+      redis.call('HDEL', k.lock, id)
+    end
+    redis.call('ZREM', k.leases, id)
+  end
+  redis.call('HSET', k.lock, '~used', fmt(S.used))
+  return #gone
+end
+
+-- The next token (as the mutex's: max(last + 1, server time in us), and after the fence).
+local function sem_next_token()
+  local token = math.max((S.token or 0) + 1, now_us())
+  local old = read(k.fence, 'SET', fmt(token), 'PX', FENCE_TTL, 'GET')
+  local last = old and token_value(old)
+  if old and not last then
+    redis.call('SET', k.fence, old)
+    refuse(k.fence, NOT_A_TOKEN)
+  end
+  if last and last >= token then
+    token = last + 1
+    redis.call('SET', k.fence, fmt(token), 'PX', FENCE_TTL)
+  end
+  S.token = token
+  return token
+end
+
+-- A new hold of `permits` for owner's attempt. Returns its token.
+local function take_permits(owner, attempt, permits, lease, meta, kind, cap)
+  local token = sem_next_token()
+  local id = hold_id(owner, attempt)
+  S.used = S.used + permits
+  S.kind, S.cap, S.unread = kind or S.kind, cap or S.cap, false
+  redis.call('HSET', k.lock, id, fmt(token) .. '|' .. fmt(permits) .. '|' .. fmt(lease) .. '|' ..
+    meta, '~used', fmt(S.used), '~token', fmt(token), '~kind', S.kind, '~cap', fmt(S.cap))
+  redis.call('ZADD', k.leases, fmt(now_ms() + lease), id)
+  keep_sem(lease)
+  return token
+end
+
+-- Grant to the queue's live heads while they fit: the first that does not fit stops the loop,
+-- so nobody behind it is served before it. Each grant's wake-up is pushed first (state.lua,
+-- offer_wakeup), as the mutex's grant does. Returns how many were granted.
+local function grant_heads()
+  local n = 0
+  while S.cap do
+    local head, w = live_head()
+    if not head then break end
+    local permits = wanted(w)
+    if S.used + permits > S.cap then break end
+    local now = now_ms()
+    local guess = math.max((S.token or 0) + 1, now_us())
+    local wk, sent, len = offer_wakeup(head, grant_message(w.attempt, guess) .. fmt(now))
+    if not wk then break end
+    local ok, token = pcall(take_permits, head, w.attempt, permits, w.lease,
+      string.match(w.meta, '^%d+;(.*)$') or w.meta)
+    if not ok then
+      redis.call('LREM', wk, -1, sent)
+      error(token, 0)
+    end
+    if token ~= guess then
+      redis.call('LREM', wk, -1, sent)
+      local _, prefix = wake_of(head)
+      len = redis.call('RPUSH', wk, prefix .. grant_message(w.attempt, token) .. fmt(now))
+    end
+    dequeue(head)
+    keep_list(wk, len, w.lease)
+    n = n + 1
+  end
+  return n
+end

@@ -1,0 +1,36 @@
+-- sem_heartbeat.lua (prototype): a client's waiting attempts, refreshed; expired holds given
+-- back and the heads that fit granted; a waiter whose place is gone is told to retry.
+-- ARGV: [3..] owner, attempt pairs. Returns {used, capacity or '', grants made, told...}
+-- Network: refreshes only entries of the attempts named; a late copy refreshes a live entry a
+-- little early (its deadline is the copy's arrival + the waiter timeout), or tells an attempt
+-- that has ended to retry, which its client drops.
+return run(function()
+  read_sem(KEYS)
+  local told = {}
+  for i = 3, #ARGV, 2 do
+    local owner, attempt = ARGV[i], tonumber(ARGV[i + 1])
+    local w = waiter_entry(owner)
+    if w and w.attempt == attempt and read(k.queue, 'ZSCORE', owner) then
+      write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
+    elseif not (w and w.attempt > attempt) and
+        not redis.call('HGET', k.lock, hold_id(owner, attempt)) then
+      if w then forget_waiter(owner) end
+      if can_wake(owner) then
+        push_wakeup(owner, 'r|' .. fmt(attempt), WAITER_TTL)
+        told[#told + 1] = owner
+      end
+    end
+  end
+  expire_holds()
+  local n = grant_heads()
+  if front()[1] then
+    redis.call('PEXPIRE', k.queue, QUEUE_TTL)
+    redis.call('PEXPIRE', k.waiters, QUEUE_TTL)
+    keep_sem(QUEUE_TTL)
+  else
+    drop_orphaned_waiters()
+  end
+  local result = { fmt(S.used), S.cap and fmt(S.cap) or '', n }
+  for _, f in ipairs(told) do result[#result + 1] = f end
+  return result
+end)

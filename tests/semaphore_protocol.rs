@@ -1,0 +1,438 @@
+//! The semaphore's scripts (prototype, `src/raw/lua/sem*.lua`) against a real redis-server, sent
+//! whole with EVAL: capacity, weighted FIFO without overtaking, the read/write shape, expiry,
+//! repeats and capacity mismatch; and a seeded random driver that checks, after every step, that
+//! the permits held never exceed the capacity and that `~used` is their sum.
+
+#[allow(dead_code)]
+mod support;
+
+use std::collections::HashMap;
+use std::thread;
+use std::time::Duration;
+
+use redis::Value;
+use support::RedisServer;
+
+const HELPERS: [&str; 3] = [
+    include_str!("../src/raw/lua/common.lua"),
+    include_str!("../src/raw/lua/state.lua"),
+    include_str!("../src/raw/lua/sem.lua"),
+];
+
+fn script(body: &str) -> redis::Script {
+    let mut text = HELPERS.join("\n");
+    text.push_str("\nreset(KEYS, ARGV)\nreset_state()\n");
+    text.push_str(body);
+    redis::Script::new(&text)
+}
+
+const FENCE_TTL: u64 = 3_600_000;
+const WAITER_TTL: u64 = 3_000;
+const RW_MAX: u64 = 1 << 30;
+
+struct Sem {
+    keys: [String; 5],
+    kind: &'static str,
+    cap: u64,
+    acquire: redis::Script,
+    release: redis::Script,
+    renew: redis::Script,
+    leave: redis::Script,
+    heartbeat: redis::Script,
+}
+
+#[derive(Debug, PartialEq)]
+enum Reply {
+    Granted(u64),
+    Queued,
+    Busy,
+    Stale,
+    Mismatch,
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        other => panic!("not text: {other:?}"),
+    }
+}
+
+impl Sem {
+    fn new(name: &str, kind: &'static str, cap: u64) -> Sem {
+        let base = format!("fairlock:{{{name}}}:sem");
+        Sem {
+            keys: [
+                base.clone(),
+                format!("{base}:fence"),
+                format!("{base}:queue"),
+                format!("{base}:waiters"),
+                format!("{base}:leases"),
+            ],
+            kind,
+            cap,
+            acquire: script(include_str!("../src/raw/lua/sem_acquire.lua")),
+            release: script(include_str!("../src/raw/lua/sem_release.lua")),
+            renew: script(include_str!("../src/raw/lua/sem_renew.lua")),
+            leave: script(include_str!("../src/raw/lua/sem_leave.lua")),
+            heartbeat: script(include_str!("../src/raw/lua/sem_heartbeat.lua")),
+        }
+    }
+
+    fn invoke(&self, s: &redis::Script, c: &mut redis::Connection, args: &[String]) -> Vec<Value> {
+        let mut inv = s.prepare_invoke();
+        for k in &self.keys {
+            inv.key(k);
+        }
+        inv.arg(FENCE_TTL).arg(WAITER_TTL);
+        for a in args {
+            inv.arg(a);
+        }
+        match inv.invoke::<Value>(c).expect("script") {
+            Value::Array(v) => v,
+            Value::Int(i) => vec![Value::Int(i)],
+            other => panic!("reply {other:?}"),
+        }
+    }
+
+    fn acquire(
+        &self,
+        c: &mut redis::Connection,
+        owner: &str,
+        attempt: u64,
+        permits: u64,
+        lease_ms: u64,
+        wait: bool,
+    ) -> Reply {
+        self.acquire_as(c, owner, attempt, permits, lease_ms, wait, self.cap)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn acquire_as(
+        &self,
+        c: &mut redis::Connection,
+        owner: &str,
+        attempt: u64,
+        permits: u64,
+        lease_ms: u64,
+        wait: bool,
+        cap: u64,
+    ) -> Reply {
+        let r = self.invoke(
+            &self.acquire,
+            c,
+            &[
+                owner.into(),
+                attempt.to_string(),
+                permits.to_string(),
+                lease_ms.to_string(),
+                if wait { "wait" } else { "try" }.into(),
+                "host|1|t".into(),
+                self.kind.into(),
+                cap.to_string(),
+            ],
+        );
+        match text(&r[0]).as_str() {
+            "granted" => Reply::Granted(text(&r[1]).parse().unwrap()),
+            "queued" => Reply::Queued,
+            "busy" => Reply::Busy,
+            "stale" => Reply::Stale,
+            "mismatch" => Reply::Mismatch,
+            other => panic!("acquire: {other}"),
+        }
+    }
+
+    fn release(&self, c: &mut redis::Connection, owner: &str, attempt: u64, token: u64) -> bool {
+        let r = self.invoke(
+            &self.release,
+            c,
+            &[owner.into(), attempt.to_string(), token.to_string()],
+        );
+        text(&r[0]) == "released"
+    }
+
+    fn renew(&self, c: &mut redis::Connection, owner: &str, attempt: u64, token: u64) -> bool {
+        let r = self.invoke(
+            &self.renew,
+            c,
+            &[
+                owner.into(),
+                attempt.to_string(),
+                token.to_string(),
+                "60000".into(),
+            ],
+        );
+        text(&r[0]) == "1"
+    }
+
+    fn leave(&self, c: &mut redis::Connection, owner: &str, attempt: u64) {
+        self.invoke(
+            &self.leave,
+            c,
+            &[owner.into(), attempt.to_string(), String::new()],
+        );
+    }
+
+    fn heartbeat(&self, c: &mut redis::Connection, waiting: &[(&str, u64)]) {
+        let mut args = vec![];
+        for (o, a) in waiting {
+            args.push(o.to_string());
+            args.push(a.to_string());
+        }
+        self.invoke(&self.heartbeat, c, &args);
+    }
+
+    /// The grant waiting in `owner`'s wake list for `attempt`, if any (popped).
+    fn pop_grant(&self, c: &mut redis::Connection, owner: &str, attempt: u64) -> Option<u64> {
+        let (client, thread) = owner.rsplit_once(':').unwrap();
+        let list = format!("{}:wake:{client}", self.keys[0]);
+        let msgs: Vec<String> = redis::cmd("LRANGE")
+            .arg(&list)
+            .arg(0)
+            .arg(-1)
+            .query(c)
+            .unwrap();
+        let prefix = format!("{thread}|g|{attempt}|");
+        let msg = msgs.iter().find(|m| m.starts_with(&prefix))?;
+        let _: () = redis::cmd("LREM")
+            .arg(&list)
+            .arg(1)
+            .arg(msg)
+            .query(c)
+            .unwrap();
+        msg[prefix.len()..].split('|').next()?.parse().ok()
+    }
+
+    /// Holds in Redis: hold id -> permits; and the stored `~used`.
+    fn holds(&self, c: &mut redis::Connection) -> (HashMap<String, u64>, u64) {
+        let all: HashMap<String, String> =
+            redis::cmd("HGETALL").arg(&self.keys[0]).query(c).unwrap();
+        let mut holds = HashMap::new();
+        for (f, v) in &all {
+            if !f.starts_with('~') {
+                let permits = v.split('|').nth(1).unwrap().parse().unwrap();
+                holds.insert(f.clone(), permits);
+            }
+        }
+        let used = all.get("~used").map_or(0, |u| u.parse().unwrap());
+        (holds, used)
+    }
+}
+
+fn granted(r: Reply) -> u64 {
+    match r {
+        Reply::Granted(t) => t,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[test]
+fn permits_up_to_capacity_then_a_fifo_queue_served_on_release() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("cap", "sem", 2);
+    let ta = granted(sem.acquire(&mut c, "a:1", 1, 1, 30_000, true));
+    let tb = granted(sem.acquire(&mut c, "b:1", 1, 1, 30_000, true));
+    assert!(tb > ta);
+    assert_eq!(
+        sem.acquire(&mut c, "c:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert_eq!(sem.acquire(&mut c, "d:1", 1, 1, 30_000, false), Reply::Busy);
+    assert_eq!(sem.holds(&mut c).1, 2);
+    assert!(sem.release(&mut c, "a:1", 1, ta));
+    let tc = sem.pop_grant(&mut c, "c:1", 1).expect("c was granted");
+    assert!(tc > tb);
+    assert_eq!(sem.holds(&mut c).1, 2);
+    // a repeat of c's acquire finds its hold
+    assert_eq!(
+        sem.acquire(&mut c, "c:1", 1, 1, 30_000, true),
+        Reply::Granted(tc)
+    );
+    // a repeated release reports success from its receipt and frees nothing more
+    assert!(sem.release(&mut c, "a:1", 1, ta));
+    assert_eq!(sem.holds(&mut c).1, 2);
+}
+
+#[test]
+fn a_large_request_at_the_head_is_not_overtaken_by_smaller_ones() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("weights", "sem", 4);
+    let ta = granted(sem.acquire(&mut c, "a:1", 1, 3, 30_000, true));
+    assert_eq!(
+        sem.acquire(&mut c, "b:1", 1, 2, 30_000, true),
+        Reply::Queued
+    );
+    // one permit is free, but b (two) is ahead: c queues, and try_acquire is busy
+    assert_eq!(
+        sem.acquire(&mut c, "c:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert_eq!(sem.acquire(&mut c, "d:1", 1, 1, 30_000, false), Reply::Busy);
+    assert!(sem.release(&mut c, "a:1", 1, ta));
+    // both fit now, and are granted in arrival order in one release
+    let tb = sem.pop_grant(&mut c, "b:1", 1).expect("b");
+    let tc = sem.pop_grant(&mut c, "c:1", 1).expect("c");
+    assert!(tc > tb && tb > ta);
+    assert_eq!(sem.holds(&mut c).1, 3);
+}
+
+#[test]
+fn a_writer_at_the_head_blocks_later_readers_and_readers_together_are_admitted_together() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let rw = Sem::new("rw", "rw", RW_MAX);
+    let r1 = granted(rw.acquire(&mut c, "r1:1", 1, 1, 30_000, true));
+    let r2 = granted(rw.acquire(&mut c, "r2:1", 1, 1, 30_000, true));
+    assert_eq!(
+        rw.acquire(&mut c, "w:1", 1, RW_MAX, 30_000, true),
+        Reply::Queued
+    );
+    assert_eq!(
+        rw.acquire(&mut c, "r3:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert_eq!(
+        rw.acquire(&mut c, "r4:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert!(rw.release(&mut c, "r1:1", 1, r1));
+    assert_eq!(
+        rw.pop_grant(&mut c, "w:1", 1),
+        None,
+        "the writer while a reader holds"
+    );
+    assert!(rw.release(&mut c, "r2:1", 1, r2));
+    let tw = rw.pop_grant(&mut c, "w:1", 1).expect("the writer, alone");
+    assert_eq!(
+        rw.pop_grant(&mut c, "r3:1", 1),
+        None,
+        "a reader beside the writer"
+    );
+    assert!(rw.release(&mut c, "w:1", 1, tw));
+    assert!(rw.pop_grant(&mut c, "r3:1", 1).is_some());
+    assert!(
+        rw.pop_grant(&mut c, "r4:1", 1).is_some(),
+        "readers together"
+    );
+}
+
+#[test]
+fn a_crashed_holders_permits_come_back_after_its_lease_and_go_to_the_head() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("expiry", "sem", 1);
+    granted(sem.acquire(&mut c, "dead:1", 1, 1, 200, true));
+    assert_eq!(
+        sem.acquire(&mut c, "b:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    thread::sleep(Duration::from_millis(300));
+    sem.heartbeat(&mut c, &[("b:1", 1)]);
+    assert!(sem.pop_grant(&mut c, "b:1", 1).is_some());
+    assert_eq!(sem.holds(&mut c).1, 1);
+}
+
+#[test]
+fn clients_that_disagree_on_capacity_or_kind_are_told() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("mismatch", "sem", 3);
+    granted(sem.acquire(&mut c, "a:1", 1, 1, 30_000, true));
+    assert_eq!(
+        sem.acquire_as(&mut c, "b:1", 1, 1, 30_000, true, 4),
+        Reply::Mismatch
+    );
+    let rw = Sem::new("mismatch", "rw", 3);
+    assert_eq!(
+        rw.acquire(&mut c, "b:1", 1, 1, 30_000, true),
+        Reply::Mismatch
+    );
+}
+
+#[test]
+fn a_waiter_that_leaves_after_its_grant_gives_the_permits_on() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("leave", "sem", 1);
+    let ta = granted(sem.acquire(&mut c, "a:1", 1, 1, 30_000, true));
+    assert_eq!(
+        sem.acquire(&mut c, "b:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert_eq!(
+        sem.acquire(&mut c, "c:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert!(sem.release(&mut c, "a:1", 1, ta));
+    // b gave up just as it was granted: its hold is passed on to c
+    sem.leave(&mut c, "b:1", 1);
+    assert!(sem.pop_grant(&mut c, "c:1", 1).is_some());
+    assert_eq!(sem.holds(&mut c).1, 1);
+}
+
+/// A seeded random driver: owners acquire (try or wait, 1-3 permits), pop their grants,
+/// release, renew, leave and heartbeat, with short leases running out now and then. After every
+/// step: the permits of the holds in Redis never exceed the capacity, and `~used` is their sum.
+#[test]
+fn random_steps_never_exceed_capacity() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let mut seed: u64 = 0x5eed_2026;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for round in 0..6 {
+        let cap = 1 + round as u64 % 4;
+        let sem = Sem::new(&format!("random{round}"), "sem", cap);
+        // owner -> (attempt, waiting, held token)
+        let owners: Vec<String> = (0..5).map(|i| format!("o{i}:1")).collect();
+        let mut state: HashMap<String, (u64, bool, Option<u64>)> = owners
+            .iter()
+            .map(|o| (o.clone(), (0, false, None)))
+            .collect();
+        for _ in 0..400 {
+            let o = owners[next(5) as usize].clone();
+            let (attempt, waiting, held) = state[&o];
+            match (next(6), held, waiting) {
+                (0 | 1, None, false) => {
+                    let a = attempt + 1;
+                    let permits = 1 + next(cap.min(3));
+                    let lease = if next(4) == 0 { 50 } else { 30_000 };
+                    match sem.acquire(&mut c, &o, a, permits, lease, next(3) > 0) {
+                        Reply::Granted(t) => state.insert(o.clone(), (a, false, Some(t))),
+                        Reply::Queued => state.insert(o.clone(), (a, true, None)),
+                        _ => state.insert(o.clone(), (a, false, None)),
+                    };
+                }
+                (_, None, true) => {
+                    if let Some(t) = sem.pop_grant(&mut c, &o, attempt) {
+                        state.insert(o.clone(), (attempt, false, Some(t)));
+                    } else if next(5) == 0 {
+                        sem.leave(&mut c, &o, attempt);
+                        state.insert(o.clone(), (attempt, false, None));
+                    } else {
+                        sem.heartbeat(&mut c, &[(&o, attempt)]);
+                    }
+                }
+                (2, Some(t), _) => {
+                    sem.renew(&mut c, &o, attempt, t);
+                }
+                (_, Some(t), _) => {
+                    sem.release(&mut c, &o, attempt, t);
+                    state.insert(o.clone(), (attempt, false, None));
+                }
+                _ => thread::sleep(Duration::from_millis(next(30))),
+            }
+            let (holds, used) = sem.holds(&mut c);
+            let sum: u64 = holds.values().sum();
+            assert!(sum <= cap, "{sum} permits held of {cap}: {holds:?}");
+            assert_eq!(used, sum, "~used {used} but the holds sum to {sum}");
+        }
+    }
+}
