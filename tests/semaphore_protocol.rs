@@ -3,7 +3,6 @@
 //! repeats and capacity mismatch; and a seeded random driver that checks, after every step, that
 //! the permits held never exceed the capacity and that `~used` is their sum.
 
-#[allow(dead_code)]
 mod support;
 
 use std::collections::HashMap;
