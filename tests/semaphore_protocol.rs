@@ -143,10 +143,28 @@ impl Sem {
     }
 
     fn release(&self, c: &mut redis::Connection, owner: &str, attempt: u64, token: u64) -> bool {
+        self.release_marking(c, owner, attempt, token, false)
+    }
+
+    /// A release that leaves a left mark when `mark` (a copy of the acquire may still arrive).
+    fn release_marking(
+        &self,
+        c: &mut redis::Connection,
+        owner: &str,
+        attempt: u64,
+        token: u64,
+        mark: bool,
+    ) -> bool {
+        let mark = if mark { "mark" } else { "" };
         let r = self.invoke(
             &self.release,
             c,
-            &[owner.into(), attempt.to_string(), token.to_string()],
+            &[
+                owner.into(),
+                attempt.to_string(),
+                token.to_string(),
+                mark.into(),
+            ],
         );
         text(&r[0]) == "released"
     }
@@ -166,10 +184,15 @@ impl Sem {
     }
 
     fn leave(&self, c: &mut redis::Connection, owner: &str, attempt: u64) {
+        self.leave_marking(c, owner, attempt, false);
+    }
+
+    fn leave_marking(&self, c: &mut redis::Connection, owner: &str, attempt: u64, mark: bool) {
+        let mark = if mark { "mark" } else { "" };
         self.invoke(
             &self.leave,
             c,
-            &[owner.into(), attempt.to_string(), String::new()],
+            &[owner.into(), attempt.to_string(), mark.into()],
         );
     }
 
@@ -373,10 +396,13 @@ fn a_waiter_that_leaves_after_its_grant_gives_the_permits_on() {
 }
 
 /// A seeded random driver: owners acquire (try or wait, 1-3 permits), pop their grants,
-/// release, renew, leave and heartbeat, with short leases running out now and then. After every
-/// step: the permits of the holds in Redis never exceed the capacity, and `~used` is their sum.
+/// release, renew, leave and heartbeat, with short leases running out now and then; a quarter of
+/// the acquires are sent twice, the copy arriving at a random later step (the attempt's release
+/// or leave then asks for a left mark, as the mutex's client does). After every step: the
+/// permits of the holds in Redis never exceed the capacity, `~used` is their sum, and every hold
+/// belongs to its owner's attempt under way (no ghost hold from a late copy).
 #[test]
-fn random_steps_never_exceed_capacity() {
+fn random_steps_never_exceed_capacity_nor_leave_a_ghost_hold() {
     let server = RedisServer::start();
     let mut c = server.conn();
     let mut seed: u64 = 0x5eed_2026;
@@ -386,45 +412,105 @@ fn random_steps_never_exceed_capacity() {
         seed ^= seed << 17;
         seed % n
     };
+    #[derive(Clone, Copy)]
+    struct Owner {
+        attempt: u64,
+        waiting: bool,
+        held: Option<u64>,
+        /// a copy of this attempt's acquire may still arrive
+        copied: bool,
+    }
+    let mut copies_sent = 0;
     for round in 0..6 {
         let cap = 1 + round as u64 % 4;
         let sem = Sem::new(&format!("random{round}"), "sem", cap);
-        // owner -> (attempt, waiting, held token)
         let owners: Vec<String> = (0..5).map(|i| format!("o{i}:1")).collect();
-        let mut state: HashMap<String, (u64, bool, Option<u64>)> = owners
+        let mut state: HashMap<String, Owner> = owners
             .iter()
-            .map(|o| (o.clone(), (0, false, None)))
+            .map(|o| {
+                let idle = Owner {
+                    attempt: 0,
+                    waiting: false,
+                    held: None,
+                    copied: false,
+                };
+                (o.clone(), idle)
+            })
             .collect();
+        // copies on their way: (owner, attempt, permits, lease, wait)
+        let mut in_flight: Vec<(String, u64, u64, u64, bool)> = vec![];
         for _ in 0..400 {
+            if !in_flight.is_empty() && next(6) == 0 {
+                let (o, a, permits, lease, wait) =
+                    in_flight.swap_remove(next(in_flight.len() as u64) as usize);
+                sem.acquire(&mut c, &o, a, permits, lease, wait);
+                copies_sent += 1;
+            }
             let o = owners[next(5) as usize].clone();
-            let (attempt, waiting, held) = state[&o];
-            match (next(6), held, waiting) {
+            let me = state[&o];
+            let end = |st: &mut HashMap<String, Owner>| {
+                st.insert(
+                    o.clone(),
+                    Owner {
+                        waiting: false,
+                        held: None,
+                        copied: false,
+                        ..me
+                    },
+                );
+            };
+            match (next(6), me.held, me.waiting) {
                 (0 | 1, None, false) => {
-                    let a = attempt + 1;
+                    let a = me.attempt + 1;
                     let permits = 1 + next(cap.min(3));
                     let lease = if next(4) == 0 { 50 } else { 30_000 };
-                    match sem.acquire(&mut c, &o, a, permits, lease, next(3) > 0) {
-                        Reply::Granted(t) => state.insert(o.clone(), (a, false, Some(t))),
-                        Reply::Queued => state.insert(o.clone(), (a, true, None)),
-                        _ => state.insert(o.clone(), (a, false, None)),
+                    let wait = next(3) > 0;
+                    let copied = next(4) == 0;
+                    if copied {
+                        in_flight.push((o.clone(), a, permits, lease, wait));
+                    }
+                    let (waiting, held) = match sem.acquire(&mut c, &o, a, permits, lease, wait) {
+                        Reply::Granted(t) => (false, Some(t)),
+                        Reply::Queued => (true, None),
+                        _ => (false, None),
                     };
+                    // a try that was refused has ended: its copy must do nothing either
+                    if copied && !waiting && held.is_none() {
+                        sem.leave_marking(&mut c, &o, a, true);
+                    }
+                    state.insert(
+                        o.clone(),
+                        Owner {
+                            attempt: a,
+                            waiting,
+                            held,
+                            copied,
+                        },
+                    );
                 }
                 (_, None, true) => {
-                    if let Some(t) = sem.pop_grant(&mut c, &o, attempt) {
-                        state.insert(o.clone(), (attempt, false, Some(t)));
+                    if let Some(t) = sem.pop_grant(&mut c, &o, me.attempt) {
+                        state.insert(
+                            o.clone(),
+                            Owner {
+                                waiting: false,
+                                held: Some(t),
+                                ..me
+                            },
+                        );
                     } else if next(5) == 0 {
-                        sem.leave(&mut c, &o, attempt);
-                        state.insert(o.clone(), (attempt, false, None));
+                        sem.leave_marking(&mut c, &o, me.attempt, me.copied);
+                        end(&mut state);
                     } else {
-                        sem.heartbeat(&mut c, &[(&o, attempt)]);
+                        sem.heartbeat(&mut c, &[(&o, me.attempt)]);
                     }
                 }
                 (2, Some(t), _) => {
-                    sem.renew(&mut c, &o, attempt, t);
+                    sem.renew(&mut c, &o, me.attempt, t);
                 }
                 (_, Some(t), _) => {
-                    sem.release(&mut c, &o, attempt, t);
-                    state.insert(o.clone(), (attempt, false, None));
+                    sem.release_marking(&mut c, &o, me.attempt, t, me.copied);
+                    end(&mut state);
                 }
                 _ => thread::sleep(Duration::from_millis(next(30))),
             }
@@ -432,6 +518,19 @@ fn random_steps_never_exceed_capacity() {
             let sum: u64 = holds.values().sum();
             assert!(sum <= cap, "{sum} permits held of {cap}: {holds:?}");
             assert_eq!(used, sum, "~used {used} but the holds sum to {sum}");
+            for id in holds.keys() {
+                let (owner, attempt) = id.rsplit_once('#').unwrap();
+                let st = state[owner];
+                let attempt: u64 = attempt.parse().unwrap();
+                assert!(
+                    st.attempt == attempt && (st.waiting || st.held.is_some()),
+                    "a ghost hold {id}: its owner is at attempt {} (waiting {}, held {:?})",
+                    st.attempt,
+                    st.waiting,
+                    st.held
+                );
+            }
         }
     }
+    assert!(copies_sent > 50, "only {copies_sent} late copies delivered");
 }

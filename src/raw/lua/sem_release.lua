@@ -1,11 +1,14 @@
 -- sem_release.lua (prototype): the holder of one hold gives its permits back; the queue's live
 -- heads that now fit are granted (sem.lua, grant_heads).
--- ARGV: [3] owner [4] attempt [5] token
+-- ARGV: [3] owner [4] attempt [5] token [6] 'mark' when a copy of the attempt's acquire may
+--       still arrive (it went unanswered, or was sent twice), else ''
 -- Returns {'released', grants made} | {'not_held'}
 -- Network: the hold is named by owner and attempt and must carry the token, so a late release
--- never touches a later hold; a full release leaves a receipt, so a repeat reports success.
-local owner, attempt, token = ARGV[3], tonumber(ARGV[4]), ARGV[5]
+-- never touches a later hold; a full release leaves a receipt, so a repeat reports success; with
+-- 'mark', a left mark makes a late copy of the acquire do nothing (state.lua, mark_left).
+local owner, attempt, token, mark = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6] == 'mark'
 return run(function()
+  if mark then left_mark(owner) end
   read_sem(KEYS)
   expire_holds()
   local id = hold_id(owner, attempt)
@@ -16,8 +19,11 @@ return run(function()
     redis.call('ZREM', k.leases, id)
     redis.call('HSET', k.lock, '~used', fmt(S.used), '~released',
       with_receipt(S.released, token))
-    return { 'released', grant_heads() }
+    local n = grant_heads()
+    if mark then mark_left(owner, attempt) end
+    return { 'released', n }
   end
+  if mark then mark_left(owner, attempt) end
   if has_receipt(S.released, token) then return { 'released', 0 } end
   return { 'not_held' }
 end)
