@@ -30,7 +30,7 @@ const WAITER_TTL: u64 = 3_000;
 const RW_MAX: u64 = 1 << 30;
 
 struct Sem {
-    keys: [String; 5],
+    keys: [String; 6],
     kind: &'static str,
     cap: u64,
     acquire: redis::Script,
@@ -68,6 +68,7 @@ impl Sem {
                 format!("{base}:queue"),
                 format!("{base}:waiters"),
                 format!("{base}:leases"),
+                format!("{base}:handoffs"),
             ],
             kind,
             cap,
@@ -393,6 +394,54 @@ fn a_waiter_that_leaves_after_its_grant_gives_the_permits_on() {
     sem.leave(&mut c, "b:1", 1);
     assert!(sem.pop_grant(&mut c, "c:1", 1).is_some());
     assert_eq!(sem.holds(&mut c).1, 1);
+}
+
+#[test]
+fn a_grantee_that_never_pops_its_hand_off_loses_it_after_the_waiter_timeout() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("dead-grantee", "sem", 1);
+    let ta = granted(sem.acquire(&mut c, "a:1", 1, 1, 30_000, true));
+    assert_eq!(
+        sem.acquire(&mut c, "dead:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert_eq!(
+        sem.acquire(&mut c, "c:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert!(sem.release(&mut c, "a:1", 1, ta));
+    // "dead" was granted and never pops it, nor heartbeats; c does
+    let deadline = std::time::Instant::now() + Duration::from_millis(WAITER_TTL * 3);
+    let tc = loop {
+        sem.heartbeat(&mut c, &[("c:1", 1)]);
+        if let Some(t) = sem.pop_grant(&mut c, "c:1", 1) {
+            break t;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "c not served within three waiter timeouts"
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
+    assert!(tc > ta);
+    let (holds, used) = sem.holds(&mut c);
+    assert_eq!((holds.len(), used), (1, 1), "{holds:?}");
+    assert!(holds.contains_key("c:1#1"));
+    // a live grantee that heartbeats keeps its hand-off past the waiter timeout
+    assert_eq!(
+        sem.acquire(&mut c, "slow:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert!(sem.release(&mut c, "c:1", 1, tc));
+    for _ in 0..((WAITER_TTL * 3 / 2) / 200) {
+        sem.heartbeat(&mut c, &[("slow:1", 1)]);
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        sem.pop_grant(&mut c, "slow:1", 1).is_some(),
+        "a live grantee's hand-off revoked"
+    );
 }
 
 /// A seeded random driver: owners acquire (try or wait, 1-3 permits), pop their grants,

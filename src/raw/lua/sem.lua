@@ -1,7 +1,9 @@
 -- sem.lua (prototype): helpers of the semaphore's scripts, after common.lua and state.lua (whose
 -- queue, waiters, wake-list and left-mark helpers it reuses as they are). See
 -- docs/semaphore-design.md. KEYS of every semaphore script: [1] the semaphore's hash
--- (P:{N}:sem) [2] its fence [3] its queue [4] its waiters [5] its leases (zset hold -> expiry ms).
+-- (P:{N}:sem) [2] its fence [3] its queue [4] its waiters [5] its leases (zset hold -> expiry ms)
+-- [6] its hand-offs (zset hold granted by another's script, its wake-up not known to be popped
+-- -> the grantee's deadline, server ms).
 --
 -- The hash: ~kind ('sem' or 'rw'), ~cap, ~used (permits held), ~token (the last token given),
 -- ~released (receipts: the last RECEIPTS tokens fully released), and one field per hold,
@@ -15,7 +17,7 @@ local S
 
 -- The semaphore's hash fields every script needs, read once; `leases` is KEYS[5].
 local function read_sem(keys)
-  k.leases = keys[5]
+  k.leases, k.handoffs = keys[5], keys[6]
   local v = read(k.lock, 'HMGET', '~kind', '~cap', '~used', '~token', '~released')
   S = { kind = v[1], cap = tonumber(v[2]), used = tonumber(v[3]) or 0, token = tonumber(v[4]),
         released = v[5] or '', unread = not v[1] }
@@ -49,19 +51,45 @@ local function keep_sem(ttl)
   if redis.call('PTTL', k.leases) < ttl then redis.call('PEXPIRE', k.leases, ttl) end
 end
 
+-- Give back the permits of hold `id` (parsed `h`).
+local function drop_hold(id, h)
+  S.used = math.max(S.used - h.permits, 0)
+  redis.call('HDEL', k.lock, id)
+  redis.call('ZREM', k.leases, id)
+  redis.call('ZREM', k.handoffs, id)
+  redis.call('HSET', k.lock, '~used', fmt(S.used))
+end
+
+-- Revoke the hand-offs whose grantee let its deadline pass without popping its wake-up (a dead
+-- grantee: its permits go on at once, not after its lease). One whose wake-up was popped is
+-- confirmed instead (removed from the zset): its holder has it. Prototype: the deadline is on
+-- the server clock, so a forward step can revoke an unpopped grant early (liveness, never
+-- safety: the wake-up goes with the hold, so it cannot be popped after).
+local function revoke_dead_grantees()
+  local due = read(k.handoffs, 'ZRANGEBYSCORE', '-inf', now_ms())
+  for _, id in ipairs(due) do
+    local owner, attempt = string.match(id, '^(.*)#(%d+)$')
+    local h = parse_hold(redis.call('HGET', k.lock, id))
+    if h and owner and handoff_pending(owner, tonumber(attempt), h.token) then
+      drop_wakeups(owner)
+      drop_hold(id, h)
+    else
+      redis.call('ZREM', k.handoffs, id)
+    end
+  end
+end
+
 -- Remove the holds whose lease ran out (server clock) and give their permits back.
 local function expire_holds()
   local gone = read(k.leases, 'ZRANGEBYSCORE', '-inf', now_ms())
-  if #gone == 0 then return 0 end
   for _, id in ipairs(gone) do
     local h = parse_hold(redis.call('HGET', k.lock, id))
     if h then
-      S.used = math.max(S.used - h.permits, 0)
-      redis.call('HDEL', k.lock, id)
+      drop_hold(id, h)
+    else
+      redis.call('ZREM', k.leases, id)
     end
-    redis.call('ZREM', k.leases, id)
   end
-  redis.call('HSET', k.lock, '~used', fmt(S.used))
   return #gone
 end
 
@@ -95,6 +123,7 @@ local function take_permits(owner, attempt, permits, lease, meta, kind, cap)
   return token
 end
 
+
 -- Grant to the queue's live heads while they fit: the first that does not fit stops the loop,
 -- so nobody behind it is served before it. Each grant's wake-up is pushed first (state.lua,
 -- offer_wakeup), as the mutex's grant does. Returns how many were granted.
@@ -120,6 +149,10 @@ local function grant_heads()
       local _, prefix = wake_of(head)
       len = redis.call('RPUSH', wk, prefix .. grant_message(w.attempt, token) .. fmt(now))
     end
+    -- the grantee must pop it within what is left of its waiter deadline, as the mutex's
+    local left = math.max(w.deadline - waiters_now(), 0)
+    redis.call('ZADD', k.handoffs, fmt(now + left), hold_id(head, w.attempt))
+    if redis.call('PTTL', k.handoffs) < w.lease then redis.call('PEXPIRE', k.handoffs, w.lease) end
     dequeue(head)
     keep_list(wk, len, w.lease)
     n = n + 1

@@ -17,6 +17,7 @@ return run(function()
   end
   if not S.cap then S.kind, S.cap = kind, cap end
   expire_holds()
+  revoke_dead_grantees()
   -- permits freed by expiry (or a stranded queue) go to the waiters first; this very attempt,
   -- if queued at the head, may be among them
   grant_heads()

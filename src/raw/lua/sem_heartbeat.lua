@@ -10,10 +10,14 @@ return run(function()
   for i = 3, #ARGV, 2 do
     local owner, attempt = ARGV[i], tonumber(ARGV[i + 1])
     local w = waiter_entry(owner)
-    if w and w.attempt == attempt and read(k.queue, 'ZSCORE', owner) then
+    local id = hold_id(owner, attempt)
+    if redis.call('ZSCORE', k.handoffs, id) then
+      -- granted, its wake-up not popped yet, and its client alive: more time to pop it
+      redis.call('ZADD', k.handoffs, fmt(now_ms() + WAITER_TTL), id)
+    elseif w and w.attempt == attempt and read(k.queue, 'ZSCORE', owner) then
       write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
     elseif not (w and w.attempt > attempt) and
-        not redis.call('HGET', k.lock, hold_id(owner, attempt)) then
+        not redis.call('HGET', k.lock, id) then
       if w then forget_waiter(owner) end
       if can_wake(owner) then
         push_wakeup(owner, 'r|' .. fmt(attempt), WAITER_TTL)
@@ -22,6 +26,7 @@ return run(function()
     end
   end
   expire_holds()
+  revoke_dead_grantees()
   local n = grant_heads()
   if front()[1] then
     redis.call('PEXPIRE', k.queue, QUEUE_TTL)

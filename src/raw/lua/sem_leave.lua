@@ -9,15 +9,13 @@ return run(function()
   if mark then left_mark(owner) end
   read_sem(KEYS)
   expire_holds()
+  revoke_dead_grantees()
   local result = { 'left' }
   local id = hold_id(owner, attempt)
   local h = parse_hold(redis.call('HGET', k.lock, id))
   if h then
     drop_wakeups(owner)
-    S.used = math.max(S.used - h.permits, 0)
-    redis.call('HDEL', k.lock, id)
-    redis.call('ZREM', k.leases, id)
-    redis.call('HSET', k.lock, '~used', fmt(S.used))
+    drop_hold(id, h)
     result = { 'passed', 0 }
   end
   local mine = waiter_entry(owner)

@@ -11,14 +11,12 @@ return run(function()
   if mark then left_mark(owner) end
   read_sem(KEYS)
   expire_holds()
+  revoke_dead_grantees()
   local id = hold_id(owner, attempt)
   local h = parse_hold(redis.call('HGET', k.lock, id))
   if h and h.token_text == token then
-    S.used = math.max(S.used - h.permits, 0)
-    redis.call('HDEL', k.lock, id)
-    redis.call('ZREM', k.leases, id)
-    redis.call('HSET', k.lock, '~used', fmt(S.used), '~released',
-      with_receipt(S.released, token))
+    drop_hold(id, h)
+    redis.call('HSET', k.lock, '~released', with_receipt(S.released, token))
     local n = grant_heads()
     if mark then mark_left(owner, attempt) end
     return { 'released', n }

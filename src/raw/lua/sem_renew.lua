@@ -6,9 +6,12 @@ local owner, attempt, token, lease = ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumb
 return run(function()
   read_sem(KEYS)
   expire_holds()
+  revoke_dead_grantees()
   local id = hold_id(owner, attempt)
   local h = parse_hold(redis.call('HGET', k.lock, id))
   if not (h and h.token_text == token) then return 0 end
+  -- its holder renews it, so it has it: a hand-off of it is confirmed
+  redis.call('ZREM', k.handoffs, id)
   local until_ms = now_ms() + lease
   if (tonumber(redis.call('ZSCORE', k.leases, id)) or 0) < until_ms then
     redis.call('ZADD', k.leases, fmt(until_ms), id)
