@@ -1,5 +1,5 @@
-//! The semaphore's scripts (prototype, `src/raw/lua/sem*.lua`) against a real redis-server, sent
-//! whole with EVAL: capacity, weighted FIFO without overtaking, the read/write shape, expiry,
+//! The semaphore's scripts (prototype, `src/raw/lua/sem*.lua`) against a real redis-server,
+//! through the raw layer (`fairlock::raw::RawSemaphore`, as the function library): capacity, weighted FIFO without overtaking, the read/write shape, expiry,
 //! repeats and capacity mismatch; and a seeded random driver that checks, after every step, that
 //! the permits held never exceed the capacity and that `~used` is their sum.
 
@@ -9,35 +9,17 @@ use std::collections::HashMap;
 use std::thread;
 use std::time::Duration;
 
-use redis::Value;
+use fairlock::raw::{Mode, RawSemaphore, SemAcquire, SemKind, SemRelease, Settings, RW_CAPACITY};
 use support::RedisServer;
 
-const HELPERS: [&str; 3] = [
-    include_str!("../src/raw/lua/common.lua"),
-    include_str!("../src/raw/lua/state.lua"),
-    include_str!("../src/raw/lua/sem.lua"),
-];
-
-fn script(body: &str) -> redis::Script {
-    let mut text = HELPERS.join("\n");
-    text.push_str("\nreset(KEYS, ARGV)\nreset_state()\n");
-    text.push_str(body);
-    redis::Script::new(&text)
-}
-
-const FENCE_TTL: u64 = 3_600_000;
 const WAITER_TTL: u64 = 3_000;
-const RW_MAX: u64 = 1 << 30;
+const RW_MAX: u64 = RW_CAPACITY;
 
 struct Sem {
-    keys: [String; 6],
-    kind: &'static str,
-    cap: u64,
-    acquire: redis::Script,
-    release: redis::Script,
-    renew: redis::Script,
-    leave: redis::Script,
-    heartbeat: redis::Script,
+    name: String,
+    kind: SemKind,
+    raw: RawSemaphore,
+    keys: Vec<String>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -49,50 +31,28 @@ enum Reply {
     Mismatch,
 }
 
-fn text(v: &Value) -> String {
-    match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::Int(i) => i.to_string(),
-        other => panic!("not text: {other:?}"),
+fn settings() -> Settings {
+    Settings {
+        fence_ttl: Duration::from_secs(3600),
+        waiter_timeout: Duration::from_millis(WAITER_TTL),
+        ..Settings::default()
     }
 }
 
 impl Sem {
     fn new(name: &str, kind: &'static str, cap: u64) -> Sem {
-        let base = format!("fairlock:{{{name}}}:sem");
+        let kind = if kind == "rw" {
+            SemKind::ReadWrite
+        } else {
+            SemKind::Semaphore
+        };
+        let raw = RawSemaphore::new("fairlock", name, kind, cap, settings()).unwrap();
+        let keys = raw.key_names().iter().map(|k| k.to_string()).collect();
         Sem {
-            keys: [
-                base.clone(),
-                format!("{base}:fence"),
-                format!("{base}:queue"),
-                format!("{base}:waiters"),
-                format!("{base}:leases"),
-                format!("{base}:handoffs"),
-            ],
+            name: name.into(),
             kind,
-            cap,
-            acquire: script(include_str!("../src/raw/lua/sem_acquire.lua")),
-            release: script(include_str!("../src/raw/lua/sem_release.lua")),
-            renew: script(include_str!("../src/raw/lua/sem_renew.lua")),
-            leave: script(include_str!("../src/raw/lua/sem_leave.lua")),
-            heartbeat: script(include_str!("../src/raw/lua/sem_heartbeat.lua")),
-        }
-    }
-
-    fn invoke(&self, s: &redis::Script, c: &mut redis::Connection, args: &[String]) -> Vec<Value> {
-        let mut inv = s.prepare_invoke();
-        for k in &self.keys {
-            inv.key(k);
-        }
-        inv.arg(FENCE_TTL).arg(WAITER_TTL);
-        for a in args {
-            inv.arg(a);
-        }
-        match inv.invoke::<Value>(c).expect("script") {
-            Value::Array(v) => v,
-            Value::Int(i) => vec![Value::Int(i)],
-            other => panic!("reply {other:?}"),
+            raw,
+            keys,
         }
     }
 
@@ -105,7 +65,7 @@ impl Sem {
         lease_ms: u64,
         wait: bool,
     ) -> Reply {
-        self.acquire_as(c, owner, attempt, permits, lease_ms, wait, self.cap)
+        self.acquire_with(&self.raw, c, owner, attempt, permits, lease_ms, wait)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -119,27 +79,33 @@ impl Sem {
         wait: bool,
         cap: u64,
     ) -> Reply {
-        let r = self.invoke(
-            &self.acquire,
-            c,
-            &[
-                owner.into(),
-                attempt.to_string(),
-                permits.to_string(),
-                lease_ms.to_string(),
-                if wait { "wait" } else { "try" }.into(),
-                "host|1|t".into(),
-                self.kind.into(),
-                cap.to_string(),
-            ],
-        );
-        match text(&r[0]).as_str() {
-            "granted" => Reply::Granted(text(&r[1]).parse().unwrap()),
-            "queued" => Reply::Queued,
-            "busy" => Reply::Busy,
-            "stale" => Reply::Stale,
-            "mismatch" => Reply::Mismatch,
-            other => panic!("acquire: {other}"),
+        let raw = RawSemaphore::new("fairlock", &self.name, self.kind, cap, settings()).unwrap();
+        self.acquire_with(&raw, c, owner, attempt, permits, lease_ms, wait)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn acquire_with(
+        &self,
+        raw: &RawSemaphore,
+        c: &mut redis::Connection,
+        owner: &str,
+        attempt: u64,
+        permits: u64,
+        lease_ms: u64,
+        wait: bool,
+    ) -> Reply {
+        let mode = if wait { Mode::Wait } else { Mode::Try };
+        let lease = Duration::from_millis(lease_ms);
+        match raw
+            .acquire(owner, attempt, permits, lease, mode, "host|1|t")
+            .run(c)
+            .expect("sem_acquire")
+        {
+            SemAcquire::Granted { token, .. } => Reply::Granted(token),
+            SemAcquire::Queued { .. } => Reply::Queued,
+            SemAcquire::Busy { .. } => Reply::Busy,
+            SemAcquire::Stale => Reply::Stale,
+            SemAcquire::Mismatch { .. } => Reply::Mismatch,
         }
     }
 
@@ -156,32 +122,16 @@ impl Sem {
         token: u64,
         mark: bool,
     ) -> bool {
-        let mark = if mark { "mark" } else { "" };
-        let r = self.invoke(
-            &self.release,
-            c,
-            &[
-                owner.into(),
-                attempt.to_string(),
-                token.to_string(),
-                mark.into(),
-            ],
-        );
-        text(&r[0]) == "released"
+        let r = self.raw.release(owner, attempt, token, mark).run(c);
+        matches!(r.expect("sem_release"), SemRelease::Released { .. })
     }
 
     fn renew(&self, c: &mut redis::Connection, owner: &str, attempt: u64, token: u64) -> bool {
-        let r = self.invoke(
-            &self.renew,
-            c,
-            &[
-                owner.into(),
-                attempt.to_string(),
-                token.to_string(),
-                "60000".into(),
-            ],
-        );
-        text(&r[0]) == "1"
+        let lease = Duration::from_secs(60);
+        self.raw
+            .renew(owner, attempt, token, lease)
+            .run(c)
+            .expect("sem_renew")
     }
 
     fn leave(&self, c: &mut redis::Connection, owner: &str, attempt: u64) {
@@ -189,27 +139,23 @@ impl Sem {
     }
 
     fn leave_marking(&self, c: &mut redis::Connection, owner: &str, attempt: u64, mark: bool) {
-        let mark = if mark { "mark" } else { "" };
-        self.invoke(
-            &self.leave,
-            c,
-            &[owner.into(), attempt.to_string(), mark.into()],
-        );
+        self.raw
+            .leave(owner, attempt, mark)
+            .run(c)
+            .expect("sem_leave");
     }
 
     fn heartbeat(&self, c: &mut redis::Connection, waiting: &[(&str, u64)]) {
-        let mut args = vec![];
-        for (o, a) in waiting {
-            args.push(o.to_string());
-            args.push(a.to_string());
-        }
-        self.invoke(&self.heartbeat, c, &args);
+        self.raw
+            .heartbeat(waiting.iter().copied())
+            .run(c)
+            .expect("sem_heartbeat");
     }
 
     /// The grant waiting in `owner`'s wake list for `attempt`, if any (popped).
     fn pop_grant(&self, c: &mut redis::Connection, owner: &str, attempt: u64) -> Option<u64> {
-        let (client, thread) = owner.rsplit_once(':').unwrap();
-        let list = format!("{}:wake:{client}", self.keys[0]);
+        let (_, thread) = owner.rsplit_once(':').unwrap();
+        let list = self.raw.wake_key(owner);
         let msgs: Vec<String> = redis::cmd("LRANGE")
             .arg(&list)
             .arg(0)
