@@ -5,7 +5,8 @@
 -- Returns {'released', grants made} | {'not_held'}
 -- Network: the hold is named by owner and attempt and must carry the token, so a late release
 -- never touches a later hold; a full release leaves a receipt, so a repeat reports success; with
--- 'mark', a left mark makes a late copy of the acquire do nothing (state.lua, mark_left).
+-- 'mark', a left mark makes a late copy of the acquire do nothing (state.lua, mark_left), and a
+-- hold or place such a copy took after the thread's own hold ran out is given back.
 local owner, attempt, token, mark = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6] == 'mark'
 return run(function()
   if mark then left_mark(owner) end
@@ -21,7 +22,18 @@ return run(function()
     if mark then mark_left(owner, attempt) end
     return { 'released', n }
   end
-  if mark then mark_left(owner, attempt) end
+  if mark then
+    -- a late copy of this attempt's acquire that arrived after the thread's own hold was lost
+    -- (ran out) took permits, or a place, with no guard behind them: they go too (as the
+    -- mutex's release.lua does)
+    if h then
+      drop_hold(id, h)
+      grant_heads()
+    end
+    local ghost = waiter_entry(owner)
+    if ghost and ghost.attempt == attempt then forget_waiter(owner) end
+    mark_left(owner, attempt)
+  end
   if has_receipt(S.released, token) then return { 'released', 0 } end
   return { 'not_held' }
 end)
