@@ -144,10 +144,14 @@ mod master_watch;
 pub mod raw;
 // Without the feature the protocol is the library's own; some of its calls serve only the
 // fuzzer, the benchmarks and tools.
+mod permit;
 #[cfg(not(feature = "raw"))]
 #[allow(dead_code, unused_imports)]
 mod raw;
 mod redact;
+mod rwlock;
+mod sem_attempt;
+mod semaphore;
 mod sentinel;
 mod server_check;
 mod status;
@@ -172,7 +176,10 @@ pub use list::{
 };
 pub use lock::{FairLock, WaitCanceller};
 pub use loss::{LossCause, LostHold};
+pub use permit::Permit;
 pub use redact::redact_url;
 /// The redis crate, whose types [`Error::Redis`] and the `raw` feature's calls carry.
 pub use redis;
+pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use semaphore::{PermitHolder, PermitWaiter, Semaphore, SemaphoreStatus, MAX_CAPACITY};
 pub use status::{Holder, LockStatus, Origin, Waiter};

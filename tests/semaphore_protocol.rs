@@ -140,7 +140,7 @@ impl Sem {
 
     fn leave_marking(&self, c: &mut redis::Connection, owner: &str, attempt: u64, mark: bool) {
         self.raw
-            .leave(owner, attempt, mark)
+            .leave(owner, attempt, mark, false)
             .run(c)
             .expect("sem_leave");
     }

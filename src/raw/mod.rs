@@ -35,7 +35,10 @@ pub use call::{run_pipeline, Call};
 pub use replies::*;
 pub use scripts::{library_code, library_name, load_library, scripts, Script};
 use scripts::{ACQUIRE, FORCE_UNLOCK, HEARTBEAT, LEAVE, REENTER, RELEASE, RENEW, STATUS};
-pub use semaphore::{RawSemaphore, SemAcquire, SemHeartbeat, SemKind, SemRelease, RW_CAPACITY};
+pub use semaphore::{
+    RawSemaphore, SemAcquire, SemCapacity, SemHeartbeat, SemHold, SemKind, SemLeave, SemRelease,
+    SemStatus, SemWaiter, RW_CAPACITY,
+};
 
 /// How calls reach the scripts on a server.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 const COMMON: &str = include_str!("lua/common.lua");
 /// Helpers of the scripts that take the lock or change the queue (after `COMMON`).
 const STATE: &str = include_str!("lua/state.lua");
-/// Helpers of the semaphore's scripts (after `STATE`; prototype: see docs/semaphore-design.md).
+/// Helpers of the semaphore's scripts (after `STATE`; see docs/semaphore-design.md).
 const SEM: &str = include_str!("lua/sem.lua");
 
 /// A transition's source: its file in `lua/`, and whether it uses `state.lua`'s helpers.
@@ -51,8 +51,10 @@ const SEM_RELEASE_SOURCE: Source = source!("sem_release", true, true);
 const SEM_RENEW_SOURCE: Source = source!("sem_renew", true, true);
 const SEM_LEAVE_SOURCE: Source = source!("sem_leave", true, true);
 const SEM_HEARTBEAT_SOURCE: Source = source!("sem_heartbeat", true, true);
+const SEM_STATUS_SOURCE: Source = source!("sem_status", true, true);
+const SEM_CAPACITY_SOURCE: Source = source!("sem_capacity", true, true);
 
-const SOURCES: [&Source; 13] = [
+const SOURCES: [&Source; 15] = [
     &ACQUIRE_SOURCE,
     &REENTER_SOURCE,
     &RELEASE_SOURCE,
@@ -66,6 +68,8 @@ const SOURCES: [&Source; 13] = [
     &SEM_RENEW_SOURCE,
     &SEM_LEAVE_SOURCE,
     &SEM_HEARTBEAT_SOURCE,
+    &SEM_STATUS_SOURCE,
+    &SEM_CAPACITY_SOURCE,
 ];
 
 impl Source {
@@ -232,6 +236,8 @@ pub(super) static SEM_RELEASE: LazyLock<Script> = script!(SEM_RELEASE_SOURCE);
 pub(super) static SEM_RENEW: LazyLock<Script> = script!(SEM_RENEW_SOURCE);
 pub(super) static SEM_LEAVE: LazyLock<Script> = script!(SEM_LEAVE_SOURCE);
 pub(super) static SEM_HEARTBEAT: LazyLock<Script> = script!(SEM_HEARTBEAT_SOURCE);
+pub(super) static SEM_STATUS: LazyLock<Script> = script!(SEM_STATUS_SOURCE);
+pub(super) static SEM_CAPACITY: LazyLock<Script> = script!(SEM_CAPACITY_SOURCE);
 
 /// Every script, for loading them ahead of use.
 pub fn scripts() -> [&'static Script; 8] {

@@ -1,4 +1,4 @@
-//! The semaphore's calls (prototype; see `docs/semaphore-design.md`): a weighted fair
+//! The semaphore's calls (see `docs/semaphore-design.md`): a weighted fair
 //! semaphore, and a read/write lock as one (a write takes every permit of [`RW_CAPACITY`]).
 //! Built as [`RawLock`](super::RawLock)'s are: each call a [`Call`] to run, pipeline, lose or
 //! repeat.
@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::scripts::{SEM_ACQUIRE, SEM_HEARTBEAT, SEM_LEAVE, SEM_RELEASE, SEM_RENEW};
+use super::scripts::{
+    SEM_ACQUIRE, SEM_CAPACITY, SEM_HEARTBEAT, SEM_LEAVE, SEM_RELEASE, SEM_RENEW, SEM_STATUS,
+};
 use super::{millis, Call, Mode, Runner, Script, Settings};
 use crate::error::{Error, Result};
 
@@ -84,6 +86,95 @@ pub enum SemRelease {
     NotHeld,
 }
 
+/// The reply to [`RawSemaphore::leave`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SemLeave {
+    /// The attempt's place (if any) is gone; nothing was granted to it.
+    Left,
+    /// A hold granted to the attempt was given back; `grants`: waiters granted by that.
+    Passed {
+        /// Waiters granted by the leave.
+        grants: u64,
+    },
+    /// `claim`: a hold granted to the attempt is kept, and is the caller's.
+    Granted {
+        /// The hold's fencing token.
+        token: u64,
+        /// The server's clock at the reply (ms).
+        server_ms: i64,
+        /// The lease left.
+        pttl: Duration,
+    },
+}
+
+/// The reply to [`RawSemaphore::set_capacity`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SemCapacity {
+    /// Stored; `grants`: waiters granted by a raise.
+    Set {
+        /// Waiters granted by the change.
+        grants: u64,
+    },
+    /// The name has no state: the next acquire stores the capacity it is made with.
+    Unset,
+    /// The name is in use with another kind.
+    Mismatch {
+        /// The kind stored ("sem" or "rw").
+        kind: String,
+        /// The capacity stored.
+        capacity: u64,
+    },
+}
+
+/// One hold in a [`SemStatus`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SemHold {
+    /// The hold's id: `<owner>#<attempt>`.
+    pub id: String,
+    /// Its fencing token.
+    pub token: u64,
+    /// Permits it holds.
+    pub permits: u64,
+    /// Lease left on the server.
+    pub pttl: Duration,
+    /// Its lease (what a renewal extends it to).
+    pub lease: Duration,
+    /// `host|pid|thread` of the holder.
+    pub meta: String,
+}
+
+/// One waiter in a [`SemStatus`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SemWaiter {
+    /// The waiting owner.
+    pub owner: String,
+    /// When its first attempt reached Redis (server µs).
+    pub since_us: u64,
+    /// Permits it wants.
+    pub permits: u64,
+    /// `host|pid|thread` of the waiter.
+    pub meta: String,
+}
+
+/// The reply to [`RawSemaphore::status`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SemStatus {
+    /// The server's clock (ms).
+    pub server_ms: i64,
+    /// The kind stored ("sem", "rw"; empty without state).
+    pub kind: String,
+    /// The capacity stored, while the name has state.
+    pub capacity: Option<u64>,
+    /// Permits held by live holds.
+    pub used: u64,
+    /// The last token handed out.
+    pub last_token: u64,
+    /// Live holds.
+    pub holds: Vec<SemHold>,
+    /// Waiters in queue order.
+    pub waiters: Vec<SemWaiter>,
+}
+
 /// The reply to [`RawSemaphore::heartbeat`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SemHeartbeat {
@@ -93,6 +184,10 @@ pub struct SemHeartbeat {
     pub capacity: Option<u64>,
     /// Waiters granted by this heartbeat (freed by expiry or revoked hand-offs).
     pub grants: u64,
+    /// The last token handed out (a grant with a greater one came after the heartbeat ran).
+    pub last_token: u64,
+    /// Time until the next hold's lease ends, if anyone holds.
+    pub next_expiry: Option<Duration>,
     /// Owners of the attempts told to run acquire again (their places are gone).
     pub told_to_retry: Vec<String>,
 }
@@ -219,6 +314,14 @@ impl RawSemaphore {
         c
     }
 
+    /// An operator's release of another's hold: as [`RawSemaphore::release`], but it leaves
+    /// no receipt, so the holder's own release (and a repeat) finds the hold gone.
+    pub fn force_release(&self, owner: &str, attempt: u64, token: u64) -> Call<SemRelease> {
+        let mut c = self.call(&SEM_RELEASE, "releasing permits by force", parse_release);
+        c.cmd.arg(owner).arg(attempt).arg(token).arg("force");
+        c
+    }
+
     /// Extend the lease of the hold of `attempt` with `token` (never shortening it); true when
     /// held.
     pub fn renew(&self, owner: &str, attempt: u64, token: u64, lease: Duration) -> Call<bool> {
@@ -231,14 +334,46 @@ impl RawSemaphore {
         c
     }
 
-    /// Give up a waiting attempt (a hold granted to it meanwhile is passed on).
-    pub fn leave(&self, owner: &str, attempt: u64, mark: bool) -> Call<()> {
-        let mut c = self.call(&SEM_LEAVE, "leaving the queue", |_| Ok(()));
+    /// Give up a waiting attempt: a hold granted to it meanwhile is passed on, or with `claim`
+    /// kept and returned.
+    pub fn leave(&self, owner: &str, attempt: u64, mark: bool, claim: bool) -> Call<SemLeave> {
+        let mut c = self.call(&SEM_LEAVE, "leaving the queue", parse_leave);
         c.cmd
             .arg(owner)
             .arg(attempt)
-            .arg(if mark { "mark" } else { "" });
+            .arg(if mark { "mark" } else { "" })
+            .arg(if claim { "claim" } else { "" });
         c
+    }
+
+    /// Holds and waiters, read in one atomic step.
+    pub fn status(&self) -> Call<SemStatus> {
+        self.call(&SEM_STATUS, "reading the semaphore", parse_status)
+    }
+
+    /// Store `capacity` as the name's capacity (see `sem_capacity.lua`).
+    pub fn set_capacity(&self, capacity: u64) -> Call<SemCapacity> {
+        let mut c = self.call(&SEM_CAPACITY, "changing the capacity", parse_capacity);
+        c.cmd.arg(self.kind.as_str()).arg(capacity);
+        c
+    }
+
+    /// The kind of this semaphore.
+    pub fn kind(&self) -> SemKind {
+        self.kind
+    }
+
+    /// The capacity this handle asks with.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The same semaphore, asking with another capacity.
+    pub fn with_capacity(&self, capacity: u64) -> RawSemaphore {
+        RawSemaphore {
+            capacity,
+            ..self.clone()
+        }
     }
 
     /// A client's waiting attempts, refreshed (and expiry, revocation and grants on the way).
@@ -332,6 +467,82 @@ fn parse_heartbeat(v: Value) -> Result<SemHeartbeat> {
         used: num(v.first())?,
         capacity: capacity.parse().ok(),
         grants: num(v.get(2))?,
-        told_to_retry: v.iter().skip(3).map(text).collect::<Result<_>>()?,
+        last_token: num(v.get(3))?,
+        next_expiry: match v.get(4) {
+            Some(Value::Int(ms)) if *ms >= 0 => Some(Duration::from_millis(*ms as u64)),
+            _ => None,
+        },
+        told_to_retry: v.iter().skip(5).map(text).collect::<Result<_>>()?,
+    })
+}
+
+fn parse_leave(v: Value) -> Result<SemLeave> {
+    let v = items(v)?;
+    match text(v.first().unwrap_or(&Value::Nil))?.as_str() {
+        "left" => Ok(SemLeave::Left),
+        "passed" => Ok(SemLeave::Passed {
+            grants: num(v.get(1))?,
+        }),
+        "granted" => Ok(SemLeave::Granted {
+            token: num(v.get(1))?,
+            server_ms: num(v.get(2))? as i64,
+            pttl: Duration::from_millis(num(v.get(3))?),
+        }),
+        other => Err(Error::protocol(format!("sem_leave replied {other:?}"))),
+    }
+}
+
+fn parse_capacity(v: Value) -> Result<SemCapacity> {
+    let v = items(v)?;
+    match text(v.first().unwrap_or(&Value::Nil))?.as_str() {
+        "set" => Ok(SemCapacity::Set {
+            grants: num(v.get(1))?,
+        }),
+        "unset" => Ok(SemCapacity::Unset),
+        "mismatch" => Ok(SemCapacity::Mismatch {
+            kind: text(v.get(1).unwrap_or(&Value::Nil))?,
+            capacity: num(v.get(2))?,
+        }),
+        other => Err(Error::protocol(format!("sem_capacity replied {other:?}"))),
+    }
+}
+
+fn parse_status(v: Value) -> Result<SemStatus> {
+    let v = items(v)?;
+    let opt = |i: usize| -> Result<String> { text(v.get(i).unwrap_or(&Value::Nil)) };
+    let holds_n = num(v.get(5))? as usize;
+    let mut holds = Vec::with_capacity(holds_n);
+    for i in 0..holds_n {
+        let b = 6 + i * 6;
+        holds.push(SemHold {
+            id: opt(b)?,
+            token: num(v.get(b + 1))?,
+            permits: num(v.get(b + 2))?,
+            pttl: Duration::from_millis(num(v.get(b + 3))?),
+            lease: Duration::from_millis(num(v.get(b + 4))?),
+            meta: opt(b + 5)?,
+        });
+    }
+    let rest = v.get(6 + holds_n * 6..).unwrap_or(&[]);
+    let mut waiters = Vec::with_capacity(rest.len() / 4);
+    for w in rest.chunks(4) {
+        waiters.push(SemWaiter {
+            owner: text(w.first().unwrap_or(&Value::Nil))?,
+            // a zset score: a float as text
+            since_us: text(w.get(1).unwrap_or(&Value::Nil))?
+                .parse::<f64>()
+                .map_or(0, |f| f.max(0.0) as u64),
+            permits: num(w.get(2))?,
+            meta: text(w.get(3).unwrap_or(&Value::Nil))?,
+        });
+    }
+    Ok(SemStatus {
+        server_ms: num(v.first())? as i64,
+        kind: opt(1)?,
+        capacity: opt(2)?.parse().ok(),
+        used: num(v.get(3))?,
+        last_token: num(v.get(4))?,
+        holds,
+        waiters,
     })
 }

@@ -12,12 +12,16 @@ local owner, attempt, permits, lease, mode, meta, kind, cap =
   tonumber(ARGV[10])
 return run(function()
   read_sem(KEYS)
-  if S.kind and (S.kind ~= kind or S.cap ~= cap) then
-    return { 'mismatch', S.kind, fmt(S.cap) }
-  end
-  if not S.cap then S.kind, S.cap = kind, cap end
   expire_holds()
   revoke_dead_grantees()
+  if S.kind and (S.kind ~= kind or S.cap ~= cap) then
+    -- capacity and kind bind while anyone holds or waits; a state nobody uses (the hash left
+    -- until the last lease's end, with the receipts) takes this caller's
+    if S.used > 0 or front()[1] then return { 'mismatch', S.kind, fmt(S.cap) } end
+    S.kind, S.cap = kind, cap
+    redis.call('HSET', k.lock, '~kind', kind, '~cap', fmt(cap))
+  end
+  if not S.cap then S.kind, S.cap = kind, cap end
   -- permits freed by expiry (or a stranded queue) go to the waiters first; this very attempt,
   -- if queued at the head, may be among them
   grant_heads()

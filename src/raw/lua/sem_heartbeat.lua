@@ -1,6 +1,7 @@
 -- sem_heartbeat.lua (prototype): a client's waiting attempts, refreshed; expired holds given
 -- back and the heads that fit granted; a waiter whose place is gone is told to retry.
--- ARGV: [3..] owner, attempt pairs. Returns {used, capacity or '', grants made, told...}
+-- ARGV: [3..] owner, attempt pairs. Returns {used, capacity or '', grants made, last token,
+-- ms until the next hold's lease ends (-1: no hold), told...}
 -- Network: refreshes only entries of the attempts named; a late copy refreshes a live entry a
 -- little early (its deadline is the copy's arrival + the waiter timeout), or tells an attempt
 -- that has ended to retry, which its client drops.
@@ -35,7 +36,10 @@ return run(function()
   else
     drop_orphaned_waiters()
   end
-  local result = { fmt(S.used), S.cap and fmt(S.cap) or '', n }
+  local next_end = redis.call('ZRANGE', k.leases, 0, 0, 'WITHSCORES')
+  local until_end = next_end[2] and math.max(tonumber(next_end[2]) - now_ms(), 0) or -1
+  local result = { fmt(S.used), S.cap and fmt(S.cap) or '', n,
+                   fmt(S.token or read_fence() or 0), until_end }
   for _, f in ipairs(told) do result[#result + 1] = f end
   return result
 end)

@@ -1,10 +1,13 @@
--- sem_leave.lua (prototype): a waiter gives up its attempt: its queue place goes, and a hold
--- granted to that attempt meanwhile (a hand-off it will not take) is given back, which may
--- grant the next heads. ARGV: [3] owner [4] attempt [5] 'mark' or ''
--- Returns {'left'} | {'passed', grants made}
--- Network: acts only on that attempt; with 'mark', a copy of its acquire that arrives later
--- finds the left mark and does nothing.
-local owner, attempt, mark = ARGV[3], tonumber(ARGV[4]), ARGV[5] == 'mark'
+-- sem_leave.lua: a waiter gives up its attempt: its queue place goes, and a hold granted to that
+-- attempt meanwhile (a hand-off it will not take) is given back, which may grant the next heads;
+-- with 'claim' (a wait whose deadline came), such a hold is kept and returned instead.
+-- ARGV: [3] owner [4] attempt [5] 'mark' or '' [6] 'claim' or ''
+-- Returns {'left'} | {'passed', grants made} | {'granted', token, now_ms, pttl}
+-- Network: acts only on that attempt. With 'mark', a copy of its acquire that arrives later finds
+-- the left mark and does nothing. A repeat of a claim finds the same hold and returns it again;
+-- a late claim after the hold was released finds nothing and leaves.
+local owner, attempt, mark, claim = ARGV[3], tonumber(ARGV[4]), ARGV[5] == 'mark',
+  ARGV[6] == 'claim'
 return run(function()
   if mark then left_mark(owner) end
   read_sem(KEYS)
@@ -13,12 +16,22 @@ return run(function()
   local result = { 'left' }
   local id = hold_id(owner, attempt)
   local h = parse_hold(redis.call('HGET', k.lock, id))
+  local mine = waiter_entry(owner)
+  if h and claim then
+    -- the deadline came, but the permits did too: the caller holds them (its wake-up goes, and
+    -- the hand-off is confirmed: the holder renews it from here)
+    drop_wakeups(owner)
+    redis.call('ZREM', k.handoffs, id)
+    if mine and mine.attempt == attempt then forget_waiter(owner) end
+    local pttl = tonumber(redis.call('ZSCORE', k.leases, id)) or 0
+    pttl = math.min(math.max(pttl - now_ms(), 0), h.lease)
+    return { 'granted', h.token_text, now_ms(), pttl }
+  end
   if h then
     drop_wakeups(owner)
     drop_hold(id, h)
     result = { 'passed', 0 }
   end
-  local mine = waiter_entry(owner)
   if mine and mine.attempt == attempt then forget_waiter(owner) end
   local n = grant_heads()
   if h then result[2] = n end

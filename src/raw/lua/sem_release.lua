@@ -1,13 +1,15 @@
--- sem_release.lua (prototype): the holder of one hold gives its permits back; the queue's live
+-- sem_release.lua: the holder of one hold gives its permits back; the queue's live
 -- heads that now fit are granted (sem.lua, grant_heads).
 -- ARGV: [3] owner [4] attempt [5] token [6] 'mark' when a copy of the attempt's acquire may
---       still arrive (it went unanswered, or was sent twice), else ''
+--       still arrive (it went unanswered, or was sent twice), 'force' for an operator's release
+--       of another's hold (no receipt: a repeat reports not_held), else ''
 -- Returns {'released', grants made} | {'not_held'}
 -- Network: the hold is named by owner and attempt and must carry the token, so a late release
 -- never touches a later hold; a full release leaves a receipt, so a repeat reports success; with
 -- 'mark', a left mark makes a late copy of the acquire do nothing (state.lua, mark_left), and a
 -- hold or place such a copy took after the thread's own hold ran out is given back.
-local owner, attempt, token, mark = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6] == 'mark'
+local owner, attempt, token, mark, force = ARGV[3], tonumber(ARGV[4]), ARGV[5],
+  ARGV[6] == 'mark', ARGV[6] == 'force'
 return run(function()
   if mark then left_mark(owner) end
   read_sem(KEYS)
@@ -17,7 +19,10 @@ return run(function()
   local h = parse_hold(redis.call('HGET', k.lock, id))
   if h and h.token_text == token then
     drop_hold(id, h)
-    redis.call('HSET', k.lock, '~released', with_receipt(S.released, token))
+    -- a forced release leaves no receipt: the holder's own release then finds its hold gone
+    if not force then
+      redis.call('HSET', k.lock, '~released', with_receipt(S.released, token))
+    end
     local n = grant_heads()
     if mark then mark_left(owner, attempt) end
     return { 'released', n }
