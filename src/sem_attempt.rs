@@ -78,7 +78,13 @@ impl<'a> PermitAttempt<'a> {
 
     /// Take the permits, queueing and waiting as `wait` allows; `None` when they did not come.
     pub fn run(&self, wait: Wait) -> Result<Option<Permit>> {
+        // a WaitCanceller takes this entry to end the wait
+        self.client()
+            .waiting
+            .lock()
+            .insert(self.waiting_key(), self.number);
         let result = self.run_inner(wait);
+        self.client().waiting.lock().remove(&self.waiting_key());
         if result.is_err() {
             // even a first request may have been applied (queued, or granted) before its reply
             // was lost: leave, handing on anything granted to this attempt
@@ -130,6 +136,11 @@ impl<'a> PermitAttempt<'a> {
                     }
                     return Ok(None);
                 }
+                SemAcquire::Stale if self.abandoned() => {
+                    return Err(Error::Abandoned {
+                        name: self.sem.name().to_string(),
+                    })
+                }
                 SemAcquire::Stale => {
                     return Err(Error::protocol(format!(
                         "Redis knows a newer attempt of owner {} than this one; is the client id shared with another process?",
@@ -156,6 +167,14 @@ impl<'a> PermitAttempt<'a> {
             };
             if let Some((token, expires)) = grant {
                 if BootInstant::now() < expires {
+                    // the permits are this thread's only if no WaitCanceller gave the wait up
+                    // first (whoever takes the entry first wins; see `Attempt::fresh_hold`)
+                    if !self.claim() {
+                        self.leave_quietly();
+                        return Err(Error::Abandoned {
+                            name: self.sem.name().to_string(),
+                        });
+                    }
                     return Ok(Some(Permit::new(
                         self.sem,
                         &self.owner,
@@ -184,6 +203,23 @@ impl<'a> PermitAttempt<'a> {
                 }
             }
         }
+    }
+
+    fn waiting_key(&self) -> (String, String) {
+        (
+            self.sem.raw().key_names()[0].to_string(),
+            self.owner.clone(),
+        )
+    }
+
+    /// Take this attempt's `waiting` entry: `false` when a canceller took it first.
+    fn claim(&self) -> bool {
+        self.client().waiting.lock().remove(&self.waiting_key()) == Some(self.number)
+    }
+
+    /// Whether a canceller gave this attempt up (its `waiting` entry is gone).
+    fn abandoned(&self) -> bool {
+        self.client().waiting.lock().get(&self.waiting_key()) != Some(&self.number)
     }
 
     /// As `Attempt::pause_before_asking_again`: a queued waiter whose request failed asks again

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::client::{ClientInner, LockClient};
 use crate::config::validate_lease;
 use crate::error::{Error, Result};
-use crate::lock::Wait;
+use crate::lock::{Wait, WaitCanceller};
 use crate::permit::Permit;
 use crate::raw::{RawSemaphore, SemCapacity, SemKind, SemRelease, RW_CAPACITY};
 use crate::sem_attempt::PermitAttempt;
@@ -375,7 +375,18 @@ impl Semaphore {
         Ok(matches!(outcome, SemRelease::Released { .. }))
     }
 
+    /// A handle with which another thread can give up the calling thread's wait for permits of
+    /// this semaphore (see [`WaitCanceller`]). Make it on the thread that will wait, before it
+    /// waits.
+    pub fn wait_canceller(&self) -> WaitCanceller {
+        WaitCanceller::for_semaphore(self)
+    }
+
     // ---- internals ----------------------------------------------------------------------
+
+    pub(crate) fn client_arc(&self) -> &Arc<ClientInner> {
+        &self.client
+    }
 
     fn take(&self, permits: u64, wait: Wait) -> Result<Option<Permit>> {
         if permits == 0 || permits > self.capacity() {

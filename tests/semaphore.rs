@@ -486,3 +486,37 @@ fn capacity_is_stored_with_the_name_and_changed_for_everyone() {
     assert!(two_again.status().unwrap().waiters.is_empty());
     drop((p, p2));
 }
+
+/// A wait for permits given up from another thread ([`fairlock::WaitCanceller`]) ends with
+/// Error::Abandoned, leaves the queue at once, and the permits it would have got go to the
+/// next waiter instead.
+#[test]
+fn a_wait_for_permits_abandoned_from_another_thread_ends_and_leaves_the_queue() {
+    let server = RedisServer::start();
+    let client = client_for(&server);
+    let sem = client.semaphore("cancel", 1).unwrap();
+    let p = sem.acquire().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let waiter = {
+        let sem = sem.clone();
+        thread::spawn(move || {
+            tx.send(sem.wait_canceller()).unwrap();
+            sem.acquire().map(|p| p.fencing_token())
+        })
+    };
+    let canceller = rx.recv_timeout(SECS_30).unwrap();
+    assert!(waiting(&sem, 1));
+    let (tx2, rx2) = mpsc::channel();
+    let (next, release_next) = taker(&sem, "next", 1, &tx2);
+    assert!(waiting(&sem, 2));
+    canceller.abandon().unwrap();
+    assert!(matches!(
+        waiter.join().unwrap(),
+        Err(Error::Abandoned { .. })
+    ));
+    assert!(waiting(&sem, 1));
+    p.release().unwrap();
+    assert_eq!(rx2.recv_timeout(SECS_30).unwrap().0, "next");
+    release_next.send(()).unwrap();
+    next.join().unwrap();
+}

@@ -47,7 +47,10 @@ impl From<fairlock::Error> for Failure {
     fn from(e: fairlock::Error) -> Failure {
         use fairlock::Error as E;
         let code = match &e {
-            E::InvalidName { .. } | E::InvalidConfig { .. } | E::InvalidUrl { .. } => USAGE,
+            E::InvalidName { .. }
+            | E::InvalidConfig { .. }
+            | E::InvalidUrl { .. }
+            | E::CapacityMismatch { .. } => USAGE,
             E::Connection { .. }
             | E::NotRedis { .. }
             | E::UnsupportedServer { .. }
