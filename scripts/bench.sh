@@ -4,7 +4,8 @@
 # acquisition (per script for fairlock); fairlock, the redlock crate and the naive lock, in RTTs;
 # what waiting threads cost (connections, memory, hand-off with 1-256 waiters; fairlock);
 # fairlock on a 3-master Redis Cluster next to one node, and over TLS next to plain TCP
-# (hand-off, contended throughput).
+# (hand-off, contended throughput); the semaphore and the read/write lock beside the mutex
+# (hand-off, throughput; cost with 1-256 holders, hand-off with 1-256 waiters).
 #
 #   scripts/bench.sh [--quick] [--out PATH] [--only SECTIONS]
 #
@@ -12,7 +13,7 @@
 # tables. The full run takes about 4.5 minutes after the build; --quick (what CI runs) checks that
 # everything still works in well under a minute and its numbers mean nothing.
 # --only SECTIONS (comma-separated: micro, handoff, throughput, fifo, scaling, scripts, waiting,
-# cluster, tls) runs those sections of the driver only, and skips the criterion micro benchmarks
+# cluster, tls, semaphore) runs those sections of the driver only, and skips the criterion micro benchmarks
 # unless "micro" is among them.
 # Benchmarks are not tests: nothing here fails on a slow figure, only on a broken run.
 set -euo pipefail
