@@ -168,7 +168,8 @@ fn semaphore_text(st: &SemaphoreStatus) -> String {
     s
 }
 
-fn semaphore_json(st: &SemaphoreStatus) -> serde_json::Value {
+/// The JSON object of one semaphore (`status --semaphore --json`, and in `list --json`).
+pub fn semaphore_json(st: &SemaphoreStatus) -> serde_json::Value {
     let holders: Vec<_> = st
         .holders
         .iter()
