@@ -1,5 +1,5 @@
 //! [`RwLock`]: a fair read/write lock, as a semaphore whose write takes every permit (see
-//! `docs/semaphore-design.md`).
+//! `docs/semaphores.md`).
 
 use std::fmt;
 use std::time::{Duration, Instant};

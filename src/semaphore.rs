@@ -1,6 +1,6 @@
 //! [`Semaphore`]: the handle users take permits of a fair counting semaphore through, and
 //! [`SemaphoreStatus`], its snapshot. The waiting path is `sem_attempt.rs`; the protocol is
-//! `docs/semaphore-design.md`.
+//! `docs/semaphores.md`.
 
 use std::fmt;
 use std::sync::Arc;

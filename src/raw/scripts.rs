@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 const COMMON: &str = include_str!("lua/common.lua");
 /// Helpers of the scripts that take the lock or change the queue (after `COMMON`).
 const STATE: &str = include_str!("lua/state.lua");
-/// Helpers of the semaphore's scripts (after `STATE`; see docs/semaphore-design.md).
+/// Helpers of the semaphore's scripts (after `STATE`; see docs/semaphores.md).
 const SEM: &str = include_str!("lua/sem.lua");
 
 /// A transition's source: its file in `lua/`, and whether it uses `state.lua`'s helpers.

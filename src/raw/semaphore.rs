@@ -1,4 +1,4 @@
-//! The semaphore's calls (see `docs/semaphore-design.md`): a weighted fair
+//! The semaphore's calls (see `docs/semaphores.md`): a weighted fair
 //! semaphore, and a read/write lock as one (a write takes every permit of [`RW_CAPACITY`]).
 //! Built as [`RawLock`](super::RawLock)'s are: each call a [`Call`] to run, pipeline, lose or
 //! repeat.
