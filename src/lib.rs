@@ -45,6 +45,22 @@
 //! another thread ends that wait. However many threads of a client wait, they share one
 //! blocking connection ([`WaitMode`]).
 //!
+//! # Semaphores and read/write locks
+//!
+//! [`LockClient::semaphore`] gives a fair counting [`Semaphore`] ("at most N of these at once
+//! across the fleet"), [`LockClient::rw_lock`] a fair [`RwLock`]; both wait in the same FIFO
+//! queue, with leases, the watchdog, the janitor and fencing tokens as a lock's:
+//!
+//! ```no_run
+//! let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
+//! let slots = client.semaphore("render-slots", 4)?;
+//! let permit = slots.acquire()?;            // one of 4; released on drop
+//! let catalog = client.rw_lock("catalog")?;
+//! let read = catalog.read()?;               // many readers, or one writer
+//! # drop((permit, read));
+//! # Ok::<(), fairlock::Error>(())
+//! ```
+//!
 //! # Leases, lost locks and fencing
 //!
 //! A hold has a lease (30 s unless set otherwise), renewed every third of it while the guard

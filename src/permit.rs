@@ -69,8 +69,9 @@ impl Permit {
     }
 
     /// The fencing token of this acquisition: greater than every token handed out before for
-    /// this semaphore's name (to any holder). Pass it to the resource and have it reject a token
-    /// lower than the highest it has seen from the same holder slot.
+    /// this semaphore's name (to any holder). A resource that one holder at a time may write
+    /// (a write of a read/write lock) rejects a token lower than the highest it has accepted, as
+    /// for a lock; with several holders, a token tells their grants apart and orders them.
     pub fn fencing_token(&self) -> u64 {
         self.token
     }
