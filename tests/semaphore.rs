@@ -275,7 +275,8 @@ fn a_waiting_writer_blocks_later_readers_who_are_then_admitted_together() {
     // the second reader is granted in the same step as the first: well within the first's hold
     let (b, tb) = rx.recv_timeout(Duration::from_millis(250)).unwrap();
     assert_eq!((a, b), ("reader", "reader"));
-    assert!(ta > w_token && tb > ta);
+    // (the two readers report in either order: their tokens tell the grant order)
+    assert!(ta.min(tb) > w_token && ta != tb, "{ta} {tb} after {w_token}");
     writer.join().unwrap();
     for r in readers {
         r.join().unwrap();
@@ -309,9 +310,11 @@ fn a_killed_holders_permits_come_back_at_its_lease_end_and_go_to_the_waiters() {
         after < Duration::from_millis(lease_ms) + Duration::from_secs(1),
         "the waiters waited {after:?} for a dead holder's permits (lease {lease_ms} ms)"
     );
-    assert_eq!(got[0].0, "a");
+    // both are granted in one step, in queue order (a first: the smaller token); they report
+    // in either order
+    let token_of = |who: &str| got.iter().find(|(w, _)| w == who).map(|(_, t)| *t).unwrap();
     assert!(
-        got[0].1 > dead_token && got[1].1 > got[0].1,
+        token_of("a") > dead_token && token_of("b") > token_of("a"),
         "{got:?} after {dead_token}"
     );
     release_a.send(()).unwrap();
