@@ -276,7 +276,10 @@ fn a_waiting_writer_blocks_later_readers_who_are_then_admitted_together() {
     let (b, tb) = rx.recv_timeout(Duration::from_millis(250)).unwrap();
     assert_eq!((a, b), ("reader", "reader"));
     // (the two readers report in either order: their tokens tell the grant order)
-    assert!(ta.min(tb) > w_token && ta != tb, "{ta} {tb} after {w_token}");
+    assert!(
+        ta.min(tb) > w_token && ta != tb,
+        "{ta} {tb} after {w_token}"
+    );
     writer.join().unwrap();
     for r in readers {
         r.join().unwrap();
@@ -522,4 +525,47 @@ fn a_wait_for_permits_abandoned_from_another_thread_ends_and_leaves_the_queue() 
     assert_eq!(rx2.recv_timeout(SECS_30).unwrap().0, "next");
     release_next.send(()).unwrap();
     next.join().unwrap();
+}
+
+/// Shared waiting: 64 threads of one client wait for permits of a semaphore of capacity 2 on at
+/// most `pool_size` + 2 connections (the pool, the waker's one BLPOP, a server check's for a
+/// moment), counted by the server; then every one is served, never more than 2 at once.
+#[test]
+fn sixty_four_threads_wait_for_permits_on_a_bounded_number_of_connections() {
+    if support::wait_mode() == fairlock::WaitMode::PerThread {
+        return; // a connection per waiting thread, by design
+    }
+    let server = RedisServer::start();
+    let client = support::client_with_url(&server.url(), |b| b.pool_size(4));
+    let sem = client.semaphore("many", 2).unwrap();
+    let held = [sem.acquire().unwrap(), sem.acquire().unwrap()];
+    let inside = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let threads: Vec<_> = (0..64)
+        .map(|_| {
+            let (sem, inside, most) = (sem.clone(), inside.clone(), most.clone());
+            thread::spawn(move || {
+                let p = sem.acquire().unwrap();
+                let now = inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                thread::sleep(Duration::from_millis(1));
+                inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                p.release().unwrap();
+            })
+        })
+        .collect();
+    assert!(waiting(&sem, 64));
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut server.conn())
+        .unwrap();
+    // every connection but this CLIENT LIST's own
+    let connections = clients.lines().count() - 1;
+    assert!(connections <= 4 + 2, "{connections} connections: {clients}");
+    drop(held);
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(most.load(std::sync::atomic::Ordering::SeqCst) <= 2);
+    assert_eq!(sem.status().unwrap().permits_held, 0);
 }
