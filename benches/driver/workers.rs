@@ -458,7 +458,7 @@ pub fn run_layout(
                 after,
                 n,
                 !spec.counter.is_empty(),
-                spec.lib == Lib::Fairlock,
+                spec.lib.is_fairlock(),
             )
             .map(|mut c| {
                 if let [b0, b1] = bg.as_slice() {
