@@ -43,6 +43,7 @@ fn taker(
 
 /// Child roles (env URL, NAME, CAP, LEASE_MS, and for "worker" ROUNDS and SEED):
 /// - "holder": take 2 permits, print `HELD <token>`, hold until killed;
+/// - "waiter": print `WAITING`, take 1 permit, print `GOT <token>`, hold until killed;
 /// - "worker": ROUNDS times take 1-3 permits, print `IV <start us> <end us> <permits> <token>`
 ///   for the time it held them (measured inside the hold), then print `DONE`.
 fn sem_child(role: &str) {
@@ -57,6 +58,12 @@ fn sem_child(role: &str) {
         "holder" => {
             let p = sem.acquire_many(2).unwrap();
             say("HELD", p.fencing_token());
+            thread::sleep(Duration::from_secs(120));
+        }
+        "waiter" => {
+            say("WAITING", "");
+            let p = sem.acquire().unwrap();
+            say("GOT", p.fencing_token());
             thread::sleep(Duration::from_secs(120));
         }
         "worker" => {
@@ -568,4 +575,40 @@ fn sixty_four_threads_wait_for_permits_on_a_bounded_number_of_connections() {
     }
     assert!(most.load(std::sync::atomic::Ordering::SeqCst) <= 2);
     assert_eq!(sem.status().unwrap().permits_held, 0);
+}
+
+/// Guarantee 3: a waiter killed with SIGKILL in the queue is passed over. Its place lapses (no
+/// heartbeat), and a grant made to it before that is revoked, so the live waiter behind it gets
+/// the permit within a few janitor intervals and the waiter timeout, never the dead one.
+#[test]
+fn a_killed_waiter_is_passed_over_and_the_live_one_behind_it_gets_the_permit() {
+    let children = support::child_test!(sem_child);
+    let server = RedisServer::start();
+    let client = client_for(&server);
+    let sem = client.semaphore("dead-waiter", 1).unwrap();
+    let held = sem.acquire().unwrap();
+    let mut dead = children.spawn("waiter", &env(&server, "dead-waiter", 1, 30_000));
+    dead.expect("WAITING", SECS_30);
+    assert!(waiting(&sem, 1));
+    let (tx, rx) = mpsc::channel();
+    let (live, release_live) = taker(&sem, "live", 1, &tx);
+    assert!(waiting(&sem, 2));
+    dead.kill();
+    // released at once: the permit goes to the dead head first, and is revoked
+    let released = Instant::now();
+    held.release().unwrap();
+    let (who, _) = rx
+        .recv_timeout(SECS_30)
+        .expect("the live waiter was never served");
+    assert_eq!(who, "live");
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "the live waiter waited {took:?}"
+    );
+    assert!(dead.try_expect("GOT", Duration::from_millis(100)).is_none());
+    let st = sem.status().unwrap();
+    assert_eq!((st.holders.len(), st.waiters.len()), (1, 0), "{st:?}");
+    release_live.send(()).unwrap();
+    live.join().unwrap();
 }
