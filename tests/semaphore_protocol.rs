@@ -563,3 +563,65 @@ fn random_steps_never_exceed_capacity_nor_leave_a_ghost_hold() {
     }
     assert!(copies_sent > 50, "only {copies_sent} late copies delivered");
 }
+
+/// Review of the library (finding 2): a thread may hold a permit of one attempt while it waits
+/// with another. A late copy of the held attempt's acquire must not take the wake-up of the
+/// newer attempt's grant with it (the thread would never pop it, and the permit would sit
+/// unused for a lease).
+#[test]
+fn a_late_copy_of_a_held_attempts_acquire_keeps_the_wake_up_of_the_threads_newer_grant() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("late-copy-wake", "sem", 2);
+    let t5 = granted(sem.acquire(&mut c, "t:1", 5, 1, 60_000, true));
+    let other = granted(sem.acquire(&mut c, "o:1", 1, 1, 60_000, true));
+    // the thread waits for a second permit with attempt 9, granted on the other's release
+    assert_eq!(sem.acquire(&mut c, "t:1", 9, 1, 60_000, true), Reply::Queued);
+    assert!(sem.release(&mut c, "o:1", 1, other));
+    // the late copy of attempt 5's acquire: it finds hold 5 (and says so to nobody)
+    assert_eq!(sem.acquire(&mut c, "t:1", 5, 1, 60_000, true), Reply::Granted(t5));
+    assert!(
+        sem.pop_grant(&mut c, "t:1", 9).is_some(),
+        "the grant of attempt 9 lost its wake-up"
+    );
+}
+
+/// Review of the library (finding 1): after a capacity change, a waiter whose handle has the old
+/// capacity and that runs its acquire again (to confirm a hand-off, after a dropped connection)
+/// gets the hold it was granted, not a mismatch; and a queued one keeps its place.
+#[test]
+fn after_a_capacity_change_a_granted_or_queued_attempt_asking_again_keeps_what_it_has() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("cap-confirm", "sem", 1);
+    let held = granted(sem.acquire(&mut c, "h:1", 1, 1, 60_000, true));
+    assert_eq!(sem.acquire(&mut c, "a:1", 1, 1, 60_000, true), Reply::Queued);
+    assert_eq!(sem.acquire(&mut c, "b:1", 1, 1, 60_000, true), Reply::Queued);
+    // an operator raises the capacity to 2: a is granted; b still waits (1 + 1 held of 2)
+    let two = RawSemaphore::new("fairlock", "cap-confirm", SemKind::Semaphore, 2, settings()).unwrap();
+    two.set_capacity(2).run(&mut c).unwrap();
+    let a = sem.pop_grant(&mut c, "a:1", 1).expect("a granted by the raise");
+    // a asks again with its handle of capacity 1: its hold, not a mismatch
+    assert_eq!(sem.acquire(&mut c, "a:1", 1, 1, 60_000, true), Reply::Granted(a));
+    // b asks again too: it keeps its place
+    assert_eq!(sem.acquire(&mut c, "b:1", 1, 1, 60_000, true), Reply::Queued);
+    // a new attempt with the old capacity is refused
+    assert_eq!(sem.acquire(&mut c, "n:1", 1, 1, 60_000, true), Reply::Mismatch);
+    assert!(sem.release(&mut c, "h:1", 1, held));
+    assert!(sem.pop_grant(&mut c, "b:1", 1).is_some(), "b served in its place");
+}
+
+/// Review of the library (finding 5): a forced release of a hold its holder gave back already
+/// reports that it released nothing (a receipt answers only the holder's own retry).
+#[test]
+fn a_forced_release_after_the_holders_own_release_released_nothing() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("forced-after", "sem", 1);
+    let t = granted(sem.acquire(&mut c, "h:1", 1, 1, 60_000, true));
+    assert!(sem.release(&mut c, "h:1", 1, t));
+    let forced = sem.raw.force_release("h:1", 1, t).run(&mut c).unwrap();
+    assert_eq!(forced, SemRelease::NotHeld);
+    // the holder's own retry still finds its receipt
+    assert!(sem.release(&mut c, "h:1", 1, t));
+}

@@ -24,7 +24,7 @@ return run(function()
   for _, owner in ipairs(q) do
     local w = waiter_entry(owner)
     if w and wanted(w) > cap then
-      forget_waiter(owner)
+      forget_attempt(owner, w)
       if can_wake(owner) then push_wakeup(owner, 'r|' .. fmt(w.attempt), WAITER_TTL) end
     end
   end

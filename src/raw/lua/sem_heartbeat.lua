@@ -19,7 +19,7 @@ return run(function()
       write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
     elseif not (w and w.attempt > attempt) and
         not redis.call('HGET', k.lock, id) then
-      if w then forget_waiter(owner) end
+      if w then forget_attempt(owner, w) end
       if can_wake(owner) then
         push_wakeup(owner, 'r|' .. fmt(attempt), WAITER_TTL)
         told[#told + 1] = owner

@@ -20,19 +20,19 @@ return run(function()
   if h and claim then
     -- the deadline came, but the permits did too: the caller holds them (its wake-up goes, and
     -- the hand-off is confirmed: the holder renews it from here)
-    drop_wakeups(owner)
+    drop_attempt_wakeups(owner, attempt)
     redis.call('ZREM', k.handoffs, id)
-    if mine and mine.attempt == attempt then forget_waiter(owner) end
+    if mine and mine.attempt == attempt then forget_attempt(owner, mine) end
     local pttl = tonumber(redis.call('ZSCORE', k.leases, id)) or 0
     pttl = math.min(math.max(pttl - now_ms(), 0), h.lease)
     return { 'granted', h.token_text, now_ms(), pttl }
   end
   if h then
-    drop_wakeups(owner)
+    drop_attempt_wakeups(owner, attempt)
     drop_hold(id, h)
     result = { 'passed', 0 }
   end
-  if mine and mine.attempt == attempt then forget_waiter(owner) end
+  if mine and mine.attempt == attempt then forget_attempt(owner, mine) end
   local n = grant_heads()
   if h then result[2] = n end
   if mark and not (mine and mine.attempt > attempt) then mark_left(owner, attempt) end

@@ -36,9 +36,11 @@ return run(function()
       grant_heads()
     end
     local ghost = waiter_entry(owner)
-    if ghost and ghost.attempt == attempt then forget_waiter(owner) end
+    if ghost and ghost.attempt == attempt then forget_attempt(owner, ghost) end
     mark_left(owner, attempt)
   end
-  if has_receipt(S.released, token) then return { 'released', 0 } end
+  -- a forced release reads no receipt either: the holder's own release (or an earlier forced
+  -- one) already gave the hold back, so this one released nothing
+  if not force and has_receipt(S.released, token) then return { 'released', 0 } end
   return { 'not_held' }
 end)
