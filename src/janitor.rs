@@ -258,19 +258,10 @@ fn tick(pool: &Pool, registry: &Mutex<Registry>) -> Option<BootInstant> {
         return None;
     }
     let sent = BootInstant::now();
-    let replies = with_pooled(pool, "refreshing waiters", |c| {
-        Ok((
-            raw::run_pipeline(c, &lock_calls)?,
-            raw::run_pipeline(c, &sem_calls)?,
-        ))
-    });
-    let (lock_replies, sem_replies) = match replies {
-        Ok(replies) => replies,
-        Err(e) => {
-            log::warn!("fairlock: janitor could not reach Redis ({e}); retrying next interval");
-            return None;
-        }
-    };
+    // two pipelines, so that a failure of one kind's (say, a script its user may not run) does
+    // not cost the other kind's waiters their heartbeats
+    let lock_replies = run_heartbeats(pool, &lock_calls);
+    let sem_replies = run_heartbeats(pool, &sem_calls);
     let mut soonest: Option<BootInstant> = None;
     let mut look_at = |after: Duration| {
         let at = sent + after + EXPIRY_MARGIN;
@@ -301,6 +292,21 @@ fn tick(pool: &Pool, registry: &Mutex<Registry>) -> Option<BootInstant> {
         }
     }
     soonest
+}
+
+/// Send `calls` in one pipeline; none when Redis cannot be reached (logged; the next tick
+/// tries again).
+fn run_heartbeats<T>(pool: &Pool, calls: &[raw::Call<T>]) -> Vec<Result<T>> {
+    if calls.is_empty() {
+        return Vec::new();
+    }
+    match with_pooled(pool, "refreshing waiters", |c| raw::run_pipeline(c, calls)) {
+        Ok(replies) => replies,
+        Err(e) => {
+            log::warn!("fairlock: janitor could not reach Redis ({e}); retrying next interval");
+            Vec::new()
+        }
+    }
 }
 
 /// What a heartbeat (sent at `sent`) tells the waiters it spoke for.

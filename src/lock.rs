@@ -461,7 +461,8 @@ impl WaitCanceller {
     /// nothing and the thread keeps it. Without this the place lapses only when
     /// the janitor stops refreshing it, and a grant made to it meanwhile waits to be revoked.
     /// Does nothing when the thread is not waiting on this lock. The attempt is marked as left
-    /// (key `<prefix>:{name}:left`, for 10 minutes), so that if the waiting thread runs its
+    /// (key `<prefix>:{name}:left`, or `<prefix>:{name}:sem:left` for a semaphore, for 10
+    /// minutes), so that if the waiting thread runs its
     /// acquire again before the exit it gets an error instead of a new place.
     ///
     /// # Errors

@@ -128,6 +128,9 @@ impl Permit {
         if self.released {
             return Ok(());
         }
+        // in a forked child: nothing is sent, and the parent's watchdog (whose registry lock a
+        // fork may have taken mid-use) is not touched
+        self.sem.client().check_fork()?;
         self.released = true;
         // stop renewing before the release goes out
         if let Some(id) = self.renewal {

@@ -156,7 +156,8 @@ impl RwLock {
         self.sem.status()
     }
 
-    /// The lock as the semaphore it is built on (for `force_release` and the like).
+    /// The lock as the semaphore it is built on (for `force_release` and the like; its
+    /// `set_capacity` is refused).
     pub fn as_semaphore(&self) -> &Semaphore {
         &self.sem
     }

@@ -143,7 +143,7 @@ impl<'a> PermitAttempt<'a> {
                 }
                 SemAcquire::Stale => {
                     return Err(Error::protocol(format!(
-                        "Redis knows a newer attempt of owner {} than this one; is the client id shared with another process?",
+                        "Redis knows a newer attempt of owner {} than this one, or that this one left (WaitCanceller::abandon); is the client id shared with another process?",
                         self.owner
                     )))
                 }

@@ -296,7 +296,7 @@ impl Semaphore {
     pub fn status(&self) -> Result<SemaphoreStatus> {
         let call = self.raw.status();
         let raw = self.client.with_conn(call.during(), |c| call.run(c))?;
-        let now_us = raw.server_ms.max(0) as u64 * 1000;
+        let now_us = (raw.server_ms.max(0) as u64).saturating_mul(1000);
         Ok(SemaphoreStatus {
             name: self.name.to_string(),
             capacity: raw.capacity,
@@ -335,14 +335,24 @@ impl Semaphore {
     /// holders above the new capacity keep their permits until they give them back or their
     /// lease ends, and no permit is granted until the permits held and the head's request fit.
     /// A waiter that wants more than the new capacity loses its place and gets
-    /// [`Error::CapacityMismatch`]. When nobody holds or waits, nothing is stored: the next
-    /// acquisition stores the capacity of its handle.
+    /// [`Error::CapacityMismatch`]; a granted or queued acquisition made through an old handle
+    /// keeps what it has. When nobody holds or waits, nothing is stored: the next acquisition
+    /// stores the capacity of its handle, and so does an old handle's once the name is idle
+    /// again (nobody holds or waits): change every user's capacity, not only the stored one.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a capacity of 0 or above [`MAX_CAPACITY`],
+    /// [`Error::InvalidConfig`] for a capacity of 0 or above [`MAX_CAPACITY`], or on a
+    /// read/write lock ([`RwLock::as_semaphore`](crate::RwLock::as_semaphore)), whose capacity
+    /// is fixed;
     /// [`Error::CapacityMismatch`] when the name is in use as a read/write lock,
     /// [`Error::Connection`] when Redis cannot be reached.
     pub fn set_capacity(&self, capacity: u64) -> Result<Semaphore> {
+        if self.raw.kind() == SemKind::ReadWrite {
+            return Err(Error::InvalidConfig {
+                setting: "capacity",
+                reason: "a read/write lock's capacity is fixed".into(),
+            });
+        }
         check_capacity(capacity)?;
         let raw = self.raw.with_capacity(capacity);
         let call = raw.set_capacity(capacity);

@@ -719,7 +719,11 @@ fn run_with_permits_lets_at_most_that_many_commands_run_at_once() {
     ]));
     assert_eq!(other.code, Some(64), "{}", other.stderr);
     assert_one_line(&other);
-    assert!(other.stderr.contains("capacity 2"), "{}", other.stderr);
+    assert!(
+        other.stderr.contains("give --permits 2"),
+        "{}",
+        other.stderr
+    );
 
     std::fs::write(&gate, "").unwrap();
     for p in runs {

@@ -628,15 +628,22 @@ fn semaphores_and_read_write_locks_are_listed_beside_the_locks() {
     assert!(text.stdout.contains("SEMAPHORE"), "{}", text.stdout);
     assert!(text.stdout.contains("2 of 3"), "{}", text.stdout);
     assert!(text.stdout.contains("1 of rw"), "{}", text.stdout);
+    // --json keeps its shape (locks only); --semaphores prints the semaphores' objects
     let json = fairlock(&server, &["list", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
-    let sem_objects: Vec<&serde_json::Value> = v
+    let names: Vec<&str> = v
         .as_array()
         .unwrap()
         .iter()
-        .filter(|o| o["semaphore"] == true)
+        .map(|o| o["name"].as_str().unwrap())
         .collect();
+    assert_eq!(names, ["both"]);
+    assert!(v[0].get("semaphore").is_none());
+    let json = fairlock(&server, &["list", "--json", "--semaphores"]);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let sem_objects = v.as_array().unwrap();
     assert_eq!(sem_objects.len(), 2);
+    assert_eq!(sem_objects[0]["semaphore"], true);
     assert_eq!(sem_objects[0]["waiters"][0]["permits"], 2);
 
     two.release().unwrap();

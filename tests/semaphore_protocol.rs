@@ -576,10 +576,16 @@ fn a_late_copy_of_a_held_attempts_acquire_keeps_the_wake_up_of_the_threads_newer
     let t5 = granted(sem.acquire(&mut c, "t:1", 5, 1, 60_000, true));
     let other = granted(sem.acquire(&mut c, "o:1", 1, 1, 60_000, true));
     // the thread waits for a second permit with attempt 9, granted on the other's release
-    assert_eq!(sem.acquire(&mut c, "t:1", 9, 1, 60_000, true), Reply::Queued);
+    assert_eq!(
+        sem.acquire(&mut c, "t:1", 9, 1, 60_000, true),
+        Reply::Queued
+    );
     assert!(sem.release(&mut c, "o:1", 1, other));
     // the late copy of attempt 5's acquire: it finds hold 5 (and says so to nobody)
-    assert_eq!(sem.acquire(&mut c, "t:1", 5, 1, 60_000, true), Reply::Granted(t5));
+    assert_eq!(
+        sem.acquire(&mut c, "t:1", 5, 1, 60_000, true),
+        Reply::Granted(t5)
+    );
     assert!(
         sem.pop_grant(&mut c, "t:1", 9).is_some(),
         "the grant of attempt 9 lost its wake-up"
@@ -595,20 +601,41 @@ fn after_a_capacity_change_a_granted_or_queued_attempt_asking_again_keeps_what_i
     let mut c = server.conn();
     let sem = Sem::new("cap-confirm", "sem", 1);
     let held = granted(sem.acquire(&mut c, "h:1", 1, 1, 60_000, true));
-    assert_eq!(sem.acquire(&mut c, "a:1", 1, 1, 60_000, true), Reply::Queued);
-    assert_eq!(sem.acquire(&mut c, "b:1", 1, 1, 60_000, true), Reply::Queued);
+    assert_eq!(
+        sem.acquire(&mut c, "a:1", 1, 1, 60_000, true),
+        Reply::Queued
+    );
+    assert_eq!(
+        sem.acquire(&mut c, "b:1", 1, 1, 60_000, true),
+        Reply::Queued
+    );
     // an operator raises the capacity to 2: a is granted; b still waits (1 + 1 held of 2)
-    let two = RawSemaphore::new("fairlock", "cap-confirm", SemKind::Semaphore, 2, settings()).unwrap();
+    let two =
+        RawSemaphore::new("fairlock", "cap-confirm", SemKind::Semaphore, 2, settings()).unwrap();
     two.set_capacity(2).run(&mut c).unwrap();
-    let a = sem.pop_grant(&mut c, "a:1", 1).expect("a granted by the raise");
+    let a = sem
+        .pop_grant(&mut c, "a:1", 1)
+        .expect("a granted by the raise");
     // a asks again with its handle of capacity 1: its hold, not a mismatch
-    assert_eq!(sem.acquire(&mut c, "a:1", 1, 1, 60_000, true), Reply::Granted(a));
+    assert_eq!(
+        sem.acquire(&mut c, "a:1", 1, 1, 60_000, true),
+        Reply::Granted(a)
+    );
     // b asks again too: it keeps its place
-    assert_eq!(sem.acquire(&mut c, "b:1", 1, 1, 60_000, true), Reply::Queued);
+    assert_eq!(
+        sem.acquire(&mut c, "b:1", 1, 1, 60_000, true),
+        Reply::Queued
+    );
     // a new attempt with the old capacity is refused
-    assert_eq!(sem.acquire(&mut c, "n:1", 1, 1, 60_000, true), Reply::Mismatch);
+    assert_eq!(
+        sem.acquire(&mut c, "n:1", 1, 1, 60_000, true),
+        Reply::Mismatch
+    );
     assert!(sem.release(&mut c, "h:1", 1, held));
-    assert!(sem.pop_grant(&mut c, "b:1", 1).is_some(), "b served in its place");
+    assert!(
+        sem.pop_grant(&mut c, "b:1", 1).is_some(),
+        "b served in its place"
+    );
 }
 
 /// Review of the library (finding 5): a forced release of a hold its holder gave back already

@@ -239,8 +239,8 @@ pub(super) static SEM_HEARTBEAT: LazyLock<Script> = script!(SEM_HEARTBEAT_SOURCE
 pub(super) static SEM_STATUS: LazyLock<Script> = script!(SEM_STATUS_SOURCE);
 pub(super) static SEM_CAPACITY: LazyLock<Script> = script!(SEM_CAPACITY_SOURCE);
 
-/// Every script, for loading them ahead of use.
-pub fn scripts() -> [&'static Script; 8] {
+/// Every script (the lock's, then the semaphore's), for loading them ahead of use.
+pub fn scripts() -> [&'static Script; 15] {
     [
         &ACQUIRE,
         &REENTER,
@@ -250,6 +250,13 @@ pub fn scripts() -> [&'static Script; 8] {
         &FORCE_UNLOCK,
         &HEARTBEAT,
         &STATUS,
+        &SEM_ACQUIRE,
+        &SEM_RELEASE,
+        &SEM_RENEW,
+        &SEM_LEAVE,
+        &SEM_HEARTBEAT,
+        &SEM_STATUS,
+        &SEM_CAPACITY,
     ]
 }
 

@@ -510,7 +510,18 @@ fn parse_capacity(v: Value) -> Result<SemCapacity> {
 fn parse_status(v: Value) -> Result<SemStatus> {
     let v = items(v)?;
     let opt = |i: usize| -> Result<String> { text(v.get(i).unwrap_or(&Value::Nil)) };
-    let holds_n = num(v.get(5))? as usize;
+    // a count the reply cannot hold is a broken reply, not an allocation
+    let holds_n = usize::try_from(num(v.get(5))?)
+        .ok()
+        .filter(|n| {
+            n.checked_mul(6)
+                .is_some_and(|c| c <= v.len().saturating_sub(6))
+        })
+        .ok_or_else(|| {
+            Error::protocol(format!(
+                "sem_status replied a count beyond its reply: {v:?}"
+            ))
+        })?;
     let mut holds = Vec::with_capacity(holds_n);
     for i in 0..holds_n {
         let b = 6 + i * 6;

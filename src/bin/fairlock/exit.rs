@@ -60,7 +60,20 @@ impl From<fairlock::Error> for Failure {
             E::UnsafeServer { .. } => CONFIG,
             _ => SOFTWARE,
         };
-        Failure::new(code, e.to_string())
+        let message = match &e {
+            // the library's advice names its API; the tool's user gives --permits
+            E::CapacityMismatch {
+                name,
+                stored_kind,
+                stored,
+                asked_kind,
+                asked,
+            } if stored_kind == asked_kind => format!(
+                "{stored_kind} {name:?} is in use with capacity {stored}, not {asked}: nothing was changed; give --permits {stored}"
+            ),
+            _ => e.to_string(),
+        };
+        Failure::new(code, message)
     }
 }
 

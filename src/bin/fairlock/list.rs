@@ -16,6 +16,7 @@ pub fn list(
     client: &LockClient,
     as_json: bool,
     all: bool,
+    semaphores: bool,
     eviction_accepted: bool,
 ) -> Result<u8, Failure> {
     let listing = client.list_locks(ListOptions::new().include_idle(all))?;
@@ -28,8 +29,17 @@ pub fn list(
                 json["stale"] = stale_words(listing.stale_signs(lock)).into();
                 json
             })
-            .chain(listing.semaphores.iter().map(crate::status::semaphore_json))
             .collect();
+        let array: Vec<serde_json::Value> = if semaphores {
+            // the semaphores' objects have another shape: never mixed with the locks'
+            listing
+                .semaphores
+                .iter()
+                .map(crate::status::semaphore_json)
+                .collect()
+        } else {
+            array
+        };
         let mut s = serde_json::to_string_pretty(&array)
             .map_err(|e| Failure::new(crate::exit::SOFTWARE, e.to_string()))?;
         s.push('\n');

@@ -266,6 +266,10 @@ struct ListArgs {
     /// is kept for days)
     #[arg(long)]
     all: bool,
+    /// With --json: print the semaphores' objects (as `status --semaphore --json`) instead of
+    /// the locks' (the text table shows both)
+    #[arg(long)]
+    semaphores: bool,
 }
 
 #[derive(Args, Debug)]
@@ -414,6 +418,7 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
                 &client,
                 args.json,
                 args.all,
+                args.semaphores,
                 client.config().danger_accept_eviction,
             )
         }
