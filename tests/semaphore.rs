@@ -443,6 +443,11 @@ fn capacity_is_stored_with_the_name_and_changed_for_everyone() {
     }
     let rw = client.rw_lock("cap").unwrap();
     assert!(matches!(rw.try_read(), Err(Error::CapacityMismatch { .. })));
+    // a read/write lock's capacity is fixed
+    assert!(matches!(
+        rw.as_semaphore().set_capacity(5),
+        Err(Error::InvalidConfig { .. })
+    ));
     assert!(matches!(
         two.acquire_many(3),
         Err(Error::InvalidConfig { .. })
