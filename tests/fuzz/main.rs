@@ -94,6 +94,7 @@ mod checks;
 mod faults;
 mod model;
 mod runner;
+mod sem;
 mod shrink;
 mod steps;
 mod world;
@@ -309,6 +310,7 @@ fn backward_step_then_lost_renewal() {
         locks: 1,
         clients: 3,
         threads: 1,
+        sems: vec![],
         ..Config::for_seed(7)
     };
     let acquire = |c| Step::Acquire(AcquireStep::plain(c, 0, 0, true, 600));
@@ -366,6 +368,7 @@ fn lapsed_handoff_revived_by_a_backward_step() {
         threads: 2,
         // the original run was lucky: Redis had not yet deleted the expired message
         lazy_expiry_only: true,
+        sems: vec![],
         ..Config::for_seed(20261141)
     };
     let acquire = |c, t, wait, lease_ms| Step::Acquire(AcquireStep::plain(c, t, 0, wait, lease_ms));
@@ -411,6 +414,7 @@ fn late_acquire_after_its_leave_leaves_no_ghost_waiter() {
         locks: 3,
         clients: 2,
         threads: 1,
+        sems: vec![],
         ..Config::for_seed(20261977)
     };
     let steps = [
@@ -428,4 +432,61 @@ fn late_acquire_after_its_leave_leaves_no_ghost_waiter() {
         out.violation,
         out.log.join("\n")
     );
+}
+
+/// Found by this fuzzer once it drove the semaphores (seed 1 of the CI run, shrunk to 16
+/// steps): a hand-off's hold was lost with the semaphore's hash (evicted) while its entry in
+/// the hand-offs zset stayed; the grantee, its pop's reply lost, queued again with the same
+/// attempt. Its client's heartbeats then found the stale hand-off entry, extended it, and did
+/// not refresh the waiter's entry: the live waiter was purged as dead after a forward clock
+/// step, and a waiter behind it was granted the permits first.
+#[test]
+fn sem_stale_handoff_entry_does_not_starve_a_live_waiter() {
+    use sem::{SemKey, SemStep};
+    use steps::{Fault, Step, Who};
+    let cfg = Config::for_seed(1);
+    assert_eq!((cfg.clients, cfg.threads, cfg.sems.len()), (5, 2, 1));
+    let acquire = |c, t, permits, lease_ms, deadline_ms| {
+        Step::Sem(SemStep::Acquire {
+            c,
+            t,
+            sem: 0,
+            permits,
+            wait: true,
+            lease_ms,
+            deadline_ms,
+            fault: Fault::None,
+            then: Fault::None,
+        })
+    };
+    let force = |fault| Step::Sem(SemStep::ForceRelease { sem: 0, fault });
+    let steps = [
+        acquire(2, 1, 1, 383, Some(1397)),
+        acquire(1, 0, 2, 610, None),
+        force(Fault::Retried),
+        acquire(0, 1, 2, 405, None),
+        acquire(4, 0, 1, 312, None),
+        force(Fault::None),
+        Step::Resend {
+            who: Who::Thread(1, 0),
+        },
+        force(Fault::Retried),
+        Step::Sem(SemStep::Evict {
+            sem: 0,
+            key: SemKey::Hash,
+        }),
+        Step::Sem(SemStep::Pop {
+            c: 4,
+            t: 0,
+            fault: Fault::Lost,
+            then: Fault::None,
+        }),
+        Step::Clock { ms: 202 },
+        acquire(1, 1, 2, 611, None),
+        Step::Clock { ms: 284 },
+        Step::Sleep { ms: 14 },
+        Step::Clock { ms: 6468 },
+        acquire(4, 1, 1, 754, Some(535)),
+    ];
+    replay_expecting_no_violation(&cfg, &steps);
 }
