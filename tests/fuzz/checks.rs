@@ -533,9 +533,13 @@ impl World {
         for (key, pttl) in &snap.keys {
             let ok = if key.ends_with(":fence") {
                 *pttl > 0
-            } else if key.ends_with("}:sem") {
-                // a semaphore's hash without holds (checked above): kind, capacity and the
-                // receipts, kept as long as its last queue could live (QUEUE_TTL)
+            } else if key.ends_with("}:sem")
+                || key.ends_with("}:sem:leases")
+                || key.ends_with("}:sem:handoffs")
+            {
+                // a semaphore's hash without live holds (checked above): kind, capacity, the
+                // receipts and expired holds, kept as long as its last queue could live
+                // (QUEUE_TTL), with its leases and hand-offs
                 let queue_ttl = (2 * self.cfg.waiter_timeout_ms).max(600_000) as i64;
                 *pttl > 0 && *pttl <= queue_ttl + behind
             } else if !key.contains("}:") {

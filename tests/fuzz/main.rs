@@ -79,8 +79,9 @@
 //! stops at the first head that does not fit), a live waiter keeps its place, and a live
 //! waiter's hand-off stays until its lease could end. (5) liveness: in the quiet phase every
 //! thread also gets permits once (a read/write lock's thread 0 a write), and each semaphore ends
-//! with no hold and no waiter, nothing left but the fence, a hash without holds (kind, capacity,
-//! receipts) within the queue's TTL, wake lists and left marks. (6) no ghost hold: a new hold
+//! with no live hold and no waiter, nothing left but the fence, a hash without live holds (kind,
+//! capacity, receipts, holds whose lease ran out, which the next writing script removes: counted)
+//! with its leases and hand-offs within the queue's TTL, wake lists and left marks. (6) no ghost hold: a new hold
 //! only for an attempt under way. (7) is not mirrored: in a try-only ending the crashing clients
 //! also queue for all of a semaphore's permits (dead waiters), which only liveness then judges.
 //! (8) waiters entries only for queued owners. Also: replies the
