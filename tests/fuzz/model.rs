@@ -210,6 +210,7 @@ impl Client {
                     sem_permits: 0,
                     sem_calling: None,
                     sem_unsure_end: HashSet::new(),
+                    sem_marked: HashSet::new(),
                 })
                 .collect(),
             id,
@@ -251,6 +252,9 @@ pub struct Thread {
     /// As `calling` and `unsure_end`, for the semaphores.
     pub sem_calling: Option<(usize, u64)>,
     pub sem_unsure_end: HashSet<(usize, u64)>,
+    /// (semaphore, attempt) of attempts whose end asked for a left mark: if the marks key is
+    /// evicted, a late copy of their acquire may act (they join `sem_unsure_end`).
+    pub sem_marked: HashSet<(usize, u64)>,
 }
 
 impl Thread {

@@ -554,6 +554,13 @@ pub fn sem_acquire_of(label: &str) -> Option<(usize, u64)> {
 }
 
 impl World {
+    /// An ending call of `attempt` that asks for a left mark (`mark`) is about to go out.
+    fn note_mark(&mut self, c: usize, t: usize, sem: usize, attempt: u64, mark: bool) {
+        if mark {
+            self.clients[c].threads[t].sem_marked.insert((sem, attempt));
+        }
+    }
+
     pub fn sem_state(&mut self, c: usize, t: usize) -> &mut State {
         &mut self.clients[c].threads[t].sem
     }
@@ -798,6 +805,7 @@ impl World {
     pub fn sem_leave_quietly(&mut self, c: usize, t: usize, plan: Plan, fault: Fault) {
         let owner = self.owner(c, t);
         self.say(format!("; sem leave pass attempt={}", plan.attempt));
+        self.note_mark(c, t, plan.lock, plan.attempt, plan.unanswered);
         let call = self.sems[plan.lock].leave(&owner, plan.attempt, plan.unanswered, false);
         let label = format!("c{c}:t{t} sem leave pass attempt={}", plan.attempt);
         let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
@@ -971,6 +979,7 @@ impl World {
         let owner = self.owner(c, t);
         self.say(format!("c{c}:t{t} sem release token={}", h.token));
         let mark = h.late_acquire.is_some();
+        self.note_mark(c, t, h.lock, h.attempt, mark);
         let call = self.sems[h.lock].release(&owner, h.attempt, h.token, mark);
         let label = format!("c{c}:t{t} sem release token={}", h.token);
         let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
@@ -1028,6 +1037,7 @@ impl World {
                 // when a copy of its acquire may still arrive
                 if h.late_acquire.is_some() {
                     self.say("; its permit is dropped");
+                    self.note_mark(c, t, h.lock, h.attempt, true);
                     let call = self.sems[h.lock].release(&owner, h.attempt, h.token, true);
                     let label = format!("c{c}:t{t} sem release token={}", h.token);
                     let s = self.exec(Some(Who::Thread(c, t)), label, call, Fault::None);
@@ -1057,6 +1067,7 @@ impl World {
             "c{c}:t{t} deadline: sem leave claim attempt={}",
             plan.attempt
         ));
+        self.note_mark(c, t, plan.lock, plan.attempt, plan.unanswered);
         let call = self.sems[plan.lock].leave(&owner, plan.attempt, plan.unanswered, true);
         let label = format!("c{c}:t{t} sem leave claim attempt={}", plan.attempt);
         let outer = self.clients[c].threads[t]
@@ -1256,13 +1267,14 @@ impl World {
             SemKey::Left => {
                 // every attempt that ended with a mark may have its late copy act now
                 for cl in &mut self.clients {
-                    let upto = cl.next_attempt.saturating_sub(1);
                     for th in &mut cl.threads {
-                        for a in 1..=upto {
-                            if a > th.marks_lost_upto {
-                                th.sem_unsure_end.insert((sem, a));
-                            }
-                        }
+                        let marked: Vec<(usize, u64)> = th
+                            .sem_marked
+                            .iter()
+                            .filter(|m| m.0 == sem)
+                            .copied()
+                            .collect();
+                        th.sem_unsure_end.extend(marked);
                     }
                 }
                 format!("{}:left", names[0])
