@@ -11,7 +11,8 @@
 -- A waiter's entry (state.lua) carries the permits it wants in front of its meta: "k;meta".
 -- Network: a hold is named by owner and attempt, so a repeated acquire finds its own hold and a
 -- release or renewal acts only on the hold of its attempt and token; receipts answer a repeated
--- release. Expiry is by the leases zset, on the server clock (as the mutex's TTLs).
+-- release. Expiry is by the leases zset, on the server clock (as the mutex's TTLs); a hold whose
+-- entry there was lost (the zset evicted) gets its whole lease again from the next script.
 
 local S
 
@@ -19,8 +20,12 @@ local S
 local function read_sem(keys)
   k.leases, k.handoffs = keys[5], keys[6]
   local v = read(k.lock, 'HMGET', '~kind', '~cap', '~used', '~token', '~released')
+  local fields = 0
+  for i = 1, 5 do
+    if v[i] then fields = fields + 1 end
+  end
   S = { kind = v[1], cap = tonumber(v[2]), used = tonumber(v[3]) or 0, token = tonumber(v[4]),
-        released = v[5] or '', unread = not v[1] }
+        released = v[5] or '', unread = not v[1], fields = fields }
   if S.unread and redis.call('EXISTS', k.lock) == 1 then
     refuse(k.lock, "a hash without fairlock's semaphore fields")
   end
@@ -101,8 +106,31 @@ local function revoke_dead_grantees()
   end
 end
 
+-- Holds without a lease entry (the leases zset was evicted, or lost apart from the hash) would
+-- never expire: each gets one from now for its whole lease, at least as long as its holder
+-- counts on. Found out in O(1) (the hash's field count against the zset's); only a repair reads
+-- every hold.
+local function repair_leases()
+  if S.used == 0 then return end
+  local holds = redis.call('HLEN', k.lock) - S.fields
+  if holds <= read(k.leases, 'ZCARD') then return end
+  local all, longest = redis.call('HGETALL', k.lock), 0
+  for i = 1, #all, 2 do
+    local id = all[i]
+    if string.sub(id, 1, 1) ~= '~' and not redis.call('ZSCORE', k.leases, id) then
+      local h = parse_hold(all[i + 1])
+      if h then
+        redis.call('ZADD', k.leases, fmt(now_ms() + h.lease), id)
+        longest = math.max(longest, h.lease)
+      end
+    end
+  end
+  if longest > 0 then keep_sem(longest) end
+end
+
 -- Remove the holds whose lease ran out (server clock) and give their permits back.
 local function expire_holds()
+  repair_leases()
   local gone = read(k.leases, 'ZRANGEBYSCORE', '-inf', now_ms())
   for _, id in ipairs(gone) do
     local h = parse_hold(redis.call('HGET', k.lock, id))

@@ -2,6 +2,7 @@
 -- back and the heads that fit granted; a waiter whose place is gone is told to retry.
 -- ARGV: [3..] owner, attempt pairs. Returns {used, capacity or '', grants made, last token,
 -- ms until the next hold's lease ends (-1: no hold), told...}
+-- A hand-offs entry whose hold is gone (its hash evicted) is dropped, never taken for a grant.
 -- Network: refreshes only entries of the attempts named; a late copy refreshes a live entry a
 -- little early (its deadline is the copy's arrival + the waiter timeout), or tells an attempt
 -- that has ended to retry, which its client drops.
@@ -12,7 +13,14 @@ return run(function()
     local owner, attempt = ARGV[i], tonumber(ARGV[i + 1])
     local w = waiter_entry(owner)
     local id = hold_id(owner, attempt)
-    if redis.call('ZSCORE', k.handoffs, id) then
+    local handoff = redis.call('ZSCORE', k.handoffs, id)
+    if handoff and not redis.call('HGET', k.lock, id) then
+      -- the hold went with an evicted hash: the entry is stale (the attempt may have queued
+      -- again, and its place must be refreshed below, not mistaken for a hand-off)
+      redis.call('ZREM', k.handoffs, id)
+      handoff = nil
+    end
+    if handoff then
       -- granted, its wake-up not popped yet, and its client alive: more time to pop it
       redis.call('ZADD', k.handoffs, fmt(now_ms() + WAITER_TTL), id)
     elseif w and w.attempt == attempt and read(k.queue, 'ZSCORE', owner) then
