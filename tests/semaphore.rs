@@ -404,6 +404,27 @@ fn a_permit_released_by_force_is_told_lost_and_its_release_changes_nothing() {
     t.join().unwrap();
 }
 
+/// `force_release` says whether it released the hold: one its holder had already given back
+/// itself (whose release left a receipt) was not released by force, so it returns false, its
+/// first call as its repeat (found by the chaos harness's `sem` workload: an operator read the
+/// hold with `status()`, the holder released it, and the force-release and its retry both
+/// reported a release, from the receipt).
+#[test]
+fn a_force_release_of_a_hold_its_holder_gave_back_reports_nothing_released() {
+    let server = RedisServer::start();
+    let client = client_for(&server);
+    let sem = client.semaphore("given-back", 2).unwrap();
+    let p = sem.acquire().unwrap();
+    let (id, token) = (p.hold_id(), p.fencing_token());
+    p.release().unwrap();
+    assert!(
+        !sem.force_release(&id, token).unwrap(),
+        "a hold released by its holder was reported released by force"
+    );
+    assert!(!sem.force_release(&id, token).unwrap());
+    assert_eq!(sem.status().unwrap().permits_held, 0);
+}
+
 /// Guarantee 5: capacity is part of the state. A handle with another capacity, or a read/write
 /// lock of the same name, is refused while the state lives; a raise grants the waiters that
 /// now fit; a cut revokes nothing and grants nothing until the permits held fit it; a waiter
