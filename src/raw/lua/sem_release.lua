@@ -39,6 +39,9 @@ return run(function()
     if ghost and ghost.attempt == attempt then forget_waiter(owner) end
     mark_left(owner, attempt)
   end
-  if has_receipt(S.released, token) then return { 'released', 0 } end
+  -- a receipt answers the holder's own repeated release, never a forced one: the hold was given
+  -- back by its holder (or by an earlier call of this force-release, which leaves none), not by
+  -- this call
+  if not force and has_receipt(S.released, token) then return { 'released', 0 } end
   return { 'not_held' }
 end)
