@@ -289,6 +289,8 @@ pub fn run(s: &Scenario, children: &ChildTest) -> Report {
     run.inject_faults();
     run.phase("quiet");
     thread::sleep(s.quiet_time);
+    // what the server holds for each name at the end of the quiet phase, for a liveness report
+    run.log_lock_state();
     run.phase("stop");
     let mut end = run.stop_workers();
     let keys_clean_after = run.check_keys(&mut end);
@@ -399,6 +401,41 @@ impl Run<'_> {
         };
         self.log(&format!("SPAWN {idx} {}", w.pid()));
         self.workers.push(w);
+    }
+
+    /// Log (`LOG state ...`) each name's keys on its master: the lock hash, or the semaphore's
+    /// hash, leases, hand-offs, queue and waiters, with the server's time.
+    fn log_lock_state(&self) {
+        for name in &self.locks {
+            let Some(mut c) = self.lock_conn(name) else {
+                self.log(&format!("LOG state {name}: no connection"));
+                continue;
+            };
+            let time: Vec<String> = redis::cmd("TIME").query(&mut c).unwrap_or_default();
+            let mut parts = vec![format!("time={}", time.join("."))];
+            let base = format!("fairlock:{{{name}}}");
+            for (key, how) in [
+                (base.clone(), "HGETALL"),
+                (format!("{base}:waiters"), "HGETALL"),
+                (format!("{base}:sem"), "HGETALL"),
+                (format!("{base}:sem:leases"), "ZRANGE"),
+                (format!("{base}:sem:handoffs"), "ZRANGE"),
+                (format!("{base}:sem:queue"), "ZRANGE"),
+                (format!("{base}:sem:waiters"), "HGETALL"),
+            ] {
+                let mut cmd = redis::cmd(how);
+                cmd.arg(&key);
+                if how == "ZRANGE" {
+                    cmd.arg(0).arg(-1).arg("WITHSCORES");
+                }
+                let v: Vec<String> = cmd.query(&mut c).unwrap_or_default();
+                let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c).unwrap_or(-3);
+                if !v.is_empty() {
+                    parts.push(format!("{key}(pttl {pttl})={v:?}"));
+                }
+            }
+            self.log(&format!("LOG state {name}: {}", parts.join(" ")));
+        }
     }
 
     /// The single-node mode's server, proxies and operator.
