@@ -417,6 +417,63 @@ fn a_permit_released_by_force_is_told_lost_and_its_release_changes_nothing() {
     t.join().unwrap();
 }
 
+/// `force_release` says whether it released the hold: one its holder had already given back
+/// itself (whose release left a receipt) was not released by force, so it returns false, its
+/// first call as its repeat (found by the chaos harness's `sem` workload: an operator read the
+/// hold with `status()`, the holder released it, and the force-release and its retry both
+/// reported a release, from the receipt).
+#[test]
+fn a_force_release_of_a_hold_its_holder_gave_back_reports_nothing_released() {
+    let server = RedisServer::start();
+    let client = client_for(&server);
+    let sem = client.semaphore("given-back", 2).unwrap();
+    let p = sem.acquire().unwrap();
+    let (id, token) = (p.hold_id(), p.fencing_token());
+    p.release().unwrap();
+    assert!(
+        !sem.force_release(&id, token).unwrap(),
+        "a hold released by its holder was reported released by force"
+    );
+    assert!(!sem.force_release(&id, token).unwrap());
+    assert_eq!(sem.status().unwrap().permits_held, 0);
+}
+
+/// Crash safety: the permits of a holder that died come back at its lease end, also when the
+/// semaphore's hash outlives its leases zset. The hash's TTL is the queue's once anyone queued
+/// (10 min), the zset's only the lease of the last hold written when it was created anew (its
+/// last member gone); so the dead holder's lease entry and the zset expired at one moment,
+/// before any script could see the entry due, and its permits stayed taken for as long as the
+/// hash lived (found by the chaos harness's `rw` workload in the Sentinel mode: after a
+/// failover with no traffic on the new master, three reads outlived their leases and a writer
+/// at the head waited for ever).
+#[test]
+fn a_dead_holders_permits_come_back_after_the_queue_kept_the_hash_alive() {
+    let server = RedisServer::start();
+    let client = client_for(&server);
+    let sem = client.semaphore("outlived", 1).unwrap();
+    let fixed = sem.with_fixed_lease(Duration::from_millis(300)).unwrap();
+    // someone queues: the hash (and the zset, while it exists) live for the queue's TTL
+    let first = sem.acquire().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let (t, release) = taker(&sem, "queued", 1, &tx);
+    assert!(waiting(&sem, 1));
+    first.release().unwrap();
+    rx.recv_timeout(SECS_30).unwrap();
+    release.send(()).unwrap();
+    t.join().unwrap();
+    // the zset's last member is gone with that release; a holder that dies (no release, no
+    // renewal) is the only hold when the zset is created again
+    let dead = fixed.acquire().unwrap();
+    std::mem::forget(dead);
+    thread::sleep(Duration::from_millis(600));
+    let next = sem.try_acquire_for(Duration::from_secs(3)).unwrap();
+    assert!(
+        next.is_some(),
+        "the dead holder's permit never came back: {:?}",
+        sem.status().unwrap()
+    );
+}
+
 /// Guarantee 5: capacity is part of the state. A handle with another capacity, or a read/write
 /// lock of the same name, is refused while the state lives; a raise grants the waiters that
 /// now fit; a cut revokes nothing and grants nothing until the permits held fit it; a waiter

@@ -50,10 +50,16 @@ local function wanted(w)
   return tonumber(string.match(w.meta, '^(%d+);')) or 1
 end
 
--- Keep the semaphore's hash and leases for at least `ttl` ms (never shortening them).
+-- Keep the semaphore's hash and leases for at least `ttl` ms (never shortening them). The
+-- leases zset lives as long as the hash: a hold's permits come back only through its entry
+-- there, so a zset that expired before the hash (with a dead holder's entry, at the moment it
+-- fell due) would keep those permits taken for as long as the hash lives (the queue's TTL).
 local function keep_sem(ttl)
   if redis.call('PTTL', k.lock) < ttl then redis.call('PEXPIRE', k.lock, ttl) end
-  if redis.call('PTTL', k.leases) < ttl then redis.call('PEXPIRE', k.leases, ttl) end
+  local hash_ttl = redis.call('PTTL', k.lock)
+  if hash_ttl > 0 and redis.call('PTTL', k.leases) < hash_ttl then
+    redis.call('PEXPIRE', k.leases, hash_ttl)
+  end
 end
 
 -- Give back the permits of hold `id` (parsed `h`).

@@ -39,8 +39,9 @@ return run(function()
     if ghost and ghost.attempt == attempt then forget_attempt(owner, ghost) end
     mark_left(owner, attempt)
   end
-  -- a forced release reads no receipt either: the holder's own release (or an earlier forced
-  -- one) already gave the hold back, so this one released nothing
+  -- a receipt answers the holder's own repeated release, never a forced one: the hold was given
+  -- back by its holder (or by an earlier call of this force-release, which leaves none), not by
+  -- this call
   if not force and has_receipt(S.released, token) then return { 'released', 0 } end
   return { 'not_held' }
 end)
