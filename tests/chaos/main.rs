@@ -20,6 +20,16 @@
 //! replication explains (a grant a killed master took with it) are counted apart and are no
 //! violations (`chaos/checker.rs`, 9.). They stay out of the short mode: a failover with the
 //! rejoin of the old master takes 5 to 20 s, so a round that sees a few is minutes long.
+//!
+//! Every mode runs one of three workloads (`FAIRLOCK_CHAOS_WORKLOAD`, or `scripts/chaos.sh
+//! [SECONDS] [MODE] [mutex|sem|rw]`; `chaos/workload.rs`): `mutex` (the default, above), `sem`
+//! (each name a `Semaphore` of capacity 3, holds of 1 or 2 permits) or `rw` (each name an
+//! `RwLock`, a quarter of the holds writes with the counter and the fenced write). Each hold's
+//! interval is recorded from inside it; the checker's rule 10 (`chaos/checker.rs`) then asks
+//! for never more than the capacity at once (a write beside any other hold breaks it), with the
+//! mutex's exemptions, tokens unique and rising where the grant order is known, FIFO, liveness,
+//! the force-release rules and clean keys. Their rounds are `target/chaos/<workload>-*/`, their
+//! totals `summary[-<mode>]-<workload>.json`; the short mode runs the mutex only.
 
 #[path = "../support/mod.rs"]
 mod support;
