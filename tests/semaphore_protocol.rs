@@ -1,4 +1,4 @@
-//! The semaphore's scripts (prototype, `src/raw/lua/sem*.lua`) against a real redis-server,
+//! The semaphore's scripts (`src/raw/lua/sem*.lua`) against a real redis-server,
 //! through the raw layer (`fairlock::raw::RawSemaphore`, as the function library): capacity, weighted FIFO without overtaking, the read/write shape, expiry,
 //! repeats and capacity mismatch; and a seeded random driver that checks, after every step, that
 //! the permits held never exceed the capacity and that `~used` is their sum.

@@ -91,8 +91,8 @@
 //! force-released holds and holds whose hash was evicted or lost with all data are released from
 //! check 1 (by token); tokens after a fence loss on a stepped-back clock; late acquires of
 //! attempts whose mark was lost (a lost or late ending leave/release, a stray duplicate, an
-//! evicted marks key) or lost with all data; and, as the design's prototype keeps hand-off
-//! deadlines on the server clock (`docs/semaphore-design.md`), a hand-off to a live waiter
+//! evicted marks key) or lost with all data; and, as the semaphore keeps hand-off
+//! deadlines on the server clock (`docs/semaphores.md`), a hand-off to a live waiter
 //! revoked after a forward clock step (liveness, never safety: the wake-up goes with it).
 //!
 //! Also: replies the scripts never give (a stale answer to a thread's newest attempt, a busy

@@ -1583,8 +1583,8 @@ impl World {
                             && !self.sem_checker.exempt[w.lock].contains(&h.token)
                         {
                             if w.grant_forward.is_some_and(|g| g < forward_now) {
-                                // the prototype's hand-off deadline is on the server clock
-                                // (docs/semaphore-design.md): a forward step revokes early
+                                // the hand-off deadline is on the server clock
+                                // (docs/semaphores.md): a forward step revokes early
                                 self.stats.add(
                                     "exempt: sem hand-off revoked after a forward clock step",
                                     1,

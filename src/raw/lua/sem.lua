@@ -1,6 +1,6 @@
--- sem.lua (prototype): helpers of the semaphore's scripts, after common.lua and state.lua (whose
+-- sem.lua: helpers of the semaphore's scripts, after common.lua and state.lua (whose
 -- queue, waiters, wake-list and left-mark helpers it reuses as they are). See
--- docs/semaphore-design.md. KEYS of every semaphore script: [1] the semaphore's hash
+-- docs/semaphores.md. KEYS of every semaphore script: [1] the semaphore's hash
 -- (P:{N}:sem) [2] its fence [3] its queue [4] its waiters [5] its leases (zset hold -> expiry ms)
 -- [6] its hand-offs (zset hold granted by another's script, its wake-up not known to be popped
 -- -> the grantee's deadline, server ms).
@@ -95,7 +95,7 @@ end
 
 -- Revoke the hand-offs whose grantee let its deadline pass without popping its wake-up (a dead
 -- grantee: its permits go on at once, not after its lease). One whose wake-up was popped is
--- confirmed instead (removed from the zset): its holder has it. Prototype: the deadline is on
+-- confirmed instead (removed from the zset): its holder has it. The deadline is on
 -- the server clock, so a forward step can revoke an unpopped grant early (liveness, never
 -- safety: the wake-up goes with the hold, so it cannot be popped after).
 local function revoke_dead_grantees()

@@ -1,4 +1,4 @@
--- sem_heartbeat.lua (prototype): a client's waiting attempts, refreshed; expired holds given
+-- sem_heartbeat.lua: a client's waiting attempts, refreshed; expired holds given
 -- back and the heads that fit granted; a waiter whose place is gone is told to retry.
 -- ARGV: [3..] owner, attempt pairs. Returns {used, capacity or '', grants made, last token,
 -- ms until the next hold's lease ends (-1: no hold), told...}

@@ -1,4 +1,4 @@
--- sem_renew.lua (prototype): extend one hold's lease, never shortening it.
+-- sem_renew.lua: extend one hold's lease, never shortening it.
 -- ARGV: [3] owner [4] attempt [5] token [6] lease ms. Returns 1 (renewed) or 0 (not held).
 -- Network: acts only on the hold of that attempt and token; a repeat or a late copy extends at
 -- most to its own send time + lease, never below what a later renewal set.
