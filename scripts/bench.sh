@@ -4,7 +4,10 @@
 # acquisition (per script for fairlock); fairlock, the redlock crate and the naive lock, in RTTs;
 # what waiting threads cost (connections, memory, hand-off with 1-256 waiters; fairlock);
 # fairlock on a 3-master Redis Cluster next to one node, and over TLS next to plain TCP
-# (hand-off, contended throughput).
+# (hand-off, contended throughput); the semaphore and the read/write lock beside the mutex
+# (hand-off, throughput; cost with 1-256 holders, hand-off with 1-256 waiters), and node
+# redis-semaphore's Semaphore on the same server (hand-off, throughput; when node and npm are
+# installed; written to <out>-redis-semaphore.json).
 #
 #   scripts/bench.sh [--quick] [--out PATH] [--only SECTIONS]
 #
@@ -12,7 +15,7 @@
 # tables. The full run takes about 4.5 minutes after the build; --quick (what CI runs) checks that
 # everything still works in well under a minute and its numbers mean nothing.
 # --only SECTIONS (comma-separated: micro, handoff, throughput, fifo, scaling, scripts, waiting,
-# cluster, tls) runs those sections of the driver only, and skips the criterion micro benchmarks
+# cluster, tls, semaphore) runs those sections of the driver only, and skips the criterion micro benchmarks
 # unless "micro" is among them.
 # Benchmarks are not tests: nothing here fails on a slow figure, only on a broken run.
 set -euo pipefail
@@ -98,3 +101,18 @@ fi
 echo "== driver${quick:+ (quick)}" >&2
 mkdir -p "$(dirname "$out")"
 cargo bench --quiet --all-features --bench driver -- $quick --out "$out" --criterion "$target_dir/criterion" "${only[@]}"
+
+# node redis-semaphore's Semaphore on the same server, for the semaphore's tables (sections
+# handoff and semaphore); skipped without node and npm, or when npm cannot fetch the packages
+if [ ${#only[@]} -eq 0 ] || [[ ",${only[1]}," == *,handoff,* || ",${only[1]}," == *,semaphore,* ]]; then
+  peer=benches/peers/redis-semaphore
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    echo "== peer redis-semaphore skipped: node and npm are not installed" >&2
+  elif ! (cd "$peer" && npm ci --no-audit --no-fund --silent >&2); then
+    echo "== peer redis-semaphore skipped: npm could not install it" >&2
+  else
+    echo "== peer: node redis-semaphore" >&2
+    if [ -n "$quick" ]; then peer_args=(20 0.5); else peer_args=(200 4); fi
+    node "$peer/handoff.js" "$BENCH_URL" "${peer_args[@]}" "${out%.json}-redis-semaphore.json"
+  fi
+fi

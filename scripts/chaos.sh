@@ -17,12 +17,21 @@
 # as no violation; everything else fails the run. Totals in target/chaos/summary-sentinel.json
 # and summary-cluster.json (per round: target/chaos/sentinel-NN/, cluster-NN/).
 #
-#   scripts/chaos.sh [SECONDS] [MODE]   SECONDS default 600 (per mode); MODE:
+#   scripts/chaos.sh [SECONDS] [MODE] [WORKLOAD]   SECONDS default 600 (per mode); MODE:
 #     single    (default) one redis-server behind the proxy, the run described first
 #     sentinel  a Sentinel group
 #     cluster   a Redis Cluster
 #     tls       a Sentinel group that speaks TLS only (rediss+sentinel:// URL)
 #     all       single, sentinel, cluster and tls one after another, SECONDS each
+#   WORKLOAD (or FAIRLOCK_CHAOS_WORKLOAD; default mutex) is what the workers contend for:
+#     mutex     a fair lock per name (the run described above)
+#     sem       a fairlock::Semaphore of capacity 3 per name, holds of 1-2 permits; checked for
+#               never more than 3 permits held at once, tokens unique and rising where the
+#               grant order is known, FIFO, liveness, keys, force-releases (tests/chaos/checker.rs, 10.)
+#     rw        a fairlock::RwLock per name, a quarter of the holds writes (the counter and the
+#               fenced write of the mutex workload); a write beside any other hold is a violation
+#   The sem and rw runs write their totals to target/chaos/summary[-MODE]-WORKLOAD.json and their
+#   rounds to target/chaos/WORKLOAD-*/.
 #   FAIRLOCK_CHAOS_SEED=N           replay a fault schedule (the seed is printed per round)
 # The short mode (two 40 s single-node scenarios and a 20 s TLS Sentinel one) runs in
 # scripts/test.sh.
@@ -30,10 +39,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-usage="usage: scripts/chaos.sh [SECONDS] [single|sentinel|cluster|tls|all]"
+usage="usage: scripts/chaos.sh [SECONDS] [single|sentinel|cluster|tls|all] [mutex|sem|rw]"
 seconds=${1:-600}
 mode=${2:-single}
+workload=${3:-${FAIRLOCK_CHAOS_WORKLOAD:-mutex}}
 require_count "$seconds" "$usage"
+case "$workload" in
+  mutex|sem|rw) export FAIRLOCK_CHAOS_WORKLOAD="$workload" ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac
 case "$mode" in
   single) tests=(chaos_long) ;;
   sentinel) tests=(chaos_long_sentinel) ;;
@@ -46,7 +60,7 @@ esac
 ensure_test_tools
 failed=()
 for test in "${tests[@]}"; do
-  echo "== chaos long mode ${test} for ${seconds} s (release build)"
+  echo "== chaos long mode ${test}, ${workload} workload, for ${seconds} s (release build)"
   FAIRLOCK_CHAOS_SECS="$seconds" run_long_mode chaos "$test" || failed+=("$test")
 done
 if [ "${#failed[@]}" -gt 0 ]; then

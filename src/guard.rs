@@ -40,8 +40,8 @@ impl LockGuard {
         let state = Arc::new(HoldState::new(lock.name(), token, expires, labelled));
         let renewal = lock.renewed_lease().map(|lease| {
             lock.client().watchdog.register(
-                lock.raw().clone(),
-                lock.client().owner(),
+                lock.raw().renew(&lock.client().owner(), token, lease),
+                lock.raw().key_names()[0].to_string(),
                 token,
                 lease,
                 state.clone(),

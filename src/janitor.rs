@@ -33,7 +33,7 @@ use parking_lot::Mutex;
 use crate::boot_clock::BootInstant;
 use crate::connection::{with_pooled, Pool};
 use crate::error::{Error, Result};
-use crate::raw::{self, RawLock, Witness};
+use crate::raw::{self, RawLock, RawSemaphore, Witness};
 
 /// A waiting attempt's witness (see `lease_estimate`), shared by its thread and the janitor,
 /// whose heartbeats renew it.
@@ -43,8 +43,36 @@ pub(crate) type SharedWitness = Arc<Mutex<Witness<BootInstant>>>;
 /// any margin works; this one keeps us from looking a hair too early).
 const EXPIRY_MARGIN: Duration = Duration::from_millis(5);
 
+/// What waiters wait for: a lock, or a semaphore's (or read/write lock's) permits.
+#[derive(Clone)]
+pub(crate) enum Target {
+    Lock(Arc<RawLock>),
+    Semaphore(Arc<RawSemaphore>),
+}
+
+impl Target {
+    fn key(&self) -> &str {
+        match self {
+            Target::Lock(raw) => &raw.keys().lock,
+            Target::Semaphore(raw) => raw.key_names()[0],
+        }
+    }
+}
+
+impl From<&Arc<RawLock>> for Target {
+    fn from(raw: &Arc<RawLock>) -> Target {
+        Target::Lock(raw.clone())
+    }
+}
+
+impl From<&Arc<RawSemaphore>> for Target {
+    fn from(raw: &Arc<RawSemaphore>) -> Target {
+        Target::Semaphore(raw.clone())
+    }
+}
+
 struct Waiting {
-    raw: Arc<RawLock>,
+    target: Target,
     /// owner -> the attempt it is waiting with, and that attempt's witness, which each
     /// heartbeat renews (see `lease_estimate`)
     attempts: HashMap<String, (u64, SharedWitness)>,
@@ -98,18 +126,19 @@ impl Janitor {
     /// Each heartbeat also renews the attempt's `witness`.
     pub fn register(
         &self,
-        raw: &Arc<RawLock>,
+        target: impl Into<Target>,
         owner: &str,
         attempt: u64,
         holder_pttl: Duration,
         witness: SharedWitness,
     ) {
+        let target = target.into();
         let mut registry = self.registry.lock();
         registry
             .locks
-            .entry(raw.keys().lock.clone())
+            .entry(target.key().to_string())
             .or_insert_with(|| Waiting {
-                raw: raw.clone(),
+                target,
                 attempts: HashMap::new(),
             })
             .attempts
@@ -123,9 +152,9 @@ impl Janitor {
         }
     }
 
-    pub fn unregister(&self, raw: &RawLock, owner: &str) {
+    /// `owner` no longer waits on the lock (or semaphore) with key `key`.
+    pub fn unregister(&self, key: &str, owner: &str) {
         let mut registry = self.registry.lock();
-        let key = &raw.keys().lock;
         if let Some(w) = registry.locks.get_mut(key) {
             w.attempts.remove(owner);
             if w.attempts.is_empty() {
@@ -201,56 +230,96 @@ fn check_aside(check: &ServerCheck, checking: &Arc<AtomicBool>) {
     }
 }
 
-/// One heartbeat for every lock with local waiters. Returns when to look again early (the
-/// soonest end of a holder's lease), if any.
+/// One heartbeat for every lock (and semaphore) with local waiters. Returns when to look again
+/// early (the soonest end of a holder's lease), if any.
 fn tick(pool: &Pool, registry: &Mutex<Registry>) -> Option<BootInstant> {
-    let (calls, witnesses): (Vec<_>, Vec<Vec<SharedWitness>>) = registry
-        .lock()
-        .locks
-        .values()
-        .map(|w| {
-            let call = w.raw.heartbeat(
-                w.attempts
-                    .iter()
-                    .map(|(owner, (a, _))| (owner.as_str(), *a)),
-            );
-            (call, w.attempts.values().map(|(_, w)| w.clone()).collect())
-        })
-        .unzip();
-    if calls.is_empty() {
+    let mut lock_calls = Vec::new();
+    let mut sem_calls = Vec::new();
+    let (mut lock_witnesses, mut sem_witnesses): (Vec<Vec<SharedWitness>>, Vec<_>) =
+        (Vec::new(), Vec::new());
+    for w in registry.lock().locks.values() {
+        let attempts = w
+            .attempts
+            .iter()
+            .map(|(owner, (a, _))| (owner.as_str(), *a));
+        let witnesses = w.attempts.values().map(|(_, w)| w.clone()).collect();
+        match &w.target {
+            Target::Lock(raw) => {
+                lock_calls.push(raw.heartbeat(attempts));
+                lock_witnesses.push(witnesses);
+            }
+            Target::Semaphore(raw) => {
+                sem_calls.push(raw.heartbeat(attempts));
+                sem_witnesses.push(witnesses);
+            }
+        }
+    }
+    if lock_calls.is_empty() && sem_calls.is_empty() {
         return None;
     }
     let sent = BootInstant::now();
-    let replies = match with_pooled(pool, "refreshing waiters", |c| raw::run_pipeline(c, &calls)) {
-        Ok(replies) => replies,
-        Err(e) => {
-            log::warn!("fairlock: janitor could not reach Redis ({e}); retrying next interval");
-            return None;
-        }
-    };
+    // two pipelines, so that a failure of one kind's (say, a script its user may not run) does
+    // not cost the other kind's waiters their heartbeats
+    let lock_replies = run_heartbeats(pool, &lock_calls);
+    let sem_replies = run_heartbeats(pool, &sem_calls);
     let mut soonest: Option<BootInstant> = None;
-    for (reply, witnesses) in replies.into_iter().zip(witnesses) {
+    let mut look_at = |after: Duration| {
+        let at = sent + after + EXPIRY_MARGIN;
+        soonest = Some(soonest.map_or(at, |s: BootInstant| s.min(at)));
+    };
+    for (reply, witnesses) in lock_replies.into_iter().zip(lock_witnesses) {
         match reply {
             Ok(hb) => {
-                // the heartbeat ran after it was sent: a grant with a greater token came later
-                // (a waiter told to retry re-queues, and its acquire renews its witness anyway)
-                for witness in witnesses {
-                    witness.lock().observe(sent, hb.last_token);
-                }
-                crate::telemetry::requeued(hb.told_to_retry.len() as u64);
+                heard(sent, hb.last_token, &witnesses, &hb.told_to_retry);
                 crate::telemetry::repaired(u64::from(hb.repairs));
-                for owner in hb.told_to_retry {
-                    log::warn!(
-                        "fairlock: waiter {owner} had lost its queue place (presumed dead during a pause, a grant it never picked up lapsed, or Redis lost data); it queues again at the back"
-                    );
-                }
                 if hb.pttl_ms > 0 {
-                    let at = sent + Duration::from_millis(hb.pttl_ms as u64) + EXPIRY_MARGIN;
-                    soonest = Some(soonest.map_or(at, |s| s.min(at)));
+                    look_at(Duration::from_millis(hb.pttl_ms as u64));
+                }
+            }
+            Err(e) => log::warn!("fairlock: janitor heartbeat failed: {e}"),
+        }
+    }
+    for (reply, witnesses) in sem_replies.into_iter().zip(sem_witnesses) {
+        match reply {
+            Ok(hb) => {
+                heard(sent, hb.last_token, &witnesses, &hb.told_to_retry);
+                crate::telemetry::repaired(hb.grants);
+                if let Some(after) = hb.next_expiry {
+                    look_at(after);
                 }
             }
             Err(e) => log::warn!("fairlock: janitor heartbeat failed: {e}"),
         }
     }
     soonest
+}
+
+/// Send `calls` in one pipeline; none when Redis cannot be reached (logged; the next tick
+/// tries again).
+fn run_heartbeats<T>(pool: &Pool, calls: &[raw::Call<T>]) -> Vec<Result<T>> {
+    if calls.is_empty() {
+        return Vec::new();
+    }
+    match with_pooled(pool, "refreshing waiters", |c| raw::run_pipeline(c, calls)) {
+        Ok(replies) => replies,
+        Err(e) => {
+            log::warn!("fairlock: janitor could not reach Redis ({e}); retrying next interval");
+            Vec::new()
+        }
+    }
+}
+
+/// What a heartbeat (sent at `sent`) tells the waiters it spoke for.
+fn heard(sent: BootInstant, last_token: u64, witnesses: &[SharedWitness], told: &[String]) {
+    // the heartbeat ran after it was sent: a grant with a greater token came later (a waiter
+    // told to retry re-queues, and its acquire renews its witness anyway)
+    for witness in witnesses {
+        witness.lock().observe(sent, last_token);
+    }
+    crate::telemetry::requeued(told.len() as u64);
+    for owner in told {
+        log::warn!(
+            "fairlock: waiter {owner} had lost its queue place (presumed dead during a pause, a grant it never picked up lapsed, or Redis lost data); it queues again at the back"
+        );
+    }
 }

@@ -49,6 +49,10 @@ pub(crate) enum KeyRole {
     /// The fence, the waiters hash, the left marks, a wake list or the replica-ack marker: keys
     /// a lock keeps without being held or waited for (the fence lives for days).
     Other,
+    /// A semaphore's (or read/write lock's) hash or queue: it may be held or waited for.
+    Semaphore,
+    /// Another key of a semaphore (`:sem:fence`, `:sem:leases`, a wake list...).
+    SemaphoreOther,
 }
 
 /// The `SCAN ... MATCH` pattern of every key of every lock under `prefix`: `<prefix>:{*}*`, the
@@ -78,6 +82,12 @@ pub(crate) fn lock_key_of<'k>(prefix: &str, key: &'k [u8]) -> Option<(&'k [u8], 
         b":queue" => KeyRole::Queue,
         b":fence" | b":waiters" | b":left" | b":replicated" => KeyRole::Other,
         _ if suffix.starts_with(b":wake:") && suffix.len() > b":wake:".len() => KeyRole::Other,
+        b":sem" | b":sem:queue" => KeyRole::Semaphore,
+        b":sem:fence" | b":sem:waiters" | b":sem:left" | b":sem:leases" | b":sem:handoffs"
+        | b":sem:replicated" => KeyRole::SemaphoreOther,
+        _ if suffix.starts_with(b":sem:wake:") && suffix.len() > b":sem:wake:".len() => {
+            KeyRole::SemaphoreOther
+        }
         _ => return None,
     };
     Some((name, role))
@@ -157,6 +167,14 @@ mod tests {
             KeyRole::Other
         );
         assert_eq!(of("fairlock:{a}:replicated").unwrap().1, KeyRole::Other);
+        assert_eq!(of("fairlock:{a}:sem").unwrap().1, KeyRole::Semaphore);
+        assert_eq!(of("fairlock:{a}:sem:queue").unwrap().1, KeyRole::Semaphore);
+        for other in ["fence", "waiters", "left", "leases", "handoffs", "wake:c1"] {
+            let key = format!("fairlock:{{a}}:sem:{other}");
+            assert_eq!(of(&key).unwrap().1, KeyRole::SemaphoreOther, "{key}");
+        }
+        assert_eq!(of("fairlock:{a}:sem:wake:"), None);
+        assert_eq!(of("fairlock:{a}:semx"), None);
         // an empty name is found (and refused later by validate_name)
         assert_eq!(of("fairlock:{}"), Some((&b""[..], KeyRole::Lock)));
         for foreign in [

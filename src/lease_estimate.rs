@@ -15,7 +15,10 @@
 //! janitor report that last token; the newest of them is the waiter's *witness*.
 //!
 //! A grant whose token does not exceed its witness's cannot be placed after it: it may be a
-//! grant that lapsed before the waiter queued again, still in flight. The waiter then asks Redis
+//! grant that lapsed before the waiter queued again, still in flight. Nor can any grant once a
+//! request reported a lower last token than an earlier one had: tokens went back (Redis lost a
+//! lock's fence while its clock was behind where it had been), so a grant from before the loss
+//! may carry a token above the witness's. The waiter then asks Redis
 //! (it runs acquire again with the same attempt, which returns the grant with its lease left if
 //! it is still the waiter's, and keeps the place otherwise). It asks too when the estimate would
 //! leave less than half the lease: an early estimate is safe, but one that early would make the
@@ -35,6 +38,10 @@ pub struct Witness<T> {
     /// The last token handed out when it ran (`u64::MAX`: no request has reported one yet, so no
     /// grant can be placed after it).
     pub last_token: u64,
+    /// The highest last token any request of the attempt reported. Above `last_token`, tokens
+    /// went back (Redis lost the fence while its clock was behind where it had been, or replies
+    /// came out of order): their order then places no grant, and every one is confirmed.
+    pub highest: u64,
 }
 
 impl<T: Copy + PartialOrd> Witness<T> {
@@ -43,6 +50,7 @@ impl<T: Copy + PartialOrd> Witness<T> {
         Witness {
             sent: now,
             last_token: u64::MAX,
+            highest: 0,
         }
     }
 
@@ -50,8 +58,15 @@ impl<T: Copy + PartialOrd> Witness<T> {
     /// and the witness so far. (Two requests of one attempt may be answered out of order: the
     /// janitor's heartbeat and a re-run of acquire.)
     pub fn observe(&mut self, sent: T, last_token: u64) {
+        let highest = self.highest.max(last_token);
         if self.last_token == u64::MAX || sent >= self.sent {
-            *self = Witness { sent, last_token };
+            *self = Witness {
+                sent,
+                last_token,
+                highest,
+            };
+        } else {
+            self.highest = highest;
         }
     }
 }
@@ -75,7 +90,7 @@ pub fn judge_handoff<T>(token: u64, witness: Witness<T>, lease: Duration, now: T
 where
     T: Copy + PartialOrd + Add<Duration, Output = T>,
 {
-    if token <= witness.last_token {
+    if token <= witness.last_token || witness.highest > witness.last_token {
         return Handoff::Confirm;
     }
     let expires = witness.sent + lease;
@@ -107,6 +122,7 @@ mod tests {
         Witness {
             sent: Ms(sent),
             last_token,
+            highest: last_token,
         }
     }
 
@@ -160,6 +176,23 @@ mod tests {
         );
     }
 
+    /// Found by the protocol fuzzer (seed 20261142): a grant (token 850981) popped before a
+    /// data loss, its delivery held up; Redis loses the lock with its fence while the server
+    /// clock is stepped back 29 s, so new tokens restart lower (821497172 < 850981); a heartbeat
+    /// of the same attempt reports the lower last token; then the old grant arrives. Its token
+    /// exceeds the witness's, so it was taken as made after the heartbeat, and held, while
+    /// Redis had given the lock to someone else. Tokens that went back say their order means
+    /// nothing now: every grant to this attempt is confirmed with Redis.
+    #[test]
+    fn after_the_last_token_went_back_every_grant_is_confirmed_with_redis() {
+        let mut w = Witness::none(Ms(0));
+        w.observe(Ms(10), 850_982);
+        w.observe(Ms(5000), 821_497);
+        assert_eq!(judge_handoff(850_981, w, LEASE, Ms(5001)), Handoff::Confirm);
+        // a grant of the new era too (its token can no more be placed than the old one's)
+        assert_eq!(judge_handoff(821_498, w, LEASE, Ms(5001)), Handoff::Confirm);
+    }
+
     #[test]
     fn the_witness_keeps_the_newest_request() {
         let mut w = Witness::none(Ms(0));
@@ -167,5 +200,10 @@ mod tests {
         w.observe(Ms(30), 7);
         w.observe(Ms(20), 6); // answered out of order: older, ignored
         assert_eq!(w, witness(30, 7));
+        // an older request that ran later (a higher token) leaves the witness, and shows that
+        // the order of tokens and of send times disagree
+        w.observe(Ms(25), 9);
+        assert_eq!((w.sent, w.last_token, w.highest), (Ms(30), 7, 9));
+        assert_eq!(judge_handoff(10, w, LEASE, Ms(31)), Handoff::Confirm);
     }
 }

@@ -45,6 +45,22 @@
 //! another thread ends that wait. However many threads of a client wait, they share one
 //! blocking connection ([`WaitMode`]).
 //!
+//! # Semaphores and read/write locks
+//!
+//! [`LockClient::semaphore`] gives a fair counting [`Semaphore`] ("at most N of these at once
+//! across the fleet"), [`LockClient::rw_lock`] a fair [`RwLock`]; both wait in the same FIFO
+//! queue, with leases, the watchdog, the janitor and fencing tokens as a lock's:
+//!
+//! ```no_run
+//! let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
+//! let slots = client.semaphore("render-slots", 4)?;
+//! let permit = slots.acquire()?;            // one of 4; released on drop
+//! let catalog = client.rw_lock("catalog")?;
+//! let read = catalog.read()?;               // many readers, or one writer
+//! # drop((permit, read));
+//! # Ok::<(), fairlock::Error>(())
+//! ```
+//!
 //! # Leases, lost locks and fencing
 //!
 //! A hold has a lease (30 s unless set otherwise), renewed every third of it while the guard
@@ -144,10 +160,14 @@ mod master_watch;
 pub mod raw;
 // Without the feature the protocol is the library's own; some of its calls serve only the
 // fuzzer, the benchmarks and tools.
+mod permit;
 #[cfg(not(feature = "raw"))]
 #[allow(dead_code, unused_imports)]
 mod raw;
 mod redact;
+mod rwlock;
+mod sem_attempt;
+mod semaphore;
 mod sentinel;
 mod server_check;
 mod status;
@@ -172,7 +192,10 @@ pub use list::{
 };
 pub use lock::{FairLock, WaitCanceller};
 pub use loss::{LossCause, LostHold};
+pub use permit::Permit;
 pub use redact::redact_url;
 /// The redis crate, whose types [`Error::Redis`] and the `raw` feature's calls carry.
 pub use redis;
+pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use semaphore::{PermitHolder, PermitWaiter, Semaphore, SemaphoreStatus, MAX_CAPACITY};
 pub use status::{Holder, LockStatus, Origin, Waiter};

@@ -13,6 +13,7 @@ use crate::client::LockClient;
 use crate::error::{Error, Result};
 use crate::keys::{lock_key_of, scan_pattern, validate_name, KeyRole};
 use crate::raw::{run_pipeline, RawLock};
+use crate::semaphore::SemaphoreStatus;
 use crate::status::LockStatus;
 
 /// How many keys each `SCAN` call looks at on a node (its `COUNT`): a node with N keys, of any
@@ -67,6 +68,9 @@ pub struct LockListing {
     /// as a whole is not a snapshot (a lock taken or released while it runs may or may not be
     /// in it).
     pub locks: Vec<LockStatus>,
+    /// The semaphores and read/write locks, sorted by name: held or with waiters, and with
+    /// [`ListOptions::include_idle`] idle ones too. A name may be both a lock and a semaphore.
+    pub semaphores: Vec<SemaphoreStatus>,
     /// Names under the prefix that are not fairlock's locks: a name the library refuses (not
     /// UTF-8, a control character, too long: [`Error::InvalidName`]), or a lock key holding
     /// another program's data ([`Error::ForeignData`]). Sorted by name.
@@ -167,12 +171,19 @@ impl LockClient {
         let inner = &self.inner;
         let prefix = inner.config.key_prefix.as_str();
         let pattern = scan_pattern(prefix);
-        let (found, foreign_keys, scanned) = inner.with_conn(DURING, |c| {
+        let (found, found_sems, foreign_keys, scanned) = inner.with_conn(DURING, |c| {
             let mut found = Found::new();
+            let mut sems = Found::new();
             let mut foreign = 0_u64;
             let scanned = c
                 .scan_masters(&pattern, LIST_SCAN_COUNT, |key| {
                     match lock_key_of(prefix, key) {
+                        Some((name, role @ (KeyRole::Semaphore | KeyRole::SemaphoreOther))) => {
+                            let active = role == KeyRole::Semaphore;
+                            if active || options.include_idle {
+                                *sems.entry(name.to_vec()).or_default() |= active;
+                            }
+                        }
                         Some((name, role)) => {
                             let active = role != KeyRole::Other;
                             if active || options.include_idle {
@@ -183,7 +194,7 @@ impl LockClient {
                     }
                 })
                 .map_err(|e| Error::from_redis(DURING, e))?;
-            Ok((found, foreign, scanned))
+            Ok((found, sems, foreign, scanned))
         })?;
 
         let mut skipped = Vec::new();
@@ -221,6 +232,7 @@ impl LockClient {
                 }
             }
         }
+        let semaphores = self.list_semaphores(found_sems, &options, &mut skipped)?;
         locks.sort_by(|a, b| a.name.cmp(&b.name));
         skipped.sort_by(|a, b| a.name.cmp(&b.name));
         let usual_hold = median(
@@ -230,12 +242,52 @@ impl LockClient {
         );
         Ok(LockListing {
             locks,
+            semaphores,
             skipped,
             foreign_keys,
             masters: scanned.masters,
             scan_calls: scanned.calls,
             usual_hold,
         })
+    }
+}
+
+impl LockClient {
+    /// The status of each semaphore name found; the idle ones only when asked for.
+    fn list_semaphores(
+        &self,
+        found: Found,
+        options: &ListOptions,
+        skipped: &mut Vec<SkippedName>,
+    ) -> Result<Vec<SemaphoreStatus>> {
+        // one status read per name (a semaphore listing is rarely long; locks are pipelined)
+        let mut sems = Vec::new();
+        for name in found.into_keys() {
+            match checked_name(name) {
+                Ok(name) => match self.semaphore(&name, 1) {
+                    Ok(sem) => sems.push(sem),
+                    Err(error) => skipped.push(SkippedName { name, error }),
+                },
+                Err(skip) => skipped.push(skip),
+            }
+        }
+        let mut out = Vec::new();
+        for sem in sems {
+            match sem.status() {
+                Ok(st) => {
+                    if options.include_idle || !st.holders.is_empty() || !st.waiters.is_empty() {
+                        out.push(st);
+                    }
+                }
+                Err(error @ Error::ForeignData { .. }) => skipped.push(SkippedName {
+                    name: sem.name().to_string(),
+                    error,
+                }),
+                Err(e) => return Err(e),
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
     }
 }
 
@@ -304,6 +356,7 @@ mod tests {
         );
         LockListing {
             locks,
+            semaphores: vec![],
             skipped: vec![],
             foreign_keys: 0,
             masters: 1,

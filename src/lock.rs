@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::hold::{self, Hold, HoldKey};
 use crate::raw::{self, LateAcquire, LeaveMode, RawLock};
+use crate::semaphore::Semaphore;
 use crate::status::LockStatus;
 use crate::telemetry::Outcome;
 
@@ -268,7 +269,7 @@ impl FairLock {
     /// (see [`WaitCanceller`]). Make it on the thread that will wait, before it waits.
     pub fn wait_canceller(&self) -> WaitCanceller {
         WaitCanceller {
-            lock: self.clone(),
+            target: Cancellable::Lock(self.clone()),
             owner: self.client.owner(),
             thread: self.client.thread_number(),
         }
@@ -442,7 +443,7 @@ pub(crate) fn ms(v: i64) -> Duration {
 /// ```
 #[derive(Clone)]
 pub struct WaitCanceller {
-    lock: FairLock,
+    target: Cancellable,
     owner: String,
     /// The waiting thread's number (its waker: see `Wakers::for_waiter`).
     thread: u64,
@@ -460,41 +461,75 @@ impl WaitCanceller {
     /// nothing and the thread keeps it. Without this the place lapses only when
     /// the janitor stops refreshing it, and a grant made to it meanwhile waits to be revoked.
     /// Does nothing when the thread is not waiting on this lock. The attempt is marked as left
-    /// (key `<prefix>:{name}:left`, for 10 minutes), so that if the waiting thread runs its
+    /// (key `<prefix>:{name}:left`, or `<prefix>:{name}:sem:left` for a semaphore, for 10
+    /// minutes), so that if the waiting thread runs its
     /// acquire again before the exit it gets an error instead of a new place.
     ///
     /// # Errors
     /// [`Error::Connection`] when Redis cannot be reached (the place then lapses by itself
     /// within a few janitor intervals).
     pub fn abandon(&self) -> Result<()> {
-        let lock = &self.lock;
-        let key = (lock.raw.keys().lock.clone(), self.owner.clone());
+        let (client, key) = match &self.target {
+            Cancellable::Lock(lock) => (&lock.client, lock.raw.keys().lock.clone()),
+            Cancellable::Semaphore(sem) => (sem.client_arc(), sem.raw().key_names()[0].into()),
+        };
+        let key = (key, self.owner.clone());
         // taken, not read: the waiting thread claims the same entry before it holds a grant,
         // so either it holds the lock and this does nothing, or this gives the wait up and the
         // thread gets Error::Abandoned (never both: a guard whose grant was passed on)
-        let Some(attempt) = lock.client.waiting.lock().remove(&key) else {
+        let Some(attempt) = client.waiting.lock().remove(&key) else {
             return Ok(());
         };
         // the waiting thread may be re-running its acquire right now: mark it as left, so that
         // run does nothing (its thread gets an error) instead of queueing again
-        let call = lock
-            .raw
-            .leave(&self.owner, attempt, LeaveMode::Pass, LateAcquire::Possible);
-        let left = lock.client.with_conn(call.during(), |c| call.run(c));
+        let left = match &self.target {
+            Cancellable::Lock(lock) => {
+                let call =
+                    lock.raw
+                        .leave(&self.owner, attempt, LeaveMode::Pass, LateAcquire::Possible);
+                client.with_conn(call.during(), |c| call.run(c)).map(|_| ())
+            }
+            Cancellable::Semaphore(sem) => {
+                let call = sem.raw().leave(&self.owner, attempt, true, false);
+                client.with_conn(call.during(), |c| call.run(c)).map(|_| ())
+            }
+        };
         // and the thread hears it now, not at its next wake-up: its acquire, run again, finds
         // the mark and returns Error::Abandoned (also when the leave failed: the entry is gone)
-        lock.client
+        client
             .wakers
             .for_waiter(&key.0, self.thread)
             .recheck(attempt);
-        left.map(|_| ())
+        left
+    }
+}
+
+/// What a [`WaitCanceller`] ends a wait for.
+#[derive(Clone)]
+enum Cancellable {
+    Lock(FairLock),
+    Semaphore(Semaphore),
+}
+
+impl WaitCanceller {
+    /// A canceller of the calling thread's wait for permits of `sem`.
+    pub(crate) fn for_semaphore(sem: &Semaphore) -> WaitCanceller {
+        WaitCanceller {
+            target: Cancellable::Semaphore(sem.clone()),
+            owner: sem.client().owner(),
+            thread: sem.client().thread_number(),
+        }
     }
 }
 
 impl fmt::Debug for WaitCanceller {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match &self.target {
+            Cancellable::Lock(lock) => lock.name(),
+            Cancellable::Semaphore(sem) => sem.name(),
+        };
         f.debug_struct("WaitCanceller")
-            .field("lock", &self.lock.name)
+            .field("name", &name)
             .field("owner", &self.owner)
             .finish()
     }

@@ -72,7 +72,7 @@ pub struct Waiter {
     pub waiting_for: Duration,
 }
 
-fn origin(owner: String, meta: &str) -> Origin {
+pub(crate) fn origin(owner: String, meta: &str) -> Origin {
     let mut parts = meta.splitn(3, '|');
     let host = parts.next().unwrap_or("").to_string();
     let pid = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);

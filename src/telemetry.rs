@@ -19,6 +19,13 @@
 //! | `fairlock_waiting_threads` | gauge | | threads waiting for a lock now |
 //! | `fairlock_held_locks` | gauge | | holds this process has now |
 //!
+//! Semaphores and read/write locks are not counted in the acquisition, wait, hold, hand-off and
+//! gauge metrics (those are the locks'). They count in `fairlock_lease_renewals_total` and its
+//! failures (their permits are renewed in the same round trips), `fairlock_holds_lost_total`
+//! (a permit the watchdog found lost), `fairlock_janitor_repairs_total` (a semaphore's heartbeat
+//! counts the waiters it granted: permits freed by an expired lease or a revoked hand-off),
+//! `fairlock_janitor_requeues_total` and `fairlock_redis_errors_total`.
+//!
 //! With `LockClientBuilder::metrics_lock_label(true)` the acquisition, wait, hold, hand-off,
 //! re-entry and loss metrics also carry `lock` = the lock name: one series per name, so only
 //! for a bounded set of names.

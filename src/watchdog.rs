@@ -23,11 +23,14 @@ use crate::connection::{with_pooled, Pool};
 use crate::error::{Error, Result};
 use crate::hold::HoldState;
 use crate::loss::{LossCause, OnLost};
-use crate::raw::{self, RawLock};
+use crate::raw::{self, Call};
 
+/// One hold to renew: the renewal call of a lock's or a semaphore's hold (it names the owner
+/// and token, and never shortens a lease), and what to log.
 struct Renewal {
-    raw: Arc<RawLock>,
-    owner: String,
+    call: Call<bool>,
+    /// The lock's (or semaphore's) key, for log lines.
+    key: String,
     token: u64,
     lease: Duration,
     state: Arc<HoldState>,
@@ -76,10 +79,11 @@ impl Watchdog {
         })
     }
 
+    /// Renew with `call` (which names the hold) every third of `lease` until unregistered.
     pub fn register(
         &self,
-        raw: Arc<RawLock>,
-        owner: String,
+        call: Call<bool>,
+        key: String,
         token: u64,
         lease: Duration,
         state: Arc<HoldState>,
@@ -100,8 +104,8 @@ impl Watchdog {
         registry.entries.insert(
             id,
             Renewal {
-                raw,
-                owner,
+                call,
+                key,
                 token,
                 lease,
                 state,
@@ -155,7 +159,7 @@ fn renew_due(pool: &Pool, registry: &Mutex<Registry>, on_lost: Option<&OnLost>) 
         .entries
         .iter()
         .filter(|(_, r)| r.due <= now + Duration::from_millis(5))
-        .map(|(id, r)| (*id, r.raw.renew(&r.owner, r.token, r.lease)))
+        .map(|(id, r)| (*id, r.call.clone()))
         .unzip();
     if calls.is_empty() {
         return;
@@ -200,7 +204,7 @@ fn renew_due(pool: &Pool, registry: &Mutex<Registry>, on_lost: Option<&OnLost>) 
             Ok(false) => {
                 log::warn!(
                     "fairlock: lock {:?} (token {}) was lost: renewal found it gone or held by another owner",
-                    r.raw.key_names()[0], r.token
+                    r.key, r.token
                 );
                 r.state.lost.store(true, Ordering::SeqCst);
                 lost.push((r.state.clone(), LossCause::TakenOrGone));
@@ -235,15 +239,12 @@ fn retry_or_give_up(r: &mut Renewal, e: &Error) -> Option<LossCause> {
     if BootInstant::now() >= expires {
         log::warn!(
             "fairlock: lock {:?} (token {}) is presumed lost: its lease ran out while it could not be renewed ({e})",
-            r.raw.key_names()[0], r.token
+            r.key, r.token
         );
         r.state.lost.store(true, Ordering::SeqCst);
         Some(LossCause::LeaseRanOut)
     } else {
-        log::warn!(
-            "fairlock: renewing lock {:?} failed ({e}); retrying",
-            r.raw.key_names()[0]
-        );
+        log::warn!("fairlock: renewing lock {:?} failed ({e}); retrying", r.key);
         // not after the lease's end: a loss is told within a retry of it
         r.due = (BootInstant::now() + (r.lease / 10).min(Duration::from_millis(500))).min(expires);
         None

@@ -183,6 +183,36 @@ fn the_documented_acl_line_is_enough_for_every_call() {
     assert!(lock.force_unlock().unwrap().is_some());
     drop(held);
     client.check_server().expect("the periodic server check");
+    // a semaphore and a read/write lock: a hand-off, a leave at the deadline, status, a
+    // capacity change, a forced release, a write after reads
+    let sem = client.semaphore("doc-sem", 1).unwrap();
+    let permit = sem.acquire().unwrap();
+    let waiter = {
+        let sem = sem.clone();
+        thread::spawn(move || sem.acquire().map(|p| p.fencing_token()))
+    };
+    assert!(support::eventually(SECS_10, || sem
+        .status()
+        .unwrap()
+        .waiters
+        .len()
+        == 1));
+    assert!(sem
+        .try_acquire_for(Duration::from_millis(50))
+        .unwrap()
+        .is_none());
+    let first = permit.fencing_token();
+    permit.release().unwrap();
+    assert!(waiter.join().unwrap().unwrap() > first);
+    let two = sem.set_capacity(2).unwrap();
+    let p = two.acquire().unwrap();
+    assert!(two.force_release(&p.hold_id(), p.fencing_token()).unwrap());
+    assert!(p.release().is_err());
+    let rw = client.rw_lock("doc-rw").unwrap();
+    let r = rw.read().unwrap();
+    assert!(rw.try_write().unwrap().is_none());
+    r.unlock().unwrap();
+    rw.write().unwrap().unlock().unwrap();
     // nothing was refused to the user on the way, not even what fairlock can do without
     let refused: Vec<redis::Value> = redis::cmd("ACL")
         .arg("LOG")

@@ -653,3 +653,203 @@ fn the_password_file_is_read_and_a_refused_password_exits_77_without_showing_it(
     assert!(out.stderr.contains("credentials"), "{}", out.stderr);
     assert!(!out.stderr.contains("stale-token"), "{}", out.stderr);
 }
+
+/// `run --permits 2`: three runs at once, at most two commands inside at any moment (each
+/// command appends `start` and `end` lines to one file; the file's order is the order of the
+/// writes), all three run, and `status --semaphore` shows the holders with their permits and the
+/// waiter with the permits it wants.
+#[test]
+fn run_with_permits_lets_at_most_that_many_commands_run_at_once() {
+    let server = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("log");
+    let gate = tmp.path().join("gate");
+    // each command waits for the gate file (bounded), so the third run must queue
+    let script = format!(
+        "echo start >> {log}; i=0; while [ ! -e {gate} ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; echo end >> {log}",
+        log = log.display(),
+        gate = gate.display()
+    );
+    let runs: Vec<Proc> = (0..3)
+        .map(|_| {
+            Proc::spawn(fairlock(&server).args([
+                "run",
+                "--permits",
+                "2",
+                "slots",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ]))
+        })
+        .collect();
+    let sem = support::client(&server).semaphore("slots", 2).unwrap();
+    assert!(
+        eventually(LIMIT, || {
+            let st = sem.status().unwrap();
+            st.holders.len() == 2 && st.waiters.len() == 1
+        }),
+        "two hold, one waits: {:?}",
+        sem.status()
+    );
+    let json = run_out(fairlock(&server).args(["status", "--semaphore", "--json", "slots"]));
+    assert_eq!(json.code, Some(0), "{}", json.stderr);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["capacity"], 2);
+    assert_eq!(v["permits_held"], 2);
+    assert_eq!(v["holders"].as_array().unwrap().len(), 2);
+    assert_eq!(v["waiters"][0]["permits"], 1);
+    let text = run_out(fairlock(&server).args(["status", "--semaphore", "slots"]));
+    assert!(
+        text.stdout.contains("2 of 2 permits held"),
+        "{}",
+        text.stdout
+    );
+    assert!(text.stdout.contains("wants 1"), "{}", text.stdout);
+    // a handle with another capacity is refused, with exit code 64 and one line
+    let other = run_out(fairlock(&server).args([
+        "run",
+        "--permits",
+        "3",
+        "--no-wait",
+        "slots",
+        "--",
+        "true",
+    ]));
+    assert_eq!(other.code, Some(64), "{}", other.stderr);
+    assert_one_line(&other);
+    assert!(
+        other.stderr.contains("give --permits 2"),
+        "{}",
+        other.stderr
+    );
+
+    std::fs::write(&gate, "").unwrap();
+    for p in runs {
+        let out = p.finish(LIMIT);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+    }
+    let lines = std::fs::read_to_string(&log).unwrap();
+    let (mut inside, mut most, mut runs) = (0, 0, 0);
+    for line in lines.lines() {
+        match line {
+            "start" => {
+                inside += 1;
+                runs += 1;
+            }
+            "end" => inside -= 1,
+            other => panic!("{other:?}"),
+        }
+        most = most.max(inside);
+    }
+    assert_eq!((runs, most), (3, 2), "{lines}");
+}
+
+/// `release --force --hold ID` takes one holder's permits: its run is told the permits are
+/// lost (exit 79) while the other holder runs on, and the waiter gets the freed permit.
+#[test]
+fn release_force_hold_releases_one_holder_of_a_semaphore() {
+    let server = RedisServer::start();
+    let script = "trap 'echo got-term; exit 0' TERM; echo ready; i=0; while [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done";
+    let mut a = Proc::spawn(fairlock(&server).args([
+        "run",
+        "--lease",
+        "1s",
+        "--permits",
+        "2",
+        "slots",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]));
+    a.expect("ready", LIMIT);
+    let mut b = Proc::spawn(fairlock(&server).args([
+        "run",
+        "--lease",
+        "1s",
+        "--permits",
+        "2",
+        "slots",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]));
+    b.expect("ready", LIMIT);
+    let sem = support::client(&server).semaphore("slots", 2).unwrap();
+    let st = sem.status().unwrap();
+    let a_hold = st
+        .holders
+        .iter()
+        .find(|h| h.origin.pid == a.pid())
+        .expect("a holds")
+        .hold_id
+        .clone();
+    let released =
+        run_out(fairlock(&server).args(["release", "--force", "--hold", &a_hold, "slots"]));
+    assert_eq!(released.code, Some(0), "{}", released.stderr);
+    assert!(
+        released.stdout.contains(&format!("pid {}", a.pid())),
+        "{}",
+        released.stdout
+    );
+    let out = a.finish(LIMIT);
+    assert_eq!(out.code, Some(79), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("lost semaphore \"slots\""),
+        "{}",
+        out.stderr
+    );
+    // b holds on
+    let st = sem.status().unwrap();
+    assert_eq!(st.holders.len(), 1);
+    assert_eq!(st.holders[0].origin.pid, b.pid());
+    let again = run_out(fairlock(&server).args(["release", "--force", "--hold", &a_hold, "slots"]));
+    assert!(
+        again.stdout.contains("nothing to release"),
+        "{}",
+        again.stdout
+    );
+    b.signal(libc::SIGTERM);
+    assert_eq!(b.finish(LIMIT).code, Some(0));
+}
+
+/// SIGTERM while `run --permits` waits gives the queue place up at once (the semaphore's wait
+/// canceller), and the command never runs.
+#[test]
+fn sigterm_while_waiting_for_permits_gives_up_the_queue_place() {
+    let server = RedisServer::start();
+    let sem = support::client(&server).semaphore("slots", 1).unwrap();
+    let held = sem.acquire().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let marker = tmp.path().join("marker");
+    let p = Proc::spawn(
+        fairlock(&server)
+            .args(["run", "--permits", "1", "slots", "--", "touch"])
+            .arg(&marker),
+    );
+    assert!(eventually(LIMIT, || sem.status().unwrap().waiters.len() == 1));
+    p.signal(libc::SIGTERM);
+    let out = p.finish(LIMIT);
+    assert_eq!(out.code, Some(128 + 15));
+    assert_one_line(&out);
+    assert!(
+        out.stderr
+            .contains("waiting for semaphore \"slots\": gave up"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        sem.status().unwrap().waiters.is_empty(),
+        "left the queue at once"
+    );
+    held.release().unwrap();
+    assert_eq!(
+        sem.status().unwrap().permits_held,
+        0,
+        "not granted to the departed waiter"
+    );
+    assert!(!marker.exists());
+}

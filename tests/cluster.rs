@@ -1092,3 +1092,115 @@ fn list_finds_a_thousand_locks_on_every_master_of_the_cluster() {
         t.join().unwrap();
     }
 }
+
+/// A semaphore on a Cluster: 2 permits held and 4 waiters (one permit each) on one shard; the
+/// shard's master is SIGKILLed once the queue reached its replica. On the new master the holds
+/// are still held (replicated), every waiter is served in queue order, never more than 2 at
+/// once, with rising tokens. Then, with one replica acknowledgement asked for and the replicas
+/// gone, a grant is given up (`NotReplicated`) and the permit left free.
+#[test]
+fn a_semaphore_on_a_shard_whose_master_is_killed_serves_its_waiters_in_order_within_capacity() {
+    let mut cluster = RedisCluster::start();
+    let client = client(&cluster);
+    let (name, master) = names_on_every_master(&cluster, "sem-failover").remove(0);
+    let sem = client.semaphore(&name, 2).unwrap();
+    let held = [sem.acquire().unwrap(), sem.acquire().unwrap()];
+    let inside = Arc::new(AtomicUsize::new(2));
+    let most = Arc::new(AtomicUsize::new(2));
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = vec![];
+    for i in 0..4 {
+        let (s, inside, most, served) = (sem.clone(), inside.clone(), most.clone(), served.clone());
+        waiters.push(thread::spawn(move || -> Result<(), String> {
+            let p = s
+                .try_acquire_for(SECS_60)
+                .map_err(|e| format!("waiter {i}: {e}"))?
+                .ok_or(format!("waiter {i} not served in 60 s"))?;
+            let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            served.lock().unwrap().push((i, p.fencing_token()));
+            thread::sleep(Duration::from_millis(50));
+            inside.fetch_sub(1, Ordering::SeqCst);
+            p.release().map_err(|e| format!("waiter {i} release: {e}"))
+        }));
+        assert!(
+            support::eventually(SECS_30, || sem.status().unwrap().waiters.len() == i + 1),
+            "waiter {i} did not queue"
+        );
+    }
+    let queue_key = format!("fairlock:{{{name}}}:sem:queue");
+    let replicas = cluster.replicas_of(master);
+    assert!(
+        support::eventually(SECS_30, || replicas.iter().all(|p| {
+            let mut c = cluster.conn_to(*p);
+            let _: redis::RedisResult<()> = redis::cmd("READONLY").query(&mut c);
+            redis::cmd("ZCARD")
+                .arg(&queue_key)
+                .query::<usize>(&mut c)
+                .unwrap_or(0)
+                == 4
+        })),
+        "the queue did not reach the replicas"
+    );
+    cluster.kill(master);
+    cluster.wait_for_failover(master, SECS_60);
+    assert!(
+        support::eventually(SECS_30, || sem.status().is_ok_and(|s| s.waiters.len() == 4)),
+        "the queue did not survive the failover"
+    );
+    thread::sleep(Duration::from_secs(4)); // more than a third of the lease: renewals ran
+    for p in &held {
+        assert!(!p.is_lost(), "a replicated hold was reported lost");
+    }
+    let first = held[1].fencing_token();
+    inside.fetch_sub(2, Ordering::SeqCst);
+    for p in held {
+        p.release().expect("a release on the new master");
+    }
+    for w in waiters {
+        w.join().expect("a waiter panicked").unwrap();
+    }
+    assert!(
+        most.load(Ordering::SeqCst) <= 2,
+        "more than 2 permits held at once"
+    );
+    let served = served.lock().unwrap().clone();
+    let order: Vec<usize> = served.iter().map(|(i, _)| *i).collect();
+    // two permits: the first two are granted in one step, their order in `served` is theirs
+    let mut first_two = order[..2].to_vec();
+    first_two.sort();
+    assert_eq!(first_two, [0, 1], "served out of queue order: {order:?}");
+    let tokens: Vec<u64> = {
+        let mut by_waiter = served.clone();
+        by_waiter.sort();
+        by_waiter.iter().map(|(_, t)| *t).collect()
+    };
+    assert!(tokens[0] > first, "{tokens:?} after {first}");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens by queue place: {tokens:?}"
+    );
+
+    // replica acknowledgements, with the new master's replicas gone
+    let master = cluster.master_for_slot(cluster.slot_of(&lock_key(&name)));
+    for replica in cluster.replicas_of(master) {
+        cluster.kill(replica);
+    }
+    let short = client_with_acks(&cluster, 1, Duration::from_millis(200));
+    match short.semaphore(&name, 2).unwrap().try_acquire() {
+        Err(fairlock::Error::NotReplicated {
+            acked: 0,
+            wanted: 1,
+            ..
+        }) => {}
+        other => panic!(
+            "expected NotReplicated, got {:?}",
+            other.map(|p| p.is_some())
+        ),
+    }
+    assert_eq!(
+        sem.status().unwrap().permits_held,
+        0,
+        "the given-up grant stayed held"
+    );
+}

@@ -575,3 +575,78 @@ fn list_cost_on_a_million_foreign_keys() {
     times.sort();
     println!("fairlock list: median of 5 runs {:?}", times[2]);
 }
+
+/// Semaphores and read/write locks are listed beside the locks (a name may be both), with
+/// their permits, holders and waiters; their keys are not counted as other programs' keys.
+#[test]
+fn semaphores_and_read_write_locks_are_listed_beside_the_locks() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.fair_lock("both").unwrap().lock().unwrap();
+    let sem = client.semaphore("both", 3).unwrap();
+    let two = sem.acquire_many(2).unwrap();
+    let waiter = {
+        let sem = sem.clone();
+        std::thread::spawn(move || sem.acquire_many(2).map(|p| p.permits()))
+    };
+    assert!(support::eventually(Duration::from_secs(10), || sem
+        .status()
+        .unwrap()
+        .waiters
+        .len()
+        == 1));
+    let rw = client.rw_lock("catalog").unwrap();
+    let read = rw.read().unwrap();
+    let idle = client.semaphore("idle", 1).unwrap();
+    idle.acquire().unwrap().release().unwrap();
+
+    let listing = client.list_locks(fairlock::ListOptions::new()).unwrap();
+    assert_eq!(listing.foreign_keys, 0, "semaphore keys are fairlock's");
+    let names: Vec<&str> = listing.locks.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["both"]);
+    let sems: Vec<(&str, u64, usize, usize)> = listing
+        .semaphores
+        .iter()
+        .map(|s| {
+            (
+                s.name.as_str(),
+                s.permits_held,
+                s.holders.len(),
+                s.waiters.len(),
+            )
+        })
+        .collect();
+    assert_eq!(sems, [("both", 2, 1, 1), ("catalog", 1, 1, 0)]);
+    let all = client
+        .list_locks(fairlock::ListOptions::new().include_idle(true))
+        .unwrap();
+    let idle_names: Vec<&str> = all.semaphores.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(idle_names, ["both", "catalog", "idle"]);
+
+    let text = fairlock(&server, &["list"]);
+    assert_eq!(text.code, Some(0), "{}", text.stderr);
+    assert!(text.stdout.contains("SEMAPHORE"), "{}", text.stdout);
+    assert!(text.stdout.contains("2 of 3"), "{}", text.stdout);
+    assert!(text.stdout.contains("1 of rw"), "{}", text.stdout);
+    // --json keeps its shape (locks only); --semaphores prints the semaphores' objects
+    let json = fairlock(&server, &["list", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["both"]);
+    assert!(v[0].get("semaphore").is_none());
+    let json = fairlock(&server, &["list", "--json", "--semaphores"]);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let sem_objects = v.as_array().unwrap();
+    assert_eq!(sem_objects.len(), 2);
+    assert_eq!(sem_objects[0]["semaphore"], true);
+    assert_eq!(sem_objects[0]["waiters"][0]["permits"], 2);
+
+    two.release().unwrap();
+    assert_eq!(waiter.join().unwrap().unwrap(), 2);
+    drop((lock, read));
+}

@@ -89,7 +89,9 @@ impl Args {
 }
 
 fn lib(s: &str) -> Result<Lib, String> {
-    Lib::parse(s.trim()).ok_or_else(|| format!("unknown lock {s:?} (fairlock, redlock, naive)"))
+    Lib::parse(s.trim()).ok_or_else(|| {
+        format!("unknown lock {s:?} (fairlock, fairlock-sem, fairlock-rw, redlock, naive)")
+    })
 }
 
 /// `PxT`: processes x threads per process.

@@ -31,6 +31,9 @@ pub fn handoff(b: &mut Bench) {
     let runs: Vec<(Lib, u32, u32)> = [
         (Lib::Fairlock, 0, 2),
         (Lib::Fairlock, 2, 1),
+        (Lib::Semaphore, 0, 2),
+        (Lib::Semaphore, 2, 1),
+        (Lib::RwWrite, 0, 2),
         (Lib::Naive, 2, 1),
         (Lib::Redlock, 2, 1),
     ]
@@ -45,7 +48,7 @@ pub fn handoff(b: &mut Bench) {
     b.md.push("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
     let mut out = vec![];
     for (i, (lib, procs, threads)) in runs.into_iter().enumerate() {
-        let (n, cap) = if lib == Lib::Fairlock {
+        let (n, cap) = if lib.is_fairlock() {
             (b.sizes.handoffs, b.sizes.handoff_cap)
         } else {
             (b.sizes.peer_handoffs, b.sizes.peer_handoff_cap)

@@ -51,6 +51,7 @@ mod redis_cost;
 mod report;
 mod scaling;
 mod scripts;
+mod semaphore;
 mod sizes;
 mod stats;
 mod targets;
@@ -105,7 +106,7 @@ fn main() {
         if args.quick { " (quick)" } else { "" }
     );
     type Step = (&'static str, fn(&mut Bench));
-    let steps: [Step; 9] = [
+    let steps: [Step; 10] = [
         ("micro", micro::micro),
         ("handoff", handoff::handoff),
         ("throughput", throughput::throughput),
@@ -115,6 +116,7 @@ fn main() {
         ("waiting", waiting::waiting),
         ("cluster", cluster::cluster),
         ("tls", tls::tls),
+        ("semaphore", semaphore::semaphore),
     ];
     for (name, step) in steps {
         if args.wants(name) {

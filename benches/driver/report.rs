@@ -44,6 +44,9 @@ pub struct Results {
     pub cluster: Option<Vec<crate::cluster::ClusterRow>>,
     /// section "tls": fairlock over TLS next to plain TCP
     pub tls: Option<Vec<crate::tls::TlsRow>>,
+    /// section "semaphore": cost with holders, hand-off with waiters
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub semaphore: Option<Vec<crate::semaphore::SemaphoreRow>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub targets: Option<Vec<TargetRow>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -74,6 +77,7 @@ impl Results {
             .chain(of("waiting_handoff", &self.waiting_handoff, |r| &r.errors))
             .chain(of("cluster", &self.cluster, |r| &r.errors))
             .chain(of("tls", &self.tls, |r| &r.errors))
+            .chain(of("semaphore", &self.semaphore, |r| &r.errors))
             .collect()
     }
 }

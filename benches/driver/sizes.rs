@@ -33,6 +33,8 @@ pub struct Sizes {
     pub waiting_handoff: Vec<u32>,
     pub waiting_secs: f64,
     pub grace: u64,
+    /// section "semaphore": the numbers of holders and of waiters
+    pub sem_sizes: Vec<u32>,
 }
 
 impl Sizes {
@@ -61,6 +63,7 @@ impl Sizes {
                 waiting_handoff: vec![1, 16, 64],
                 waiting_secs: 0.6,
                 grace: 3 * SEC,
+                sem_sizes: vec![1, 16],
             }
         } else {
             Sizes {
@@ -86,6 +89,7 @@ impl Sizes {
                 waiting_handoff: vec![1, 16, 256],
                 waiting_secs: 2.5,
                 grace: 8 * SEC,
+                sem_sizes: vec![1, 16, 256],
             }
         }
     }

@@ -177,6 +177,21 @@ fn targets_latency(j: &Results) -> Targets {
         &x2,
         &|v| v <= 1.25,
     );
+    // the semaphore's (and the read/write lock's) hand-off against the mutex's, same run
+    for (lock, between) in [
+        ("fairlock-sem", "threads"),
+        ("fairlock-sem", "processes"),
+        ("fairlock-rw", "threads"),
+    ] {
+        let ratio = handoff_row(j, lock, between)
+            .zip(hand(between))
+            .map(|(s, m)| s.dist.p50_us / m.dist.p50_us.max(0.001));
+        t.at_most(
+            &format!("hand-off p50 {lock} / fairlock ({between})"),
+            1.2,
+            ratio,
+        );
+    }
     for hold in [0.0, 1.0] {
         let (f, r) = (
             throughput_row(j, "fairlock", 8, hold),

@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::bench::Bench;
-use crate::locks::mono_ns;
+use crate::locks::{mono_ns, Lib};
 use crate::redis_cost::{cost_cells, CostPerAcq, COST_HEADER_PER_ACQ};
 use crate::stats::{dist, handoffs, jain, overtakes, r1, r2, r4, DistRow};
 use crate::workers::{cleanup, Outcome, Rec, Spec};
@@ -52,7 +52,14 @@ pub fn throughput(b: &mut Bench) {
     let mut i = 0;
     for &hold in &b.sizes.holds_us.clone() {
         for &(procs, threads) in &b.sizes.layouts.clone() {
-            for lib in b.sizes.libs.clone() {
+            // the read/write lock's writes are measured by the hand-off only
+            for lib in b
+                .sizes
+                .libs
+                .clone()
+                .into_iter()
+                .filter(|&l| l != Lib::RwWrite)
+            {
                 i += 1;
                 let start = mono_ns() + if procs > 0 { 800 * MS } else { 200 * MS };
                 let dur = (secs * SEC as f64) as u64;

@@ -248,7 +248,7 @@ struct Collected {
 fn run_threads(spec: &Spec, first: u32, threads: u32) -> Collected {
     let mut out = Collected::default();
     let client = match spec.lib {
-        Lib::Fairlock => match fairlock_client(spec.lock_url()) {
+        lib if lib.is_fairlock() => match fairlock_client(spec.lock_url()) {
             Ok(c) => Some(c),
             Err(e) => {
                 out.errors.push(format!("fairlock client: {e}"));
@@ -458,7 +458,7 @@ pub fn run_layout(
                 after,
                 n,
                 !spec.counter.is_empty(),
-                spec.lib == Lib::Fairlock,
+                spec.lib.is_fairlock(),
             )
             .map(|mut c| {
                 if let [b0, b1] = bg.as_slice() {

@@ -42,19 +42,36 @@ pub fn instant_at(ns: u64) -> Instant {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lib {
     Fairlock,
+    /// fairlock's semaphore of one permit (the semaphore's protocol doing a lock's job)
+    Semaphore,
+    /// fairlock's read/write lock, writes only
+    RwWrite,
     Redlock,
     Naive,
 }
 
 impl Lib {
-    pub const ALL: [Lib; 3] = [Lib::Fairlock, Lib::Redlock, Lib::Naive];
+    pub const ALL: [Lib; 5] = [
+        Lib::Fairlock,
+        Lib::Semaphore,
+        Lib::RwWrite,
+        Lib::Redlock,
+        Lib::Naive,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Lib::Fairlock => "fairlock",
+            Lib::Semaphore => "fairlock-sem",
+            Lib::RwWrite => "fairlock-rw",
             Lib::Redlock => "redlock",
             Lib::Naive => "naive",
         }
+    }
+
+    /// Whether it runs on a fairlock client.
+    pub fn is_fairlock(self) -> bool {
+        matches!(self, Lib::Fairlock | Lib::Semaphore | Lib::RwWrite)
     }
 
     pub fn parse(s: &str) -> Option<Lib> {
@@ -77,6 +94,14 @@ pub enum Locker {
     Fair {
         lock: fairlock::FairLock,
         guard: Option<fairlock::LockGuard>,
+    },
+    Sem {
+        sem: fairlock::Semaphore,
+        permit: Option<fairlock::Permit>,
+    },
+    Rw {
+        rw: fairlock::RwLock,
+        guard: Option<fairlock::WriteGuard>,
     },
     Red {
         rl: redlock::RedLock,
@@ -117,6 +142,20 @@ impl Locker {
                     guard: None,
                 }
             }
+            Lib::Semaphore => Locker::Sem {
+                sem: client
+                    .ok_or("fairlock needs a client")?
+                    .semaphore(name, 1)
+                    .map_err(err("fairlock semaphore handle"))?,
+                permit: None,
+            },
+            Lib::RwWrite => Locker::Rw {
+                rw: client
+                    .ok_or("fairlock needs a client")?
+                    .rw_lock(name)
+                    .map_err(err("fairlock rw lock handle"))?,
+                guard: None,
+            },
             Lib::Redlock => Locker::Red {
                 rl: redlock::RedLock::new(vec![url.to_string()]),
                 resource: format!("redlock:{name}").into_bytes(),
@@ -142,6 +181,33 @@ impl Locker {
                 match lock
                     .try_lock_until(instant_at(give_up))
                     .map_err(err("fairlock acquire"))?
+                {
+                    Some(g) => {
+                        let token = g.fencing_token();
+                        *guard = Some(g);
+                        Ok(Some(token))
+                    }
+                    None => Ok(None),
+                }
+            }
+            Locker::Sem { sem, permit } => {
+                let deadline = instant_at(give_up);
+                match sem
+                    .try_acquire_many_until(1, deadline)
+                    .map_err(err("fairlock-sem acquire"))?
+                {
+                    Some(p) => {
+                        let token = p.fencing_token();
+                        *permit = Some(p);
+                        Ok(Some(token))
+                    }
+                    None => Ok(None),
+                }
+            }
+            Locker::Rw { rw, guard } => {
+                match rw
+                    .try_write_until(instant_at(give_up))
+                    .map_err(err("fairlock-rw acquire"))?
                 {
                     Some(g) => {
                         let token = g.fencing_token();
@@ -196,6 +262,14 @@ impl Locker {
             Locker::Fair { guard, .. } => match guard.take() {
                 Some(g) => g.unlock().map_err(err("fairlock release")),
                 None => Err("fairlock release: not held".into()),
+            },
+            Locker::Sem { permit, .. } => match permit.take() {
+                Some(p) => p.release().map_err(err("fairlock-sem release")),
+                None => Err("fairlock-sem release: not held".into()),
+            },
+            Locker::Rw { guard, .. } => match guard.take() {
+                Some(g) => g.unlock().map_err(err("fairlock-rw release")),
+                None => Err("fairlock-rw release: not held".into()),
             },
             Locker::Red { rl, resource, val } => {
                 let val = val.take().ok_or("redlock release: not held")?;

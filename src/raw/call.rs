@@ -30,6 +30,18 @@ impl<T> fmt::Debug for Call<T> {
     }
 }
 
+impl<T> Clone for Call<T> {
+    fn clone(&self) -> Self {
+        Call {
+            script: self.script,
+            runner: self.runner,
+            cmd: self.cmd.clone(),
+            parse: self.parse,
+            during: self.during,
+        }
+    }
+}
+
 impl<T> Call<T> {
     /// The command, to send on any connection or in a pipeline.
     pub fn cmd(&self) -> &redis::Cmd {

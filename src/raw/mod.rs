@@ -29,11 +29,16 @@ pub use crate::lease_estimate::{judge_handoff, Handoff, Witness};
 mod call;
 mod replies;
 mod scripts;
+mod semaphore;
 
 pub use call::{run_pipeline, Call};
 pub use replies::*;
 pub use scripts::{library_code, library_name, load_library, scripts, Script};
 use scripts::{ACQUIRE, FORCE_UNLOCK, HEARTBEAT, LEAVE, REENTER, RELEASE, RENEW, STATUS};
+pub use semaphore::{
+    RawSemaphore, SemAcquire, SemCapacity, SemHeartbeat, SemHold, SemKind, SemLeave, SemRelease,
+    SemStatus, SemWaiter, RW_CAPACITY,
+};
 
 /// How calls reach the scripts on a server.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

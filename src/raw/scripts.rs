@@ -12,19 +12,27 @@ use crate::error::{Error, Result};
 const COMMON: &str = include_str!("lua/common.lua");
 /// Helpers of the scripts that take the lock or change the queue (after `COMMON`).
 const STATE: &str = include_str!("lua/state.lua");
+/// Helpers of the semaphore's scripts (after `STATE`; see docs/semaphores.md).
+const SEM: &str = include_str!("lua/sem.lua");
 
 /// A transition's source: its file in `lua/`, and whether it uses `state.lua`'s helpers.
 struct Source {
     name: &'static str,
     state: bool,
+    /// uses sem.lua's helpers too (a semaphore's script)
+    sem: bool,
     body: &'static str,
 }
 
 macro_rules! source {
     ($name:literal, $state:expr) => {
+        source!($name, $state, false)
+    };
+    ($name:literal, $state:expr, $sem:expr) => {
         Source {
             name: $name,
             state: $state,
+            sem: $sem,
             body: include_str!(concat!("lua/", $name, ".lua")),
         }
     };
@@ -38,8 +46,15 @@ const LEAVE_SOURCE: Source = source!("leave", true);
 const FORCE_UNLOCK_SOURCE: Source = source!("force_unlock", true);
 const HEARTBEAT_SOURCE: Source = source!("heartbeat", true);
 const STATUS_SOURCE: Source = source!("status", true);
+const SEM_ACQUIRE_SOURCE: Source = source!("sem_acquire", true, true);
+const SEM_RELEASE_SOURCE: Source = source!("sem_release", true, true);
+const SEM_RENEW_SOURCE: Source = source!("sem_renew", true, true);
+const SEM_LEAVE_SOURCE: Source = source!("sem_leave", true, true);
+const SEM_HEARTBEAT_SOURCE: Source = source!("sem_heartbeat", true, true);
+const SEM_STATUS_SOURCE: Source = source!("sem_status", true, true);
+const SEM_CAPACITY_SOURCE: Source = source!("sem_capacity", true, true);
 
-const SOURCES: [&Source; 8] = [
+const SOURCES: [&Source; 15] = [
     &ACQUIRE_SOURCE,
     &REENTER_SOURCE,
     &RELEASE_SOURCE,
@@ -48,6 +63,13 @@ const SOURCES: [&Source; 8] = [
     &FORCE_UNLOCK_SOURCE,
     &HEARTBEAT_SOURCE,
     &STATUS_SOURCE,
+    &SEM_ACQUIRE_SOURCE,
+    &SEM_RELEASE_SOURCE,
+    &SEM_RENEW_SOURCE,
+    &SEM_LEAVE_SOURCE,
+    &SEM_HEARTBEAT_SOURCE,
+    &SEM_STATUS_SOURCE,
+    &SEM_CAPACITY_SOURCE,
 ];
 
 impl Source {
@@ -69,7 +91,7 @@ struct Library {
 }
 
 static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
-    let helpers = format!("{COMMON}\n{STATE}\n");
+    let helpers = format!("{COMMON}\n{STATE}\n{SEM}\n");
     let mut hashed = helpers.clone();
     for s in SOURCES {
         hashed.push_str(s.reset());
@@ -137,8 +159,9 @@ impl fmt::Debug for Script {
 impl Script {
     fn new(source: &Source) -> Script {
         let state = if source.state { STATE } else { "" };
+        let sem = if source.sem { SEM } else { "" };
         let code = format!(
-            "{COMMON}\n{state}\n{reset}{body}",
+            "{COMMON}\n{state}\n{sem}\n{reset}{body}",
             reset = source.reset(),
             body = source.body
         );
@@ -208,9 +231,16 @@ pub(super) static LEAVE: LazyLock<Script> = script!(LEAVE_SOURCE);
 pub(super) static FORCE_UNLOCK: LazyLock<Script> = script!(FORCE_UNLOCK_SOURCE);
 pub(super) static HEARTBEAT: LazyLock<Script> = script!(HEARTBEAT_SOURCE);
 pub(super) static STATUS: LazyLock<Script> = script!(STATUS_SOURCE);
+pub(super) static SEM_ACQUIRE: LazyLock<Script> = script!(SEM_ACQUIRE_SOURCE);
+pub(super) static SEM_RELEASE: LazyLock<Script> = script!(SEM_RELEASE_SOURCE);
+pub(super) static SEM_RENEW: LazyLock<Script> = script!(SEM_RENEW_SOURCE);
+pub(super) static SEM_LEAVE: LazyLock<Script> = script!(SEM_LEAVE_SOURCE);
+pub(super) static SEM_HEARTBEAT: LazyLock<Script> = script!(SEM_HEARTBEAT_SOURCE);
+pub(super) static SEM_STATUS: LazyLock<Script> = script!(SEM_STATUS_SOURCE);
+pub(super) static SEM_CAPACITY: LazyLock<Script> = script!(SEM_CAPACITY_SOURCE);
 
-/// Every script, for loading them ahead of use.
-pub fn scripts() -> [&'static Script; 8] {
+/// Every script (the lock's, then the semaphore's), for loading them ahead of use.
+pub fn scripts() -> [&'static Script; 15] {
     [
         &ACQUIRE,
         &REENTER,
@@ -220,6 +250,13 @@ pub fn scripts() -> [&'static Script; 8] {
         &FORCE_UNLOCK,
         &HEARTBEAT,
         &STATUS,
+        &SEM_ACQUIRE,
+        &SEM_RELEASE,
+        &SEM_RENEW,
+        &SEM_LEAVE,
+        &SEM_HEARTBEAT,
+        &SEM_STATUS,
+        &SEM_CAPACITY,
     ]
 }
 

@@ -103,6 +103,29 @@
 //!    order while they run, as every fault does.
 //!    `failovers` in the summary counts the grants each kill lost
 //!    (`grants_lost_by_replication`) and the promotion times.
+//!
+//! 10. The `sem` and `rw` workloads (`Params::capacity`: a semaphore's capacity, or 2^30 for a
+//!     read/write lock whose write takes every permit). In place of 1.-4.:
+//!     - `over_capacity`: at a hold's ACQ, the holds of other threads still live (ACQ to UNLOCK;
+//!       a SIGKILLed one's to the kill, a force-released one's to the force-release) and the new
+//!       one hold more permits together than the capacity (for `rw`: a write beside any other
+//!       hold), after taking out each hold whose pairing with the new one is explained as an
+//!       overlap is in 1. (a SIGSTOP of either process, a proxy fault, a Redis restart) or by
+//!       asynchronous replication (9.); each explained hold counts once under
+//!       `explained.holds_over_capacity_<why>`. `over_capacity_lease_lost` when a hold left in
+//!       saw its hold lost. The summary's `most_permits_held_at_once` is the most any name saw
+//!       (explained overruns included), `..._unexplained` the most without the explained holds
+//!       (the capacity, when the run filled the semaphore; above it only with a violation).
+//!     - `token_reused`: two holds of one name got one token; `token_order`: a hold asked after
+//!       another was granted (its REQ after that one's ACQ, the only order the histories know
+//!       when many hold at once) got a token not greater. Explained: a restart without
+//!       persistence between the two grants (the comparison starts over after one), replication.
+//!     - the counter chain (3.) and the fenced resource (2.) over the writes of a read/write lock
+//!       (reads write nothing); a semaphore's holders share it, so `sem` has neither.
+//!     - `fifo` as 4., with two more conditions: B's ACQ came FIFO_MARGIN before A's (grants
+//!       made together are logged in any order: A may have been granted first and still be
+//!       popping its wake-up), and no stop of A's process (a waiter's hiccup too) while it waited.
+//!     - 5.-8. as they are; a force-release's next hold (8.) is the first asked after it began.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -196,6 +219,8 @@ struct Attempt {
     pid: u32,
     thread: String,
     lock: String,
+    /// Permits asked (1 for a mutex; a write of a read/write lock asks them all).
+    permits: u64,
     req: u64,
     acq: Option<u64>,
     token: u64,
@@ -243,6 +268,9 @@ fn ms(ns: u64) -> f64 {
 
 pub struct Params {
     pub scenario: String,
+    /// The permits one name has: `None` for the mutex workload (one holder), the semaphore's
+    /// capacity for `sem`, 2^30 for `rw` (a read takes 1, a write all); see 10.
+    pub capacity: Option<u64>,
     pub lease_ns: u64,
     /// The largest forward step of the server clock the harness makes.
     pub max_forward_step_ns: u64,
@@ -277,14 +305,50 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
     check_expired_grants(&attempts, faults, &files, &mut found);
     let by_lock = group_by_lock(&attempts);
     let mut marks = OverlapMarks::default();
+    let mut counts = counts;
+    let mut most_held: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for (lock, list) in &by_lock {
         let holds = holds_in_order(list);
-        check_overlaps(lock, &holds, faults, &repl, &files, &mut marks, &mut found);
-        check_token_order(lock, &holds, faults, &repl, &files, &mut found);
-        check_counter_chain(lock, &holds, faults, &files, &marks, &mut found);
-        check_fifo(lock, list, faults, &errors, &files, &mut found);
+        match p.capacity {
+            None => {
+                check_overlaps(lock, &holds, faults, &repl, &files, &mut marks, &mut found);
+                check_token_order(lock, &holds, faults, &repl, &files, &mut found);
+                check_counter_chain(lock, &holds, faults, &files, &marks, &mut found);
+                check_fifo(lock, list, faults, &errors, &files, 0, &mut found);
+            }
+            Some(cap) => {
+                let most = check_capacity(
+                    lock, &holds, cap, faults, &repl, &files, &mut marks, &mut found,
+                );
+                most_held.insert(lock.clone(), most);
+                check_shared_tokens(lock, &holds, faults, &repl, &files, &mut found);
+                // the counter and the fenced resource: a read/write lock's writes only
+                let writes: Vec<&Attempt> =
+                    holds.iter().copied().filter(|h| h.permits >= cap).collect();
+                check_counter_chain(lock, &writes, faults, &files, &marks, &mut found);
+                check_fifo(lock, list, faults, &errors, &files, FIFO_MARGIN, &mut found);
+                for h in &holds {
+                    counts.add(&if cap == super::workload::RW_CAPACITY {
+                        if h.permits >= cap {
+                            "acquisitions_write".to_string()
+                        } else {
+                            "acquisitions_read".to_string()
+                        }
+                    } else {
+                        format!("acquisitions_of_{}_permits", h.permits)
+                    });
+                }
+            }
+        }
     }
-    let forced_holds = check_force_unlocks(&forced_by, &attempts, faults, &files, &mut found);
+    let forced_holds = check_force_unlocks(
+        &forced_by,
+        &attempts,
+        faults,
+        p.capacity.is_some(),
+        &files,
+        &mut found,
+    );
     check_lost_holds(&attempts, faults, &repl, &files, &mut found);
     let epochs_per_lock =
         check_fenced_resource(&fences, &attempts, faults, &repl, &files, &mut found);
@@ -295,6 +359,7 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
     check_end_state(end, &mut found);
 
     let measures = Measures {
+        most_held,
         duration_ns: run.last_t.saturating_sub(run.first_t),
         counts,
         torn,
@@ -328,11 +393,12 @@ type HoldKey = (u32, String, u64);
 
 impl Attempt {
     /// A call of `lock()` at the REQ event `e`, nothing known yet of what followed.
-    fn new(e: &Event, lock: &str) -> Attempt {
+    fn new(e: &Event, lock: &str, permits: u64) -> Attempt {
         Attempt {
             pid: e.pid,
             thread: e.thread.clone(),
             lock: lock.to_string(),
+            permits,
             req: e.t,
             acq: None,
             token: 0,
@@ -530,9 +596,9 @@ fn read_attempts(files: &[Vec<Event>]) -> WorkerLog {
         for e in file {
             let key = e.thread.clone();
             match &e.kind {
-                Kind::Req { lock } => {
+                Kind::Req { lock, permits } => {
                     counts.add("requests");
-                    attempts.push(Attempt::new(e, lock));
+                    attempts.push(Attempt::new(e, lock, *permits));
                     open.insert(key, attempts.len() - 1);
                 }
                 Kind::Acq {
@@ -1297,6 +1363,7 @@ fn check_fifo(
     faults: &[Fault],
     errors: &HashMap<(u32, String), Vec<u64>>,
     files: &[Vec<Event>],
+    acq_margin: u64,
     found: &mut Findings,
 ) {
     let err_in = |pid: u32, thread: &str, from: u64, to: u64| {
@@ -1326,11 +1393,23 @@ fn check_fifo(
         if order_fault(faults, a.req, a_acq) || err_in(a.pid, &a.thread, a.req, a_acq) {
             continue;
         }
+        // many hold at once (sem, rw): A may have been granted before B and logged its ACQ
+        // later (a wake-up to pop), unless B got it acq_margin before; a stop of A's process
+        // (a waiter's hiccup too) delays A's ACQ line
+        if acq_margin > 0
+            && faults.iter().any(|f| {
+                (f.kind.is_stop() || f.kind == FaultKind::WaiterHiccup)
+                    && f.target == Some(a.pid)
+                    && f.overlaps(a.req, a_acq)
+            })
+        {
+            continue;
+        }
         for b in &reqs[j..] {
             if b.req > a_acq {
                 break;
             }
-            if b.acq.unwrap() < a_acq
+            if b.acq.unwrap() + acq_margin < a_acq
                 && b.fifo_req > a.req + FIFO_MARGIN
                 && !err_in(b.pid, &b.thread, a.req, a_acq)
             {
@@ -1357,6 +1436,7 @@ fn check_force_unlocks(
     forced_by: &HashMap<usize, Vec<&Fault>>,
     attempts: &[Attempt],
     faults: &[Fault],
+    shared: bool,
     files: &[Vec<Event>],
     found: &mut Findings,
 ) -> usize {
@@ -1383,6 +1463,9 @@ fn check_force_unlocks(
             .iter()
             .filter(|b| b.lock == a.lock && !std::ptr::eq(*b, a))
             .filter(|b| b.acq.is_some_and(|t| t >= f.start))
+            // many hold at once (sem, rw): only a hold asked after the force-unlock began was
+            // granted after the named one for sure (that one was in `status()` before)
+            .filter(|b| !shared || b.req >= f.start)
             .min_by_key(|b| b.acq.unwrap());
         if let Some(b) = next {
             let (a2, b2) = (f.start, b.acq.unwrap());
@@ -1604,6 +1687,9 @@ fn check_end_state(end: &EndState, found: &mut Findings) {
 
 /// What the checks measured, for the summary.
 struct Measures {
+    /// Sem and rw workloads: per name, the most permits live holds held at once (explained
+    /// overlaps included).
+    most_held: BTreeMap<String, (u64, u64)>,
     duration_ns: u64,
     counts: Counts,
     torn: usize,
@@ -1652,9 +1738,212 @@ fn assemble_report(p: &Params, stats: &FaultStats, m: Measures, found: Findings)
         "recovery_limit_ms": ms(p.lease_ns + S),
         "worst_wait_in_quiet_phase_ms": ms(m.worst_quiet_wait),
         "resource_epochs": m.epochs_per_lock,
+        "capacity": p.capacity,
+        "most_permits_held_at_once": if p.capacity.is_some() {
+            json!(m.most_held.iter().map(|(k, v)| (k.clone(), v.0)).collect::<BTreeMap<_, _>>())
+        } else {
+            Value::Null
+        },
+        "most_permits_held_at_once_unexplained": if p.capacity.is_some() {
+            json!(m.most_held.iter().map(|(k, v)| (k.clone(), v.1)).collect::<BTreeMap<_, _>>())
+        } else {
+            Value::Null
+        },
     });
     Report {
         violations,
         summary,
+    }
+}
+
+// ---- (10) semaphores and read/write locks ----
+
+/// `over_capacity` / `over_capacity_lease_lost`: at some ACQ the live holds of one name held
+/// more than `cap` permits together (a write of a read/write lock holds all of them, so a write
+/// overlapping any other hold is one), and the holds no fault explains (as for a mutex's
+/// overlap, pair by pair with the new hold: [`explain`], or asynchronous replication) still
+/// do. A hold's interval runs from its ACQ to its UNLOCK (or the kill of its process, or the
+/// force-release that named it). Returns the most permits held at once, explained overruns
+/// included and not (capped at twice the capacity).
+#[allow(clippy::too_many_arguments)]
+fn check_capacity(
+    lock: &str,
+    holds: &[&Attempt],
+    cap: u64,
+    faults: &[Fault],
+    repl: &Replication,
+    files: &[Vec<Event>],
+    marks: &mut OverlapMarks,
+    found: &mut Findings,
+) -> (u64, u64) {
+    let mut active: Vec<&Attempt> = Vec::new();
+    let (mut most, mut most_unexplained) = (0, 0);
+    for &h2 in holds {
+        let a2 = h2.acq.unwrap();
+        for h in &active {
+            let cut = h.forced.is_some_and(|f| f <= a2);
+            if cut && h.end.unwrap() > a2 && !h.same_thread(h2) {
+                marks.cut_by_force.insert(h.hold_key());
+            }
+        }
+        active.retain(|h| h.end.unwrap().min(h.forced.unwrap_or(u64::MAX)) > a2);
+        let others: Vec<&Attempt> = active
+            .iter()
+            .copied()
+            .filter(|h| !h.same_thread(h2))
+            .collect();
+        let held: u64 = others.iter().map(|h| h.permits).sum::<u64>() + h2.permits;
+        most = most.max(held.min(cap.saturating_mul(2)));
+        if held <= cap {
+            most_unexplained = most_unexplained.max(held);
+        }
+        if held > cap {
+            marks.in_overlap.insert(h2.hold_key());
+            let mut unexplained: Vec<&Attempt> = Vec::new();
+            for &h1 in &others {
+                marks.in_overlap.insert(h1.hold_key());
+                match explain(faults, h1, h2) {
+                    Some(why) => {
+                        if marks.overrun.insert(h1.hold_key()) {
+                            found.explained.add(&format!("holds_over_capacity_{why}"));
+                        }
+                    }
+                    None if repl.explains_overlap(h1, h2) => {
+                        marks.by_replication.insert(h1.hold_key());
+                        marks.by_replication.insert(h2.hold_key());
+                        if marks.overrun.insert(h1.hold_key()) {
+                            found.replication.add("holds_over_capacity");
+                        }
+                    }
+                    None => unexplained.push(h1),
+                }
+            }
+            let left: u64 = unexplained.iter().map(|h| h.permits).sum::<u64>() + h2.permits;
+            most_unexplained = most_unexplained.max(left.min(cap.saturating_mul(2)));
+            if left > cap {
+                let kind = if unexplained.iter().any(|h| h.rel_lost) {
+                    "over_capacity_lease_lost"
+                } else {
+                    "over_capacity"
+                };
+                let list: Vec<String> = unexplained
+                    .iter()
+                    .map(|h| {
+                        format!(
+                            "{}/{} ({} permits, token {}, {}..{})",
+                            h.pid,
+                            h.thread,
+                            h.permits,
+                            h.token,
+                            h.acq.unwrap(),
+                            h.end.unwrap()
+                        )
+                    })
+                    .collect();
+                let from = unexplained
+                    .iter()
+                    .map(|h| h.acq.unwrap())
+                    .min()
+                    .unwrap_or(a2);
+                found.violation(
+                    kind,
+                    format!(
+                        "lock {lock} (capacity {cap}): {}/{} acquired {} permits (token {}) at {a2} while {} held {} more: {}\n{}",
+                        h2.pid, h2.thread, h2.permits, h2.token, list.len(),
+                        left - h2.permits, list.join(", "),
+                        excerpt(files, lock, from, a2)
+                    ),
+                );
+            }
+        }
+        active.push(h2);
+    }
+    (most, most_unexplained)
+}
+
+/// Tokens of a semaphore or a read/write lock: `token_reused` when two holds got one token,
+/// `token_order` when a hold asked after another was granted (its REQ after the other's ACQ:
+/// the grant order is known) got a token not greater. Many hold at once, so the order of ACQ
+/// lines alone is not the grant order. Explained: a restart without persistence between the
+/// two grants (the fence starts over), asynchronous replication (see 9.).
+fn check_shared_tokens(
+    lock: &str,
+    holds: &[&Attempt],
+    faults: &[Fault],
+    repl: &Replication,
+    files: &[Vec<Event>],
+    found: &mut Findings,
+) {
+    let mut by_token: HashMap<u64, &Attempt> = HashMap::new();
+    for &h in holds {
+        let Some(o) = by_token.insert(h.token, h) else {
+            continue;
+        };
+        let (a1, a2) = (o.acq.unwrap(), h.acq.unwrap());
+        if volatile_between(faults, a1, a2) {
+            found.explained.add("token_reset_restart_volatile");
+        } else if repl.explains_token_order(o, h) {
+            found.replication.add("token_reused");
+        } else {
+            found.violation(
+                "token_reused",
+                format!(
+                    "lock {lock}: token {} granted to {}/{} (ACQ at {a1}) and to {}/{} (ACQ at {a2})\n{}",
+                    h.token, o.pid, o.thread, h.pid, h.thread, excerpt(files, lock, a1, a2)
+                ),
+            );
+        }
+    }
+    // holds is by ACQ; walk the holds by REQ with the greatest token granted before each REQ
+    // since the end of the last restart without persistence before it (tokens may start lower
+    // after one: the fence is gone and the server clock may have been stepped back)
+    let mut restarts: Vec<(u64, u64)> = faults
+        .iter()
+        .filter(|f| f.is_volatile_restart())
+        .map(|f| (f.start, f.end))
+        .collect();
+    restarts.sort();
+    let mut by_req: Vec<&Attempt> = holds.to_vec();
+    by_req.sort_by_key(|h| h.req);
+    let mut j = 0;
+    let mut best: Option<&Attempt> = None;
+    let mut since = 0u64;
+    for &h2 in &by_req {
+        let cutoff = restarts
+            .iter()
+            .filter(|r| r.0 < h2.req)
+            .map(|r| r.1)
+            .max()
+            .unwrap_or(0);
+        if cutoff != since {
+            since = cutoff;
+            best = None;
+            j = holds.partition_point(|h| h.acq.unwrap() <= since);
+        }
+        while j < holds.len() && holds[j].acq.unwrap() < h2.req {
+            if best.is_none_or(|b| holds[j].token > b.token) {
+                best = Some(holds[j]);
+            }
+            j += 1;
+        }
+        let Some(h1) = best else { continue };
+        if h2.token > h1.token {
+            continue;
+        }
+        let (a1, a2) = (h1.acq.unwrap(), h2.acq.unwrap());
+        if volatile_between(faults, a1, a2) {
+            found.explained.add("token_reset_restart_volatile");
+        } else if repl.explains_token_order(h1, h2) {
+            found.replication.add("token_order");
+        } else {
+            found.violation(
+                "token_order",
+                format!(
+                    "lock {lock}: token {} acquired at {a1} by {}/{}, then {}/{} asked at {} and got token {} at {a2}\n{}",
+                    h1.token, h1.pid, h1.thread, h2.pid, h2.thread, h2.req, h2.token,
+                    excerpt(files, lock, a1, a2)
+                ),
+            );
+        }
     }
 }

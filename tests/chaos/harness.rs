@@ -42,7 +42,7 @@ use super::history::{now_ns, FaultKind, History};
 use super::proxy::{Proxy, Trap};
 use super::server::Server;
 use super::topo::{self, Deployment, Topology};
-use super::workload::{self, Rng};
+use super::workload::{self, Rng, Workload};
 use crate::support::{unix_micros, ChildTest, Proc, RedisServer};
 
 pub const LOCKS: [&str; 2] = ["chaos-a", "chaos-b"];
@@ -68,10 +68,54 @@ const TRAP_WEIGHTS: [(&str, u64); 5] = [
     ("renew", 1),
 ];
 
+/// The same for the semaphore's scripts (the `sem` and `rw` workloads).
+const SEM_TRAP_WEIGHTS: [(&str, u64); 5] = [
+    ("sem_acquire", 4),
+    ("sem_release", 4),
+    ("sem_heartbeat", 2),
+    ("sem_leave", 1),
+    ("sem_renew", 1),
+];
+
 /// One of the protocol's scripts and how often a late delivery traps it.
 struct ScriptInfo {
-    script: &'static fairlock::raw::Script,
+    name: String,
+    /// The name `FCALL` calls it by.
+    function: String,
     weight: u64,
+}
+
+/// The scripts a late delivery may trap, weighted for `workload` (the other workload's: 0).
+fn trap_scripts(workload: Workload) -> Vec<ScriptInfo> {
+    let weight = |table: &[(&str, u64)], name: &str| {
+        table.iter().find(|(n, _)| *n == name).map_or(0, |w| w.1)
+    };
+    let mutex = workload == Workload::Mutex;
+    let mut scripts: Vec<ScriptInfo> = fairlock::raw::scripts()
+        .into_iter()
+        .map(|script| ScriptInfo {
+            name: script.name().to_string(),
+            function: script.function().to_string(),
+            weight: if mutex {
+                weight(&TRAP_WEIGHTS, script.name())
+            } else {
+                0
+            },
+        })
+        .collect();
+    // the semaphore's functions are in the same library: `fairlock_<library hash>_<name>`
+    let acquire = fairlock::raw::scripts()[0].function().to_string();
+    let prefix = acquire
+        .strip_suffix("acquire")
+        .expect("function names end with the script's name");
+    for (name, w) in SEM_TRAP_WEIGHTS {
+        scripts.push(ScriptInfo {
+            name: name.to_string(),
+            function: format!("{prefix}{name}"),
+            weight: if mutex { 0 } else { w },
+        });
+    }
+    scripts
 }
 
 #[derive(Clone, Debug)]
@@ -90,6 +134,8 @@ pub struct Scenario {
     pub workers: usize,
     pub threads: usize,
     pub seed: u64,
+    /// What the workers take: a mutex, a semaphore or a read/write lock per name.
+    pub workload: Workload,
 }
 
 /// `target/chaos` (or under `CARGO_TARGET_DIR`).
@@ -205,16 +251,7 @@ pub fn run(s: &Scenario, children: &ChildTest) -> Report {
         Redis::Single(_) => LOCKS.iter().map(|l| l.to_string()).collect(),
         Redis::Topology { topology, .. } => topology.lock_names(&LOCKS),
     };
-    let scripts = fairlock::raw::scripts()
-        .into_iter()
-        .map(|script| ScriptInfo {
-            script,
-            weight: TRAP_WEIGHTS
-                .iter()
-                .find(|(name, _)| *name == script.name())
-                .map_or(0, |w| w.1),
-        })
-        .collect();
+    let scripts = trap_scripts(s.workload);
     let history = History::create(&dir.join("parent.log"));
     let mut run = Run {
         s,
@@ -232,9 +269,10 @@ pub fn run(s: &Scenario, children: &ChildTest) -> Report {
         worker_limit: s.fault_time + s.quiet_time + Duration::from_secs(120),
     };
     println!(
-        "chaos {} ({}, locks {:?}): seed {}, {} workers x {} threads, faults for {:?}, quiet {:?}, server clock {}, history in {}",
+        "chaos {} ({}, {} workload, locks {:?}): seed {}, {} workers x {} threads, faults for {:?}, quiet {:?}, server clock {}, history in {}",
         s.name,
         s.deployment.name(),
+        s.workload.name(),
         run.locks,
         s.seed,
         s.workers,
@@ -251,6 +289,8 @@ pub fn run(s: &Scenario, children: &ChildTest) -> Report {
     run.inject_faults();
     run.phase("quiet");
     thread::sleep(s.quiet_time);
+    // what the server holds for each name at the end of the quiet phase, for a liveness report
+    run.log_lock_state();
     run.phase("stop");
     let mut end = run.stop_workers();
     let keys_clean_after = run.check_keys(&mut end);
@@ -268,12 +308,14 @@ pub fn run(s: &Scenario, children: &ChildTest) -> Report {
         &end,
         &Params {
             scenario: s.name.clone(),
+            capacity: s.workload.capacity(),
             lease_ns: workload::LEASE.as_nanos() as u64,
             max_forward_step_ns: MAX_FORWARD_STEP.as_nanos() as u64,
         },
     );
     let extra = json!({
         "seed": s.seed.to_string(),
+        "workload": s.workload.name(),
         "deployment": s.deployment.name(),
         "redis_persistence": if s.aof { "appendonly yes, appendfsync always" } else { "none" },
         "server_clock": if s.fake_clock {
@@ -346,6 +388,7 @@ impl Run<'_> {
             self.dir.join(format!("worker-{idx}.log")),
         )
         .env(workload::ENV_THREADS, self.s.threads.to_string())
+        .env(workload::ENV_WORKLOAD, self.s.workload.name())
         .env(workload::ENV_LOCKS, self.locks.join(","))
         .env(workload::ENV_LIMIT, self.worker_limit.as_secs().to_string())
         .stderr(stderr);
@@ -358,6 +401,41 @@ impl Run<'_> {
         };
         self.log(&format!("SPAWN {idx} {}", w.pid()));
         self.workers.push(w);
+    }
+
+    /// Log (`LOG state ...`) each name's keys on its master: the lock hash, or the semaphore's
+    /// hash, leases, hand-offs, queue and waiters, with the server's time.
+    fn log_lock_state(&self) {
+        for name in &self.locks {
+            let Some(mut c) = self.lock_conn(name) else {
+                self.log(&format!("LOG state {name}: no connection"));
+                continue;
+            };
+            let time: Vec<String> = redis::cmd("TIME").query(&mut c).unwrap_or_default();
+            let mut parts = vec![format!("time={}", time.join("."))];
+            let base = format!("fairlock:{{{name}}}");
+            for (key, how) in [
+                (base.clone(), "HGETALL"),
+                (format!("{base}:waiters"), "HGETALL"),
+                (format!("{base}:sem"), "HGETALL"),
+                (format!("{base}:sem:leases"), "ZRANGE"),
+                (format!("{base}:sem:handoffs"), "ZRANGE"),
+                (format!("{base}:sem:queue"), "ZRANGE"),
+                (format!("{base}:sem:waiters"), "HGETALL"),
+            ] {
+                let mut cmd = redis::cmd(how);
+                cmd.arg(&key);
+                if how == "ZRANGE" {
+                    cmd.arg(0).arg(-1).arg("WITHSCORES");
+                }
+                let v: Vec<String> = cmd.query(&mut c).unwrap_or_default();
+                let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c).unwrap_or(-3);
+                if !v.is_empty() {
+                    parts.push(format!("{key}(pttl {pttl})={v:?}"));
+                }
+            }
+            self.log(&format!("LOG state {name}: {}", parts.join(" ")));
+        }
     }
 
     /// The single-node mode's server, proxies and operator.
@@ -436,6 +514,21 @@ impl Run<'_> {
                     pids.push(pid);
                 }
             }
+            // a semaphore's holds: "<owner>#<attempt>" -> token|permits|lease|host|pid|thread
+            let holds: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(format!("fairlock:{{{name}}}:sem"))
+                .query(&mut c)
+                .unwrap_or_default();
+            for (field, v) in holds {
+                if field.starts_with('~') {
+                    continue;
+                }
+                if let Some(pid) = v.split('|').nth(4).and_then(|p| p.parse().ok()) {
+                    if live.contains(&pid) && !pids.contains(&pid) {
+                        pids.push(pid);
+                    }
+                }
+            }
         }
         pids
     }
@@ -449,10 +542,16 @@ impl Run<'_> {
             let Some(mut c) = self.lock_conn(name) else {
                 continue;
             };
-            let entries: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+            // the mutex's waiters and the semaphore's (whose meta starts with "k;")
+            let mut entries: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
                 .arg(format!("fairlock:{{{name}}}:waiters"))
                 .query(&mut c)
                 .unwrap_or_default();
+            let sem: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(format!("fairlock:{{{name}}}:sem:waiters"))
+                .query(&mut c)
+                .unwrap_or_default();
+            entries.extend(sem);
             // owner -> attempt|deadline|lease|host|pid|thread; field ~clock is the hash's
             // virtual clock ("v|real"), no waiter
             for (field, e) in entries {
@@ -857,7 +956,7 @@ impl Run<'_> {
             }
             x -= s.weight;
         }
-        let function = self.scripts[chosen].script.function().to_string();
+        let function = self.scripts[chosen].function.clone();
         let known = self.conn().is_some_and(|mut c| {
             redis::cmd("FUNCTION")
                 .arg("LIST")
@@ -915,8 +1014,8 @@ impl Run<'_> {
         let mut names: Vec<&str> = self
             .scripts
             .iter()
-            .filter(|s| r.request.contains(s.script.function()))
-            .map(|s| s.script.name())
+            .filter(|s| r.request.contains(&s.function))
+            .map(|s| s.name.as_str())
             .collect();
         if names.is_empty() {
             names.push("other");
@@ -951,6 +1050,9 @@ impl Run<'_> {
     /// An operator force-unlocks the hold `status()` shows, through a connection whose reply
     /// gets lost, and retries once more. Tries a few holds until one was released for real.
     fn force_unlock(&mut self) {
+        if self.s.workload != Workload::Mutex {
+            return self.force_release();
+        }
         let kind = FaultKind::ForceUnlock;
         for _ in 0..10 {
             // Redis must have the function library, or the lost reply is a "Function not
@@ -1017,6 +1119,109 @@ impl Run<'_> {
             } else {
                 lock.force_unlock_hold(&owner, token)
             };
+            let show = |r: &fairlock::Result<bool>| match r {
+                Ok(b) => b.to_string(),
+                Err(_) => "err".to_string(),
+            };
+            self.fault_end(
+                id,
+                kind,
+                &format!("first={first} lib={} retry={}", show(&lib), show(&retry)),
+            );
+            if let Some(r) = &report {
+                self.log(&format!(
+                    "LOG force-unlock {id}: lost reply {:?} to {}",
+                    r.swallowed_reply,
+                    &r.request[..r.request.len().min(200)]
+                ));
+            }
+            if let (Err(e), _) | (_, Err(e)) = (&lib, &retry) {
+                self.log(&format!("LOG force-unlock {id}: {e}"));
+            }
+            if first == "released" || (first == "not-trapped" && matches!(lib, Ok(true))) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(30));
+        }
+    }
+
+    /// The `sem` and `rw` workloads' force-unlock: an operator reads the holds with `status()`
+    /// and calls `force_release(hold id, token)` on one of a live worker, through a connection
+    /// whose reply gets lost (the library sends it again), and retries once more. Recorded as a
+    /// `force-unlock` naming the hold's pid, name and token, so the checker's rules for it
+    /// (8.) apply as they are.
+    fn force_release(&mut self) {
+        let kind = FaultKind::ForceUnlock;
+        for _ in 0..10 {
+            if let Some(mut c) = self.conn() {
+                let _ = fairlock::raw::load_library(&mut c);
+            }
+            let name = self.locks[self.rng.range(0, self.locks.len() as u64 - 1) as usize].clone();
+            let operator = &self.direct().operator;
+            let sem = match self.s.workload {
+                Workload::Sem => operator.semaphore(&name, workload::SEM_CAPACITY),
+                _ => operator.rw_lock(&name).map(|l| l.as_semaphore().clone()),
+            }
+            .expect("semaphore name");
+            let holders = match sem.status() {
+                Ok(s) => s.holders,
+                Err(e) => {
+                    self.log(&format!("LOG operator status of {name} failed: {e}"));
+                    thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            let live = self.live_pids();
+            let candidates: Vec<_> = holders
+                .into_iter()
+                .filter(|h| live.contains(&h.origin.pid))
+                .collect();
+            if candidates.is_empty() {
+                thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            let h = &candidates[self.rng.range(0, candidates.len() as u64 - 1) as usize];
+            let (hold, token, pid) = (h.hold_id.clone(), h.fencing_token, h.origin.pid);
+            let id = self.fault_start(
+                kind,
+                Some(pid),
+                &format!(
+                    "lock={name} owner={hold} token={token} permits={}",
+                    h.permits
+                ),
+            );
+            let token_text = token.to_string();
+            let op_proxy = &self.direct().op_proxy;
+            op_proxy.arm(&[token_text.as_bytes()], Trap::LoseReply);
+            let lib = sem.force_release(&hold, token);
+            let report = if op_proxy.disarm() {
+                None
+            } else {
+                let t = Instant::now();
+                loop {
+                    match op_proxy.take_report() {
+                        Some(r) => break Some(r),
+                        None if t.elapsed() < Duration::from_secs(1) => {
+                            thread::sleep(Duration::from_millis(5))
+                        }
+                        None => break None,
+                    }
+                }
+            };
+            let first = match &report {
+                None => "not-trapped",
+                Some(r) if r.swallowed_reply.contains("not_held") => "not_held",
+                Some(r) if r.swallowed_reply.contains("released") => "released",
+                Some(r)
+                    if r.swallowed_reply.contains("NOSCRIPT")
+                        || r.swallowed_reply.contains("Function not found") =>
+                {
+                    "noscript"
+                }
+                Some(_) => "unknown",
+            };
+            self.sleep_ms(0, 60);
+            let retry = sem.force_release(&hold, token);
             let show = |r: &fairlock::Result<bool>| match r {
                 Ok(b) => b.to_string(),
                 Err(_) => "err".to_string(),
@@ -1134,8 +1339,14 @@ impl Run<'_> {
             let pttl: i64 = redis::cmd("PTTL").arg(&key).query(c).unwrap_or(-2);
             // every key of the lock has a TTL now, the fence too (7 days by default); the left
             // marks of attempts whose acquire went unanswered live for the queue's TTL
+            // a semaphore's keys (hash, leases, hand-offs, queue, waiters, wake lists, left
+            // marks, fence) must each be gone or carry a TTL: the fence its own (7 days), the
+            // others no longer than the queue's (10 min)
             let ok = self.locks.iter().any(|n| {
-                (key == format!("fairlock:{{{n}}}:fence") && pttl > 0)
+                let sem = format!("fairlock:{{{n}}}:sem");
+                (key == format!("{sem}:fence") && pttl > 0)
+                    || (key.starts_with(&sem) && (1..=600_000).contains(&pttl))
+                    || (key == format!("fairlock:{{{n}}}:fence") && pttl > 0)
                     || (key == format!("fairlock:{{{n}}}:left") && (1..=600_000).contains(&pttl))
                     || (key == format!("fairlock:{{{n}}}")
                         && (0..=workload::LEASE.as_millis() as i64).contains(&pttl)

@@ -3,8 +3,10 @@
 //! processes on one machine share, so the checker can merge the files into one timeline.
 //!
 //! Line format: `<t ns> <pid> <thread> <KIND> <args...>`. Worker kinds:
-//! - `REQ lock`: about to call `lock()`
-//! - `ACQ lock token lease_left_us`: `lock()` returned a guard (its `lease_remaining()` then, in µs)
+//! - `REQ lock [permits]`: about to call `lock()` (or, in the `sem` and `rw` workloads, to take
+//!   `permits`: 1-2 of a semaphore, 1 for a read, 2^30 for a write; 1 when absent)
+//! - `ACQ lock token lease_left_us`: `lock()` returned a guard (its `lease_remaining()` then, in µs;
+//!   `-` for a read/write guard, which does not tell)
 //! - `CS lock before after`: the counter read-modify-write (`after` is `?` when the SET failed)
 //! - `FENCE lock token ok seq epoch` | `FENCE lock token stale max` | `FENCE lock token unknown`
 //! - `UNLOCK lock`: about to call `unlock()` (the critical section is over)
@@ -207,6 +209,8 @@ pub enum Fence {
 pub enum Kind {
     Req {
         lock: String,
+        /// Permits asked (1 for a mutex).
+        permits: u64,
     },
     Acq {
         lock: String,
@@ -287,7 +291,10 @@ pub fn parse(line: &str) -> Option<Event> {
     let word = f.next()?;
     let mut arg = || f.next().map(str::to_string);
     let kind = match word {
-        "REQ" => Kind::Req { lock: arg()? },
+        "REQ" => Kind::Req {
+            lock: arg()?,
+            permits: arg().and_then(|p| p.parse().ok()).unwrap_or(1),
+        },
         "ACQ" => Kind::Acq {
             lock: arg()?,
             token: arg()?.parse().ok()?,

@@ -20,6 +20,16 @@
 //! replication explains (a grant a killed master took with it) are counted apart and are no
 //! violations (`chaos/checker.rs`, 9.). They stay out of the short mode: a failover with the
 //! rejoin of the old master takes 5 to 20 s, so a round that sees a few is minutes long.
+//!
+//! Every mode runs one of three workloads (`FAIRLOCK_CHAOS_WORKLOAD`, or `scripts/chaos.sh
+//! [SECONDS] [MODE] [mutex|sem|rw]`; `chaos/workload.rs`): `mutex` (the default, above), `sem`
+//! (each name a `Semaphore` of capacity 3, holds of 1 or 2 permits) or `rw` (each name an
+//! `RwLock`, a quarter of the holds writes with the counter and the fenced write). Each hold's
+//! interval is recorded from inside it; the checker's rule 10 (`chaos/checker.rs`) then asks
+//! for never more than the capacity at once (a write beside any other hold breaks it), with the
+//! mutex's exemptions, tokens unique and rising where the grant order is known, FIFO, liveness,
+//! the force-release rules and clean keys. Their rounds are `target/chaos/<workload>-*/`, their
+//! totals `summary[-<mode>]-<workload>.json`; the short mode runs the mutex only.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -47,6 +57,7 @@ use serde_json::{json, Value};
 use harness::Scenario;
 use support::ChildTest;
 use topo::Deployment;
+use workload::Workload;
 
 /// The scenarios run one at a time: they share 2 cores with nothing else to spare.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -54,6 +65,22 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 const WORKERS: usize = 3;
 const THREADS: usize = 3;
 const QUIET: Duration = Duration::from_secs(8);
+
+/// A scenario's name: `name` for the mutex workload, `<workload>-<name>` for the others.
+fn named(name: &str) -> String {
+    match Workload::from_env() {
+        Workload::Mutex => name.to_string(),
+        w => format!("{}-{name}", w.name()),
+    }
+}
+
+/// The long mode's totals file: `<summary>.json`, `<summary>-<workload>.json` for `sem`, `rw`.
+fn summary_name(summary: &str) -> String {
+    match Workload::from_env() {
+        Workload::Mutex => summary.to_string(),
+        w => summary.replace(".json", &format!("-{}.json", w.name())),
+    }
+}
 
 fn scenario(name: &str, aof: bool, fault_time: Duration) -> Scenario {
     // the server clock steps without persistence (FakeClockRedis has no AOF), when libfaketime
@@ -63,7 +90,7 @@ fn scenario(name: &str, aof: bool, fault_time: Duration) -> Scenario {
         println!("chaos {name}: libfaketime not found, so no server clock steps (apt-get install faketime)");
     }
     Scenario {
-        name: name.into(),
+        name: named(name),
         deployment: Deployment::Single,
         aof,
         fake_clock,
@@ -72,13 +99,14 @@ fn scenario(name: &str, aof: bool, fault_time: Duration) -> Scenario {
         workers: WORKERS,
         threads: THREADS,
         seed: harness::seed(),
+        workload: Workload::from_env(),
     }
 }
 
 /// A round on a fresh Sentinel group or Redis Cluster (no persistence, the real clock).
 fn topology_scenario(name: &str, deployment: Deployment, fault_time: Duration) -> Scenario {
     Scenario {
-        name: name.into(),
+        name: named(name),
         deployment,
         aof: false,
         fake_clock: false,
@@ -87,6 +115,7 @@ fn topology_scenario(name: &str, deployment: Deployment, fault_time: Duration) -
         workers: WORKERS,
         threads: THREADS,
         seed: harness::seed(),
+        workload: Workload::from_env(),
     }
 }
 
@@ -227,7 +256,8 @@ fn long_mode(summary: &str, workers: &ChildTest, round: impl Fn(usize, Duration)
     let totals = aggregate(&rounds, started.elapsed());
     let text = serde_json::to_string_pretty(&totals).unwrap();
     std::fs::create_dir_all(harness::chaos_dir()).unwrap();
-    std::fs::write(harness::chaos_dir().join(summary), text.clone() + "\n").unwrap();
+    let summary = summary_name(summary);
+    std::fs::write(harness::chaos_dir().join(&summary), text.clone() + "\n").unwrap();
     println!("== chaos long run totals\n{text}");
     assert!(failures.is_empty(), "violations: {failures:?}");
 }
@@ -249,6 +279,8 @@ fn chaos_recheck() {
         &checker::EndState::default(),
         &checker::Params {
             scenario: dir.display().to_string(),
+            // FAIRLOCK_CHAOS_WORKLOAD must name the run's workload
+            capacity: Workload::from_env().capacity(),
             lease_ns: workload::LEASE.as_nanos() as u64,
             max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
         },
@@ -314,8 +346,28 @@ fn aggregate(rounds: &[Value], elapsed: Duration) -> Value {
         forced += r["force_unlocked_holds"].as_u64().unwrap_or(0);
         cut += r["holds_cut_by_force_unlock"].as_u64().unwrap_or(0);
     }
+    let mut most: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for r in rounds {
+        for key in [
+            "most_permits_held_at_once",
+            "most_permits_held_at_once_unexplained",
+        ] {
+            for (k, v) in r[key].as_object().into_iter().flatten() {
+                let m = most
+                    .entry(key.into())
+                    .or_default()
+                    .entry(k.clone())
+                    .or_default();
+                *m = (*m).max(v.as_u64().unwrap_or(0));
+            }
+        }
+    }
     json!({
         "elapsed_s": elapsed.as_secs(),
+        "workload": rounds.first().map(|r| r["workload"].clone()),
+        "capacity": rounds.first().map(|r| r["capacity"].clone()),
+        "most_permits_held_at_once": most.get("most_permits_held_at_once"),
+        "most_permits_held_at_once_unexplained": most.get("most_permits_held_at_once_unexplained"),
         "rounds": rounds.len(),
         "workers": WORKERS,
         "threads_per_worker": THREADS,
@@ -408,6 +460,7 @@ fn checker_finds_planted_violations() {
     };
     let params = checker::Params {
         scenario: "planted".into(),
+        capacity: None,
         lease_ns: workload::LEASE.as_nanos() as u64,
         max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
     };
@@ -520,6 +573,7 @@ fn checker_separates_what_async_replication_explains() {
     };
     let params = checker::Params {
         scenario: "planted-replication".into(),
+        capacity: None,
         lease_ns: workload::LEASE.as_nanos() as u64,
         max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
     };
@@ -626,5 +680,140 @@ fn key_slots_are_redis_clusters() {
     assert_eq!(
         topo::key_slot("fairlock:{x}:queue"),
         topo::key_slot("fairlock:{x}")
+    );
+}
+
+/// The `sem` and `rw` workloads' checks see what they are there to see: holds of more permits
+/// than the capacity at once (`over_capacity`), a write beside a read of a read/write lock (the
+/// same rule: a write takes every permit), a token not above one granted before the request,
+/// a token handed out twice; while holds granted together whose ACQ lines came in another
+/// order than their tokens are no violation, and a SIGSTOP of a holder explains its overrun.
+#[test]
+fn checker_finds_planted_capacity_violations() {
+    let s = |secs: f64| (secs * 1e9) as u64;
+    let files = |text: &str| -> Vec<Vec<history::Event>> {
+        let mut files: BTreeMap<u32, Vec<history::Event>> = BTreeMap::new();
+        for line in text.lines() {
+            let e = history::parse(line).expect(line);
+            files.entry(e.pid).or_default().push(e);
+        }
+        files.into_values().collect()
+    };
+    // (pid, permits, token, REQ, ACQ, UNLOCK) on lock `s`
+    let hold = |pid: u32, permits: u64, token: u64, req: f64, acq: f64, end: f64| {
+        format!(
+            "{} {pid} 0 REQ s {permits}\n{} {pid} 0 ACQ s {token} 900000\n{} {pid} 0 UNLOCK s\n{} {pid} 0 REL s ok 0 {}\n",
+            s(req), s(acq), s(end), s(end), s(end) + 1000
+        )
+    };
+    let phases = format!(
+        "{} 1 parent PHASE start\n{} 1 parent PHASE quiet\n{} 1 parent PHASE stop\n",
+        s(0.0),
+        s(10.0),
+        s(20.0)
+    );
+    let check = |text: &str, capacity: u64| {
+        checker::check(
+            files(text),
+            0,
+            &checker::EndState::default(),
+            &checker::Params {
+                scenario: "planted-capacity".into(),
+                capacity: Some(capacity),
+                lease_ns: workload::LEASE.as_nanos() as u64,
+                max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
+            },
+        )
+    };
+    let kinds = |r: &checker::Report| {
+        let mut k: Vec<String> = r.violations.iter().map(|(k, _)| k.clone()).collect();
+        k.sort();
+        k.dedup();
+        k
+    };
+    // 2 + 1 + 1 permits at 1.2 s of 3; at 2.0 s a request after the ACQ of token 3 gets token 2,
+    // which 12 had; 15 and 16 are granted together and log their ACQ in the other order
+    let sem = [
+        phases.clone(),
+        hold(11, 2, 1, 1.0, 1.0, 1.5),
+        hold(12, 1, 2, 1.1, 1.1, 1.6),
+        hold(13, 1, 3, 1.2, 1.2, 1.3),
+        hold(14, 1, 2, 2.0, 2.0, 2.1),
+        hold(15, 1, 10, 3.0, 3.02, 3.1),
+        hold(16, 2, 11, 3.0, 3.01, 3.1),
+    ]
+    .concat();
+    let report = check(&sem, workload::SEM_CAPACITY);
+    assert_eq!(
+        kinds(&report),
+        ["over_capacity", "token_order", "token_reused"],
+        "{:#?}",
+        report.violations
+    );
+    assert_eq!(report.summary["most_permits_held_at_once"]["s"], 4);
+    assert_eq!(
+        report.summary["most_permits_held_at_once_unexplained"]["s"],
+        4
+    );
+    // a SIGSTOP of 11 from before 13's grant explains the overrun (11 outlived its lease)
+    let stop = format!(
+        "{} 1 parent FAULT 1 sigstop start 11 holder\n{} 1 parent FAULT 1 sigstop end\n",
+        s(1.05),
+        s(1.15)
+    );
+    let report = check(&(sem.clone() + &stop), workload::SEM_CAPACITY);
+    assert_eq!(
+        kinds(&report),
+        ["token_order", "token_reused"],
+        "{:#?}",
+        report.violations
+    );
+    assert_eq!(
+        report.summary["explained"]["holds_over_capacity_sigstop"],
+        1
+    );
+    assert_eq!(report.summary["most_permits_held_at_once"]["s"], 4);
+    assert_eq!(
+        report.summary["most_permits_held_at_once_unexplained"]["s"],
+        3
+    );
+    // the same holds within capacity: nothing
+    let fine = [
+        phases.clone(),
+        hold(11, 2, 1, 1.0, 1.0, 1.15),
+        hold(12, 1, 2, 1.1, 1.1, 1.6),
+        hold(13, 1, 3, 1.2, 1.2, 1.3),
+        hold(15, 1, 10, 3.0, 3.02, 3.1),
+        hold(16, 2, 11, 3.0, 3.01, 3.1),
+    ]
+    .concat();
+    let report = check(&fine, workload::SEM_CAPACITY);
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert_eq!(report.summary["most_permits_held_at_once"]["s"], 3);
+
+    // a read/write lock: reads together are fine, a read beside a write is not
+    let w = workload::RW_CAPACITY;
+    let rw = [
+        phases.clone(),
+        hold(21, 1, 1, 1.0, 1.0, 1.5),
+        hold(22, 1, 2, 1.1, 1.1, 1.6),
+        hold(23, w, 3, 1.2, 2.0, 2.5),
+        hold(24, 1, 4, 2.4, 2.45, 2.6),
+    ]
+    .concat();
+    let report = check(&rw, w);
+    assert_eq!(
+        kinds(&report),
+        ["over_capacity"],
+        "{:#?}",
+        report.violations
+    );
+    assert_eq!(
+        report
+            .violations
+            .iter()
+            .filter(|(k, _)| k == "over_capacity")
+            .count(),
+        1
     );
 }

@@ -457,11 +457,17 @@ fn read_fences(c: &mut Connection, locks: &[String]) -> Option<Fences> {
     locks
         .iter()
         .map(|l| {
-            let fence: Option<u64> = redis::cmd("GET")
-                .arg(format!("{}:fence", lock_key(l)))
-                .query(c)
-                .ok()?;
-            Some((l.clone(), fence.unwrap_or(0)))
+            // the mutex's fence and the semaphore's (the `sem` and `rw` workloads): a name is
+            // used as one or the other in a run, so the greater is the one in use
+            let mut fence = 0;
+            for key in [
+                format!("{}:fence", lock_key(l)),
+                format!("{}:sem:fence", lock_key(l)),
+            ] {
+                let v: Option<u64> = redis::cmd("GET").arg(key).query(c).ok()?;
+                fence = fence.max(v.unwrap_or(0));
+            }
+            Some((l.clone(), fence))
         })
         .collect()
 }

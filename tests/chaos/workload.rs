@@ -3,6 +3,17 @@
 //! INCR, so a second owner loses updates) and a fenced write on the lock's resource.
 //! Library errors are recorded, never fatal. The parent stops the worker by closing its stdin.
 //!
+//! The workload (`FAIRLOCK_CHAOS_WORKLOAD`, [`Workload`]) is the mutex's (above), `sem` or `rw`:
+//! - `sem`: each name is a [`fairlock::Semaphore`] of capacity [`SEM_CAPACITY`]; a thread takes
+//!   1 or 2 permits (`acquire_many`), holds them 0-3 ms and gives them back. No counter and no
+//!   fenced write (holders share the semaphore: its tokens order grants, not writes).
+//! - `rw`: each name is a [`fairlock::RwLock`]; a quarter of the holds are writes, which do the
+//!   mutex's counter read-modify-write and fenced write; reads hold 0-3 ms and write nothing.
+//!
+//! Either way the thread records the hold as the mutex's does (REQ with the permits asked, ACQ,
+//! UNLOCK before the release, REL with the outcome and whether the hold said it was lost:
+//! `is_lost()` or its lost signal), so the checker sees each hold's interval from inside it.
+//!
 //! In the Sentinel and Cluster modes the locks live on the topology (`redis+sentinel://` or
 //! `redis+cluster://`) and the counter and the fenced resource on a redis-server of their own
 //! that no fault touches, as a database would be: a failover that loses writes then loses lock
@@ -25,6 +36,58 @@ pub const ENV_LIMIT: &str = "FAIRLOCK_CHAOS_LIMIT_SECS";
 pub const ENV_TLS_CA: &str = "FAIRLOCK_CHAOS_TLS_CA";
 /// Where the counter and the fenced resource live (default: `ENV_URL`).
 pub const ENV_RESOURCE_URL: &str = "FAIRLOCK_CHAOS_RESOURCE_URL";
+/// What the workers take: `mutex` (default), `sem` or `rw` ([`Workload`]).
+pub const ENV_WORKLOAD: &str = "FAIRLOCK_CHAOS_WORKLOAD";
+
+/// The capacity of the `sem` workload's semaphores.
+pub const SEM_CAPACITY: u64 = 3;
+/// The permits of a read/write lock (a write takes them all): `fairlock::raw::RW_CAPACITY`.
+pub const RW_CAPACITY: u64 = 1 << 30;
+
+/// What the workers contend for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// `fair_lock`: one holder at a time (counter, fenced write).
+    Mutex,
+    /// `semaphore(name, SEM_CAPACITY)`: holds of 1-2 permits.
+    Sem,
+    /// `rw_lock(name)`: mostly reads, a quarter writes (counter, fenced write).
+    Rw,
+}
+
+impl Workload {
+    pub fn parse(s: &str) -> Option<Workload> {
+        match s {
+            "mutex" | "" => Some(Workload::Mutex),
+            "sem" => Some(Workload::Sem),
+            "rw" => Some(Workload::Rw),
+            _ => None,
+        }
+    }
+
+    /// `FAIRLOCK_CHAOS_WORKLOAD` (default `mutex`); panics on an unknown name.
+    pub fn from_env() -> Workload {
+        let v = std::env::var(ENV_WORKLOAD).unwrap_or_default();
+        Workload::parse(&v).unwrap_or_else(|| panic!("{ENV_WORKLOAD}={v:?}: mutex, sem or rw"))
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Mutex => "mutex",
+            Workload::Sem => "sem",
+            Workload::Rw => "rw",
+        }
+    }
+
+    /// The permits one name has (`None`: a mutex, one holder).
+    pub fn capacity(self) -> Option<u64> {
+        match self {
+            Workload::Mutex => None,
+            Workload::Sem => Some(SEM_CAPACITY),
+            Workload::Rw => Some(RW_CAPACITY),
+        }
+    }
+}
 
 /// The workload's settings (the parent's checker uses the same).
 pub const LEASE: Duration = Duration::from_secs(1);
@@ -126,6 +189,7 @@ pub fn run() -> ! {
         .collect();
     let limit = Duration::from_secs(env(ENV_LIMIT));
     let resource_url = std::env::var(ENV_RESOURCE_URL).unwrap_or_else(|_| url.clone());
+    let workload = Workload::from_env();
     thread::spawn(move || {
         thread::sleep(limit);
         eprintln!(
@@ -188,7 +252,11 @@ pub fn run() -> ! {
             .name(format!("w{i}"))
             .spawn(move || {
                 let seed = u64::from(std::process::id()) << 16 | i as u64;
-                worker_thread(&client, &history, &locks, &stop, &url, i, seed);
+                if workload == Workload::Mutex {
+                    worker_thread(&client, &history, &locks, &stop, &url, i, seed);
+                } else {
+                    shared_thread(workload, &client, &history, &locks, &stop, &url, i, seed);
+                }
                 let _ = done.send(i);
             })
             .expect("worker thread");
@@ -283,6 +351,150 @@ fn worker_thread(
             thread::sleep(ERROR_PAUSE);
         }
         // think time outside the lock
+        thread::sleep(Duration::from_micros(rng.range(0, 2000)));
+    }
+}
+
+/// A name of the `sem` or `rw` workload.
+enum Shared {
+    Sem(fairlock::Semaphore),
+    Rw(fairlock::RwLock),
+}
+
+/// A hold of the `sem` or `rw` workload.
+enum Held {
+    Permit(fairlock::Permit),
+    Read(fairlock::ReadGuard),
+    Write(fairlock::WriteGuard),
+}
+
+impl Held {
+    fn token(&self) -> u64 {
+        match self {
+            Held::Permit(p) => p.fencing_token(),
+            Held::Read(g) => g.fencing_token(),
+            Held::Write(g) => g.fencing_token(),
+        }
+    }
+
+    fn is_lost(&self) -> bool {
+        match self {
+            Held::Permit(p) => p.is_lost(),
+            Held::Read(g) => g.is_lost(),
+            Held::Write(g) => g.is_lost(),
+        }
+    }
+
+    fn lost_signal(&self) -> crossbeam_channel::Receiver<fairlock::LostHold> {
+        match self {
+            Held::Permit(p) => p.lost_signal(),
+            Held::Read(g) => g.lost_signal(),
+            Held::Write(g) => g.lost_signal(),
+        }
+    }
+
+    /// The lease left by the holder's estimate, in µs, when the hold tells it (a permit does,
+    /// the read/write guards do not).
+    fn lease_left_us(&self) -> String {
+        match self {
+            Held::Permit(p) => p.lease_remaining().as_micros().to_string(),
+            _ => "-".to_string(),
+        }
+    }
+
+    fn release(self) -> fairlock::Result<()> {
+        match self {
+            Held::Permit(p) => p.release(),
+            Held::Read(g) => g.unlock(),
+            Held::Write(g) => g.unlock(),
+        }
+    }
+}
+
+/// The `sem` and `rw` workloads' thread: as [`worker_thread`], with permits. `REQ name k` names
+/// the permits asked (a write: all of them); the interval the checker sees runs from ACQ
+/// (after the grant) to UNLOCK (before the release).
+#[allow(clippy::too_many_arguments)]
+fn shared_thread(
+    workload: Workload,
+    client: &fairlock::LockClient,
+    h: &History,
+    locks: &[String],
+    stop: &AtomicBool,
+    url: &str,
+    me: usize,
+    seed: u64,
+) {
+    let th = me.to_string();
+    let mut rng = Rng::new(seed);
+    let handles: Vec<Shared> = locks
+        .iter()
+        .map(|n| match workload {
+            Workload::Sem => Shared::Sem(client.semaphore(n, SEM_CAPACITY).unwrap()),
+            _ => Shared::Rw(client.rw_lock(n).unwrap()),
+        })
+        .collect();
+    let script = redis::Script::new(FENCED_WRITE);
+    let mut conn: Option<redis::Connection> = None;
+    // open the pooled connection before the first REQ (see worker_thread)
+    let _ = match &handles[0] {
+        Shared::Sem(s) => s.status(),
+        Shared::Rw(l) => l.status(),
+    };
+    while !stop.load(Ordering::SeqCst) {
+        let pick = rng.range(0, handles.len() as u64 - 1) as usize;
+        let name = &locks[pick];
+        let (permits, held) = match &handles[pick] {
+            Shared::Sem(s) => {
+                let k = rng.range(1, 2);
+                h.log(&th, &format!("REQ {name} {k}"));
+                (k, s.acquire_many(k).map(Held::Permit))
+            }
+            Shared::Rw(l) if rng.range(0, 3) == 0 => {
+                h.log(&th, &format!("REQ {name} {RW_CAPACITY}"));
+                (RW_CAPACITY, l.write().map(Held::Write))
+            }
+            Shared::Rw(l) => {
+                h.log(&th, &format!("REQ {name} 1"));
+                (1, l.read().map(Held::Read))
+            }
+        };
+        let held = match held {
+            Ok(g) => g,
+            Err(e) => {
+                h.log(&th, &format!("ERR {name} lock {e}"));
+                thread::sleep(ERROR_PAUSE);
+                continue;
+            }
+        };
+        let signal = held.lost_signal();
+        let token = held.token();
+        h.log(&th, &format!("ACQ {name} {token} {}", held.lease_left_us()));
+        let ok = if workload == Workload::Rw && permits == RW_CAPACITY {
+            critical_section(h, &th, name, token, &mut conn, url, &script, &mut rng)
+        } else {
+            thread::sleep(Duration::from_micros(rng.range(0, 3000)));
+            true
+        };
+        let lost = u8::from(held.is_lost() || signal.try_recv().is_ok());
+        let t = now_ns();
+        h.log_at(t, &th, &format!("UNLOCK {name}"));
+        match held.release() {
+            Ok(()) => h.log_at(t, &th, &format!("REL {name} ok {lost} {}", now_ns())),
+            Err(e) => {
+                let outcome = match e {
+                    fairlock::Error::NotHeld { .. } => "notheld",
+                    _ => "err",
+                };
+                let done = now_ns();
+                h.log_at(t, &th, &format!("REL {name} {outcome} {lost} {done} {e}"));
+                thread::sleep(ERROR_PAUSE);
+            }
+        }
+        if !ok {
+            conn = None;
+            thread::sleep(ERROR_PAUSE);
+        }
         thread::sleep(Duration::from_micros(rng.range(0, 2000)));
     }
 }

@@ -642,6 +642,7 @@ impl World {
                 }
             }
         }
+        self.sem_keepalive();
     }
 }
 

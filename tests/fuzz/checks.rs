@@ -376,6 +376,7 @@ impl World {
             }
         }
         self.checker.last = snap.locks;
+        self.sem_after_call(actor, sent);
     }
 
     /// After every step: mutual exclusion, Redis's agreement, live waiters' places and
@@ -508,13 +509,14 @@ impl World {
             self.violate(check, msg);
         }
         self.checker.last = snap.locks;
+        self.sem_step_checks();
     }
 
     /// The end state after the quiet phase: every lock free, nothing queued, and only the fence,
     /// tombstones living out a released lease and short-lived wake lists left.
     pub fn settled(&mut self) -> Result<(), String> {
         let snap = self.snapshot(true);
-        let mut wrong = vec![];
+        let mut wrong = self.sem_unsettled();
         for (l, cur) in snap.locks.iter().enumerate() {
             if cur.token != 0 || !cur.owner.is_empty() {
                 wrong.push(format!("lock {l} held by {:?}", cur.owner));
@@ -531,6 +533,15 @@ impl World {
         for (key, pttl) in &snap.keys {
             let ok = if key.ends_with(":fence") {
                 *pttl > 0
+            } else if key.ends_with("}:sem")
+                || key.ends_with("}:sem:leases")
+                || key.ends_with("}:sem:handoffs")
+            {
+                // a semaphore's hash without live holds (checked above): kind, capacity, the
+                // receipts and expired holds, kept as long as its last queue could live
+                // (QUEUE_TTL), with its leases and hand-offs
+                let queue_ttl = (2 * self.cfg.waiter_timeout_ms).max(600_000) as i64;
+                *pttl > 0 && *pttl <= queue_ttl + behind
             } else if !key.contains("}:") {
                 // a lock hash, free (checked above): a tombstone for the rest of a lease
                 *pttl > 0 && *pttl <= self.cfg.lease_ms.1 as i64 + behind

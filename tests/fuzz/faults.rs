@@ -73,6 +73,13 @@ impl World {
                 .unsure_end
                 .insert((lock, attempt));
         }
+        if let (Who::Thread(c, t), Some((sem, attempt))) =
+            (who, crate::sem::sem_acquire_of(last.label()))
+        {
+            self.clients[c].threads[t]
+                .sem_unsure_end
+                .insert((sem, attempt));
+        }
         let sent = self.clock.fz();
         let reply = last.resend(&mut self.conns[Self::conn_of(Some(who))]);
         self.after_call(None, sent);
@@ -130,7 +137,16 @@ impl World {
             "c{c} waker gets the held-up wake-up {msg:?} of lock {lock} ({wait_ms}ms more)"
         ));
         self.stats.add("slow wake-up delivered", 1);
-        self.hand_over(c, lock, &msg, crate::steps::Fault::None);
+        if lock >= crate::sem::SEM_POP {
+            self.sem_hand_over(
+                c,
+                lock - crate::sem::SEM_POP,
+                &msg,
+                crate::steps::Fault::None,
+            );
+        } else {
+            self.hand_over(c, lock, &msg, crate::steps::Fault::None);
+        }
         true
     }
 
@@ -250,6 +266,11 @@ impl World {
             self.places_lost(lock);
             self.checker.fence_lost[lock] = true;
         }
+        for sem in 0..self.sems.len() {
+            self.sem_exempt_current_holds(sem);
+            self.sem_places_lost(sem);
+            self.sem_checker.fence_lost[sem] = true;
+        }
         for cl in &mut self.clients {
             let upto = cl.next_attempt.saturating_sub(1);
             for th in &mut cl.threads {
@@ -281,6 +302,9 @@ impl World {
             for cl in &mut self.clients {
                 for th in &mut cl.threads {
                     if let State::Waiting(w) = &mut th.state {
+                        w.forward_steps += 1;
+                    }
+                    if let State::Waiting(w) = &mut th.sem {
                         w.forward_steps += 1;
                     }
                 }

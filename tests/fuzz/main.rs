@@ -23,7 +23,22 @@
 //! (`Fault::SlowFirst`, the success path of a repeat); and every third seed's quiet phase without
 //! heartbeats (below).
 //!
-//! Checked after every request and every step (`fuzz/checks.rs`):
+//! **Semaphores** (`fuzz/sem.rs`): every odd seed also has one or two semaphores, each a
+//! counting semaphore of capacity 1-4 whose acquires ask for 1-3 permits, or the read/write
+//! shape (capacity `RW_CAPACITY`: a read takes 1 permit, a write all). The same threads act on
+//! them beside their locks (a thread has a lock side and a semaphore side), as the real
+//! `PermitAttempt`, `Permit` and janitor do (`src/sem_attempt.rs`, `permit.rs`, `janitor.rs`):
+//! acquire try/wait with a deadline, pop the client's wake list (a grant judged by
+//! `judge_handoff` with the witness, a retry re-runs acquire), leave claim at the deadline, leave
+//! pass after an error, a left mark when a request went unanswered or was sent twice, release,
+//! renewal, heartbeat, and the operator's status + `force_release`. Every request goes through
+//! `World::exec`, so all network faults apply, stray duplicates and late deliveries included;
+//! crashes, pauses, sleeps, data loss and clock steps apply as to the locks, and each semaphore
+//! key (hash, fence, queue, waiters, leases, hand-offs, left marks, a wake list) is evicted on
+//! its own. Even seeds have none, and draw the same steps as before.
+//!
+//! Checked after every request and every step (`fuzz/checks.rs`; for the semaphores,
+//! `fuzz/sem.rs` checks the same properties, each named below):
 //! 1. **Mutual exclusion**: at most one thread holds a lock by its own conservative estimate
 //!    (send time of the granting request + the pttl in its reply; a popped hand-off: the
 //!    client's `judge_handoff`, counting forward clock steps only from the grant on; a renewal:
@@ -52,6 +67,34 @@
 //!    is a violation.
 //! 8. **Key sizes**: waiters entries only for queued owners (but after a queue key's eviction).
 //!
+//! The semaphores' checks: (1) **never more than capacity**: the permits of the holds their
+//! holders count on by their own conservative estimate (send time of the granting request + the
+//! pttl in its reply, at most the lease; a popped hand-off judged by `judge_handoff` with the
+//! witness; a renewal its send time + lease) never exceed the capacity, and Redis has each of
+//! them (that hold id, token and permits); Redis's `~used` equals the permits of the holds in its
+//! hash, and the permits of its holds whose lease has not run out on the server's clock never
+//! exceed the capacity (checked after every request). (2) tokens strictly rise per semaphore
+//! (a grant loop's several grants in token order). (3) every key has a TTL. (4) no grant while a
+//! live waiter queued ahead of the grantee is not served in that same call (the grant loop
+//! stops at the first head that does not fit), a live waiter keeps its place, and a live
+//! waiter's hand-off stays until its lease could end. (5) liveness: in the quiet phase every
+//! thread also gets permits once (a read/write lock's thread 0 a write), and each semaphore ends
+//! with no live hold and no waiter, nothing left but the fence, a hash without live holds (kind,
+//! capacity, receipts, holds whose lease ran out, which the next writing script removes: counted)
+//! with its leases and hand-offs within the queue's TTL, wake lists and left marks. (6) no ghost hold: a new hold
+//! only for an attempt under way. (7) is not mirrored: in a try-only ending the crashing clients
+//! also queue for all of a semaphore's permits (dead waiters), which only liveness then judges.
+//! (8) waiters entries only for queued owners. Also: replies the
+//! scripts never give (busy to a wait, queued to a try, stale to the newest attempt, a
+//! capacity mismatch), a release reported done while Redis still has the hold, and a renewal
+//! of a force-released or lost hold. Exemptions, each counted in the summary, as the locks':
+//! force-released holds and holds whose hash was evicted or lost with all data are released from
+//! check 1 (by token); tokens after a fence loss on a stepped-back clock; late acquires of
+//! attempts whose mark was lost (a lost or late ending leave/release, a stray duplicate, an
+//! evicted marks key) or lost with all data; and, as the semaphore keeps hand-off
+//! deadlines on the server clock (`docs/semaphores.md`), a hand-off to a live waiter
+//! revoked after a forward clock step (liveness, never safety: the wake-up goes with it).
+//!
 //! Also: replies the scripts never give (a stale answer to a thread's newest attempt, a busy
 //! answer to a wait, a re-entry count other than depth + 1), script errors, a depth-1 release
 //! reported done while Redis still holds it, and a renewal or re-entry of a hold that was
@@ -76,6 +119,13 @@
 //! report at most the lease and never shorten a TTL; the client also caps at the lease, which
 //! the model mirrors (a capped pttl is counted, not exempt).
 //!
+//! Found by this fuzzer in the semaphore scripts and fixed (regression tests
+//! `sem_stale_handoff_entry_does_not_starve_a_live_waiter`, `sem_evicted_leases_do_not_strand_permits`):
+//! a heartbeat took a hand-offs entry whose hold went with an evicted hash for a pending grant
+//! and did not refresh the waiter (queued again with that attempt), which was purged while live
+//! and overtaken; and an evicted leases zset left holds that never expired, so a crashed
+//! holder's permits were never given back.
+//!
 //! A failure prints the seed, the violation and the shortest step list found by replaying and
 //! dropping chunks (`fuzz/shrink.rs`, at most 60 s).
 //!
@@ -94,6 +144,7 @@ mod checks;
 mod faults;
 mod model;
 mod runner;
+mod sem;
 mod shrink;
 mod steps;
 mod world;
@@ -309,6 +360,7 @@ fn backward_step_then_lost_renewal() {
         locks: 1,
         clients: 3,
         threads: 1,
+        sems: vec![],
         ..Config::for_seed(7)
     };
     let acquire = |c| Step::Acquire(AcquireStep::plain(c, 0, 0, true, 600));
@@ -366,6 +418,7 @@ fn lapsed_handoff_revived_by_a_backward_step() {
         threads: 2,
         // the original run was lucky: Redis had not yet deleted the expired message
         lazy_expiry_only: true,
+        sems: vec![],
         ..Config::for_seed(20261141)
     };
     let acquire = |c, t, wait, lease_ms| Step::Acquire(AcquireStep::plain(c, t, 0, wait, lease_ms));
@@ -411,6 +464,7 @@ fn late_acquire_after_its_leave_leaves_no_ghost_waiter() {
         locks: 3,
         clients: 2,
         threads: 1,
+        sems: vec![],
         ..Config::for_seed(20261977)
     };
     let steps = [
@@ -419,6 +473,100 @@ fn late_acquire_after_its_leave_leaves_no_ghost_waiter() {
         Step::Acquire(AcquireStep {
             fault: Fault::Late,
             ..AcquireStep::plain(0, 0, 2, true, 600)
+        }),
+    ];
+    let out = run(&cfg, Source::Replay(&steps), Some(runner::QUIET_LIMIT));
+    assert!(
+        out.violation.is_none(),
+        "{:?}\n{}",
+        out.violation,
+        out.log.join("\n")
+    );
+}
+
+/// Found by this fuzzer once it drove the semaphores (seed 1 of the CI run, shrunk to 16
+/// steps): a hand-off's hold was lost with the semaphore's hash (evicted) while its entry in
+/// the hand-offs zset stayed; the grantee, its pop's reply lost, queued again with the same
+/// attempt. Its client's heartbeats then found the stale hand-off entry, extended it, and did
+/// not refresh the waiter's entry: the live waiter was purged as dead after a forward clock
+/// step, and a waiter behind it was granted the permits first.
+#[test]
+fn sem_stale_handoff_entry_does_not_starve_a_live_waiter() {
+    use sem::{SemKey, SemStep};
+    use steps::{Fault, Step, Who};
+    let cfg = Config::for_seed(1);
+    assert_eq!((cfg.clients, cfg.threads, cfg.sems.len()), (5, 2, 1));
+    let acquire = |c, t, permits, lease_ms, deadline_ms| {
+        Step::Sem(SemStep::Acquire {
+            c,
+            t,
+            sem: 0,
+            permits,
+            wait: true,
+            lease_ms,
+            deadline_ms,
+            fault: Fault::None,
+            then: Fault::None,
+        })
+    };
+    let force = |fault| Step::Sem(SemStep::ForceRelease { sem: 0, fault });
+    let steps = [
+        acquire(2, 1, 1, 383, Some(1397)),
+        acquire(1, 0, 2, 610, None),
+        force(Fault::Retried),
+        acquire(0, 1, 2, 405, None),
+        acquire(4, 0, 1, 312, None),
+        force(Fault::None),
+        Step::Resend {
+            who: Who::Thread(1, 0),
+        },
+        force(Fault::Retried),
+        Step::Sem(SemStep::Evict {
+            sem: 0,
+            key: SemKey::Hash,
+        }),
+        Step::Sem(SemStep::Pop {
+            c: 4,
+            t: 0,
+            fault: Fault::Lost,
+            then: Fault::None,
+        }),
+        Step::Clock { ms: 202 },
+        acquire(1, 1, 2, 611, None),
+        Step::Clock { ms: 284 },
+        Step::Sleep { ms: 14 },
+        Step::Clock { ms: 6468 },
+        acquire(4, 1, 1, 754, Some(535)),
+    ];
+    replay_expecting_no_violation(&cfg, &steps);
+}
+
+/// Found by this fuzzer (seed 1 of the CI run, shrunk to 18 steps; rebuilt here from its
+/// core): the leases zset of a semaphore was evicted while a crashed client held permits.
+/// Nothing expired that hold any more (expiry reads the zset), and every heartbeat kept the
+/// hash alive, so the permits were never given back and the quiet phase never settled.
+#[test]
+fn sem_evicted_leases_do_not_strand_permits() {
+    use sem::{SemKey, SemStep};
+    use steps::{Fault, Step};
+    let cfg = Config::for_seed(1);
+    assert_eq!(cfg.sems[0].cap, 2);
+    let steps = [
+        Step::Sem(SemStep::Acquire {
+            c: 0,
+            t: 1,
+            sem: 0,
+            permits: 2,
+            wait: true,
+            lease_ms: 600,
+            deadline_ms: None,
+            fault: Fault::None,
+            then: Fault::None,
+        }),
+        Step::Crash { c: 0 },
+        Step::Sem(SemStep::Evict {
+            sem: 0,
+            key: SemKey::Leases,
         }),
     ];
     let out = run(&cfg, Source::Replay(&steps), Some(runner::QUIET_LIMIT));

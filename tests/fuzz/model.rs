@@ -37,6 +37,18 @@ pub struct Config {
     /// traffic alone, within explicit bounds (`quiet` in runner.rs). Those seeds hold longer
     /// leases, so a dead grantee kept for its lease shows.
     pub quiet_heartbeats: bool,
+    /// The semaphores (`fuzz/sem.rs`): every odd seed has one or two, a counting semaphore of
+    /// capacity 1-4 (weights 1-3) or the read/write shape; even seeds have none and run as
+    /// before.
+    pub sems: Vec<SemShape>,
+}
+
+/// One semaphore of a run: a counting semaphore of `cap` permits, or a read/write lock
+/// (`rw`: capacity `RW_CAPACITY`, a read takes 1, a write all).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SemShape {
+    pub rw: bool,
+    pub cap: u64,
 }
 
 impl Config {
@@ -62,7 +74,31 @@ impl Config {
                 Runner::Functions
             },
             quiet_heartbeats,
+            sems: Self::sems_for_seed(seed),
         }
+    }
+
+    /// Drawn from a generator of its own, so the mutex's shape of a seed is as it was.
+    fn sems_for_seed(seed: u64) -> Vec<SemShape> {
+        if seed.is_multiple_of(2) {
+            return vec![];
+        }
+        let mut rng = Rng::new(mix(seed ^ 0x5E4A_F0E5));
+        (0..rng.range(1, 2))
+            .map(|_| {
+                if rng.chance(0.3) {
+                    SemShape {
+                        rw: true,
+                        cap: fairlock::raw::RW_CAPACITY,
+                    }
+                } else {
+                    SemShape {
+                        rw: false,
+                        cap: rng.range(1, 4),
+                    }
+                }
+            })
+            .collect()
     }
 
     /// The most a waiter's virtual clock advances in one script (`CAP` in common.lua).
@@ -89,7 +125,15 @@ impl fmt::Display for Config {
             } else {
                 " quiet=try-only"
             }
-        )
+        )?;
+        for s in &self.sems {
+            if s.rw {
+                write!(f, " rwlock")?;
+            } else {
+                write!(f, " sem(cap={})", s.cap)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -162,6 +206,11 @@ impl Client {
                     calling: None,
                     unsure_end: HashSet::new(),
                     marks_lost_upto: 0,
+                    sem: State::Idle,
+                    sem_permits: 0,
+                    sem_calling: None,
+                    sem_unsure_end: HashSet::new(),
+                    sem_marked: HashSet::new(),
                 })
                 .collect(),
             id,
@@ -196,6 +245,16 @@ pub struct Thread {
     /// Attempts up to this one ended before the left marks were lost with all data (a restart
     /// without persistence): a late copy of them may act, as the README's limits say.
     pub marks_lost_upto: u64,
+    /// The thread's semaphore side (`fuzz/sem.rs`), beside its lock side: a `Wait` or `Hold`
+    /// whose `lock` is the semaphore's index, `sem_permits` the permits it wants or holds.
+    pub sem: State,
+    pub sem_permits: u64,
+    /// As `calling` and `unsure_end`, for the semaphores.
+    pub sem_calling: Option<(usize, u64)>,
+    pub sem_unsure_end: HashSet<(usize, u64)>,
+    /// (semaphore, attempt) of attempts whose end asked for a left mark: if the marks key is
+    /// evicted, a late copy of their acquire may act (they join `sem_unsure_end`).
+    pub sem_marked: HashSet<(usize, u64)>,
 }
 
 impl Thread {

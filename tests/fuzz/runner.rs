@@ -134,6 +134,10 @@ impl World {
                     self.say("; ");
                     self.release(last, t, Fault::None);
                 }
+                if matches!(self.sem_state(last, t), State::Holding(_)) {
+                    self.say("; ");
+                    self.sem_release(last, t, Fault::None);
+                }
             }
             let mut first = true;
             for c in 0..last {
@@ -145,6 +149,32 @@ impl World {
                     if matches!(self.state(c, t), State::Waiting(_)) {
                         self.say("; ");
                         self.leave_pass(c, t, Fault::None);
+                    }
+                    if !self.sems.is_empty() {
+                        // the semaphore side likewise: a dead waiter for permits
+                        if matches!(self.sem_state(c, t), State::Holding(_)) {
+                            self.say("; ");
+                            self.sem_release(c, t, Fault::None);
+                        }
+                        if matches!(self.sem_state(c, t), State::Waiting(_)) {
+                            self.say("; ");
+                            self.sem_leave_pass(c, t, Fault::None);
+                        }
+                        if matches!(self.sem_state(c, t), State::Idle) {
+                            self.say("; ");
+                            let cap = self.cfg.sems[0].cap;
+                            self.sem_acquire(
+                                c,
+                                t,
+                                0,
+                                cap,
+                                true,
+                                2500,
+                                None,
+                                Fault::None,
+                                Fault::None,
+                            );
+                        }
                     }
                     if matches!(self.state(c, t), State::Idle) {
                         self.say("; ");
@@ -166,13 +196,15 @@ impl World {
         lines.push(std::mem::take(&mut self.line));
         // threads that held the lock since the faults stopped
         let mut served: HashSet<(usize, usize)> = HashSet::new();
+        // threads that held permits of a semaphore since (all of them, without semaphores)
+        let mut sem_served: HashSet<(usize, usize)> = HashSet::new();
         let mut last_heartbeat = f64::MIN;
         let mut leftover = String::new();
         let result = loop {
             if self.clock.real() - began > limit.as_secs_f64() * 1000.0 {
                 break Some(Violation {
                     check: Check::Liveness,
-                    message: self.liveness_report(&served, &leftover, limit),
+                    message: self.liveness_report(&served, &sem_served, &leftover, limit),
                 });
             }
             self.line.clear();
@@ -183,6 +215,13 @@ impl World {
                         let before = self.line.len();
                         self.say("; ");
                         if !self.heartbeat(c, lock, Fault::None) {
+                            self.line.truncate(before);
+                        }
+                    }
+                    for sem in 0..self.sems.len() {
+                        let before = self.line.len();
+                        self.say("; ");
+                        if !self.sem_heartbeat(c, sem, Fault::None) {
                             self.line.truncate(before);
                         }
                     }
@@ -215,6 +254,10 @@ impl World {
                     if matches!(self.state(c, t), State::Holding(_)) {
                         served.insert((c, t));
                     }
+                    let was = sem_served.contains(&(c, t));
+                    if self.sem_quiet(c, t, heartbeats, was) {
+                        sem_served.insert((c, t));
+                    }
                 }
             }
             self.step_checks();
@@ -233,10 +276,12 @@ impl World {
                 break Some(v);
             }
             let all_done = self.clients.iter().enumerate().all(|(c, cl)| {
-                cl.threads
-                    .iter()
-                    .enumerate()
-                    .all(|(t, th)| served.contains(&(c, t)) && matches!(th.state, State::Idle))
+                cl.threads.iter().enumerate().all(|(t, th)| {
+                    served.contains(&(c, t))
+                        && sem_served.contains(&(c, t))
+                        && matches!(th.state, State::Idle)
+                        && matches!(th.sem, State::Idle)
+                })
             });
             if all_done {
                 match self.settled() {
@@ -288,6 +333,7 @@ impl World {
     fn liveness_report(
         &mut self,
         served: &HashSet<(usize, usize)>,
+        sem_served: &HashSet<(usize, usize)>,
         leftover: &str,
         limit: Duration,
     ) -> String {
@@ -319,6 +365,30 @@ impl World {
                     }
                 };
                 out.push(format!("c{c}:t{t} ({}) {what}", th.owner));
+            }
+        }
+        for c in 0..self.clients.len() {
+            for t in 0..self.clients[c].threads.len() {
+                let th = &self.clients[c].threads[t];
+                let what = match &th.sem {
+                    State::Idle if sem_served.contains(&(c, t)) => continue,
+                    State::Idle => "never got its permits".to_string(),
+                    State::Holding(h) => format!("still holding permits, token {}", h.token),
+                    State::Waiting(w) => {
+                        let snap = &self.sem_checker.last[w.lock];
+                        format!(
+                            "waiting for {} permits of sem {} with attempt {}: queue entry {:?}, \
+                             holds {:?}, used {}",
+                            th.sem_permits,
+                            w.lock,
+                            w.attempt,
+                            snap.waiters.get(&th.owner),
+                            snap.holds,
+                            snap.used
+                        )
+                    }
+                };
+                out.push(format!("c{c}:t{t} ({}) sem side: {what}", th.owner));
             }
         }
         if !leftover.is_empty() {

@@ -6,6 +6,7 @@ use std::fmt;
 
 use crate::model::State;
 use crate::rng::Rng;
+use crate::sem::{SemChoices, SemStep};
 use crate::world::World;
 
 /// What happens to one request on the network.
@@ -174,6 +175,8 @@ pub enum Step {
     Clock {
         ms: i64,
     },
+    /// A step of a semaphore's thread, client or operator, or a semaphore key's eviction.
+    Sem(SemStep),
 }
 
 impl Step {
@@ -198,6 +201,7 @@ impl Step {
             Step::Evict { .. } => "eviction",
             Step::DataLoss => "data loss",
             Step::Clock { .. } => "clock step",
+            Step::Sem(s) => s.kind(),
         }
     }
 }
@@ -239,6 +243,7 @@ impl fmt::Display for Step {
             Step::Evict { lock, key } => write!(f, "evict lock={lock} {key:?}"),
             Step::DataLoss => write!(f, "data loss (FLUSHALL, SCRIPT FLUSH, FUNCTION FLUSH)"),
             Step::Clock { ms } => write!(f, "server clock steps {ms:+}ms"),
+            Step::Sem(s) => write!(f, "{s}"),
         }
     }
 }
@@ -281,6 +286,7 @@ enum Kind {
     Sleep,
     Evict,
     DataLoss,
+    Sem,
     ClockStep,
 }
 
@@ -320,6 +326,9 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
         with_last.push(Who::Operator);
     }
     let on = |v: bool, weight: f64| if v { weight } else { 0.0 };
+    // the semaphores' steps weigh as much as the locks' (0 without semaphores: an even seed's
+    // choices are as they were)
+    let sem = SemChoices::of(w);
     let kind = rng.weighted(&[
         (on(!idle.is_empty(), 12.0), Kind::Acquire),
         (on(!waiting.is_empty(), 16.0), Kind::Pop),
@@ -338,6 +347,7 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
         (0.8, Kind::Sleep),
         (0.8, Kind::Evict),
         (0.25, Kind::DataLoss),
+        (sem.weight(w), Kind::Sem),
         (1.0, Kind::ClockStep),
     ]);
     let cfg = &w.cfg;
@@ -471,6 +481,7 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
             }
         }
         Kind::DataLoss => Step::DataLoss,
+        Kind::Sem => Step::Sem(sem.choose(w, rng)),
         Kind::ClockStep => {
             let magnitude = match rng.below(10) {
                 0..=2 => rng.range(100, 900),

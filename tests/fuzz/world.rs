@@ -9,11 +9,12 @@ use std::fmt;
 use std::rc::Rc;
 use std::time::Duration;
 
-use fairlock::raw::{Call, RawLock, Runner, Settings};
+use fairlock::raw::{Call, RawLock, RawSemaphore, Runner, Settings};
 
 use crate::checks::{Check, Checker, Violation};
 use crate::faketime::FakeClockRedis;
 use crate::model::{Client, Clock, Config, State, Wait};
+use crate::sem::{make_sems, SemChecker};
 use crate::steps::{Fault, Step, Who};
 
 /// Counters by name: steps by kind, faults by kind, exemptions.
@@ -105,6 +106,9 @@ pub struct World {
     pub server: FakeClockRedis,
     pub conns: Vec<redis::Connection>,
     pub locks: Vec<RawLock>,
+    /// The run's semaphores (`fuzz/sem.rs`; none on even seeds) and their checks' memory.
+    pub sems: Vec<RawSemaphore>,
+    pub sem_checker: SemChecker,
     pub clients: Vec<Client>,
     pub clock: Clock,
     /// Requests held in the network.
@@ -156,7 +160,10 @@ impl World {
         let locks = (0..cfg.locks)
             .map(|i| RawLock::new("fz", &format!("L{i}"), settings).expect("lock name"))
             .collect();
+        let sems = make_sems(&cfg, settings);
         World {
+            sem_checker: SemChecker::new(sems.len()),
+            sems,
             clients: (0..cfg.clients)
                 .map(|c| Client::new(cfg.seed, c, 0, cfg.threads))
                 .collect(),
@@ -303,6 +310,7 @@ impl World {
             Step::Evict { lock, key } => self.evict(lock, key),
             Step::DataLoss => self.data_loss(),
             Step::Clock { ms } => self.clock_step(ms),
+            Step::Sem(ref s) => self.apply_sem(s),
         };
         if applied {
             self.stats.add(&format!("step: {}", step.kind()), 1);

@@ -47,7 +47,10 @@ impl From<fairlock::Error> for Failure {
     fn from(e: fairlock::Error) -> Failure {
         use fairlock::Error as E;
         let code = match &e {
-            E::InvalidName { .. } | E::InvalidConfig { .. } | E::InvalidUrl { .. } => USAGE,
+            E::InvalidName { .. }
+            | E::InvalidConfig { .. }
+            | E::InvalidUrl { .. }
+            | E::CapacityMismatch { .. } => USAGE,
             E::Connection { .. }
             | E::NotRedis { .. }
             | E::UnsupportedServer { .. }
@@ -57,7 +60,20 @@ impl From<fairlock::Error> for Failure {
             E::UnsafeServer { .. } => CONFIG,
             _ => SOFTWARE,
         };
-        Failure::new(code, e.to_string())
+        let message = match &e {
+            // the library's advice names its API; the tool's user gives --permits
+            E::CapacityMismatch {
+                name,
+                stored_kind,
+                stored,
+                asked_kind,
+                asked,
+            } if stored_kind == asked_kind => format!(
+                "{stored_kind} {name:?} is in use with capacity {stored}, not {asked}: nothing was changed; give --permits {stored}"
+            ),
+            _ => e.to_string(),
+        };
+        Failure::new(code, message)
     }
 }
 

@@ -1,12 +1,14 @@
 //! The lock thread. A [`fairlock::LockGuard`] belongs to the thread that took the lock, so one
-//! thread takes it, keeps the guard, watches it for loss and releases it, while the main thread
+//! thread takes it (or a semaphore's permits, which are held the same way here), keeps the guard, watches it for loss and releases it, while the main thread
 //! stays free to draw the waiting line, handle signals and supervise the command. They talk over
 //! channels.
 
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
-use fairlock::{FairLock, WaitCanceller};
+use fairlock::WaitCanceller;
+
+use crate::target::Target;
 
 /// How often the lock thread looks at `LockGuard::is_lost` (a local check, no Redis call).
 const LOSS_POLL: Duration = Duration::from_millis(100);
@@ -47,16 +49,16 @@ pub struct Holder {
 
 impl Holder {
     /// Start the lock thread. `thread_name` is recorded with the hold and shown by `status`.
-    pub fn start(lock: &FairLock, wait: Wait, thread_name: String) -> std::io::Result<Holder> {
+    pub fn start(target: &Target, wait: Wait, thread_name: String) -> std::io::Result<Holder> {
         let (canceller_tx, canceller_rx) = crossbeam_channel::bounded(1);
         let (events_tx, events) = crossbeam_channel::unbounded();
         let (release, release_rx) = crossbeam_channel::bounded(1);
-        let lock = lock.clone();
+        let target = target.clone();
         std::thread::Builder::new()
             .name(thread_name)
             .spawn(move || {
-                let _ = canceller_tx.send(lock.wait_canceller());
-                hold(&lock, wait, &events_tx, &release_rx);
+                let _ = canceller_tx.send(target.wait_canceller());
+                hold(&target, wait, &events_tx, &release_rx);
             })?;
         let canceller = canceller_rx
             .recv()
@@ -74,13 +76,8 @@ impl Holder {
     }
 }
 
-fn hold(lock: &FairLock, wait: Wait, events: &Sender<Event>, release: &Receiver<()>) {
-    let taken = match wait {
-        Wait::No => lock.try_lock(),
-        Wait::For(d) => lock.try_lock_for(d),
-        Wait::Forever => lock.lock().map(Some),
-    };
-    let guard = match taken {
+fn hold(target: &Target, wait: Wait, events: &Sender<Event>, release: &Receiver<()>) {
+    let guard = match target.take(wait) {
         Ok(Some(guard)) => guard,
         Ok(None) => {
             let _ = events.send(Event::Busy);
@@ -115,5 +112,5 @@ fn hold(lock: &FairLock, wait: Wait, events: &Sender<Event>, release: &Receiver<
             }
         }
     }
-    let _ = events.send(Event::Released(guard.unlock()));
+    let _ = events.send(Event::Released(guard.release()));
 }

@@ -16,6 +16,7 @@ pub fn list(
     client: &LockClient,
     as_json: bool,
     all: bool,
+    semaphores: bool,
     eviction_accepted: bool,
 ) -> Result<u8, Failure> {
     let listing = client.list_locks(ListOptions::new().include_idle(all))?;
@@ -29,6 +30,16 @@ pub fn list(
                 json
             })
             .collect();
+        let array: Vec<serde_json::Value> = if semaphores {
+            // the semaphores' objects have another shape: never mixed with the locks'
+            listing
+                .semaphores
+                .iter()
+                .map(crate::status::semaphore_json)
+                .collect()
+        } else {
+            array
+        };
         let mut s = serde_json::to_string_pretty(&array)
             .map_err(|e| Failure::new(crate::exit::SOFTWARE, e.to_string()))?;
         s.push('\n');
@@ -151,6 +162,53 @@ fn to_text(listing: &LockListing, all: bool) -> String {
         );
     }
     s += "\n";
+    if !listing.semaphores.is_empty() {
+        s += &semaphores_text(&listing.semaphores);
+    }
+    s
+}
+
+/// The semaphores (and read/write locks) as a second table, then a summary line.
+fn semaphores_text(sems: &[fairlock::SemaphoreStatus]) -> String {
+    let mut s = String::from("\n");
+    let rows: Vec<[String; 5]> = sems
+        .iter()
+        .map(|st| {
+            let capacity = st.capacity.map_or("-".into(), |c| {
+                if c == 1 << 30 {
+                    "rw".to_string()
+                } else {
+                    c.to_string()
+                }
+            });
+            [
+                clean(&st.name),
+                format!("{} of {capacity}", st.permits_held),
+                st.holders.len().to_string(),
+                st.waiters.len().to_string(),
+                st.fencing_counter.to_string(),
+            ]
+        })
+        .collect();
+    let header = ["SEMAPHORE", "PERMITS HELD", "HOLDERS", "WAITERS", "TOKEN"];
+    let mut widths = header.map(|h| h.chars().count());
+    for cells in &rows {
+        for (w, cell) in widths.iter_mut().zip(cells) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    for cells in std::iter::once(header.map(String::from)).chain(rows) {
+        let mut l = String::from("  ");
+        for (cell, w) in cells.iter().zip(widths) {
+            l += &format!("{cell:<w$}  ");
+        }
+        s += l.trim_end();
+        s += "\n";
+    }
+    s += &format!(
+        "{} (a read/write lock shows as rw)\n",
+        count(sems.len() as u64, "semaphore")
+    );
     s
 }
 

@@ -11,6 +11,7 @@ mod list;
 mod run;
 mod signals;
 mod status;
+mod target;
 mod waiting;
 
 use std::ffi::OsString;
@@ -21,6 +22,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use crossbeam_channel::Receiver;
 use fairlock::{FairLock, LockClient};
+
+use crate::target::Target;
 
 use crate::exit::{say, Failure};
 use crate::holder::Wait;
@@ -34,7 +37,7 @@ static DEFAULT_LEASE: LazyLock<String> = LazyLock::new(|| duration::text(fairloc
 const EXIT_CODES: &str = "\
 Exit codes:
   0-255  run: the command's exit code (128+N when signal N ended it)
-  64     bad arguments, lock name, Redis URL or lease
+  64     bad arguments, lock name, Redis URL or lease, or --permits other than the stored
   65     a key of the lock holds another program's data
   69     Redis unreachable, not Redis, or older than 6.2
   70     unexpected error
@@ -186,12 +189,14 @@ enum Cmd {
     /// Exits with CMD's exit code.
     #[command(after_help = RUN_ENV)]
     Run(RunArgs),
-    /// Show the holder, its lease and fencing token, and the waiters in queue order.
+    /// Show the holder, its lease and fencing token, and the waiters in queue order (with
+    /// --semaphore: a semaphore's holders and waiters).
     Status(StatusArgs),
     /// List every lock that is held or waited for (with --all idle ones too), sorted by name;
     /// stale-looking holds are marked with `!`.
     List(ListArgs),
-    /// Release the lock whoever holds it (with --force); the next waiter gets it.
+    /// Release the lock whoever holds it (with --force; with --hold: one holder of a
+    /// semaphore); the next waiter gets it.
     Release(ReleaseArgs),
     /// Take the lock and hold it until interrupted (Ctrl-C, SIGTERM): for maintenance windows.
     Hold(HoldArgs),
@@ -215,11 +220,19 @@ struct AcquireArgs {
     /// Say nothing when the lock is busy or the wait ran out
     #[arg(short, long)]
     quiet: bool,
+    /// Use the semaphore NAME of N permits instead of the lock NAME: at most N holders at once
+    /// across every fairlock that names it (like `consul lock -n N`); each takes one permit
+    /// (see --take). Every user of the name must give the same N
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=fairlock::MAX_CAPACITY))]
+    permits: Option<u64>,
+    /// With --permits: how many of the N permits this holder takes (default 1)
+    #[arg(long, value_name = "K", requires = "permits", value_parser = clap::value_parser!(u64).range(1..))]
+    take: Option<u64>,
 }
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Lock name
+    /// Lock name (with --permits: the semaphore's)
     name: String,
     #[command(flatten)]
     acquire: AcquireArgs,
@@ -233,11 +246,15 @@ struct RunArgs {
 
 #[derive(Args, Debug)]
 struct StatusArgs {
-    /// Lock name
+    /// Lock name (with --semaphore: the semaphore's)
     name: String,
     /// Print JSON instead of text
     #[arg(long)]
     json: bool,
+    /// Show the semaphore NAME (every holder with its permits, the waiters with the permits
+    /// each wants) instead of the lock NAME
+    #[arg(long)]
+    semaphore: bool,
 }
 
 #[derive(Args, Debug)]
@@ -249,15 +266,22 @@ struct ListArgs {
     /// is kept for days)
     #[arg(long)]
     all: bool,
+    /// With --json: print the semaphores' objects (as `status --semaphore --json`) instead of
+    /// the locks' (the text table shows both)
+    #[arg(long)]
+    semaphores: bool,
 }
 
 #[derive(Args, Debug)]
 struct ReleaseArgs {
-    /// Lock name
+    /// Lock name (with --hold: the semaphore's)
     name: String,
     /// Required: the lock is taken from whoever holds it, which may still be working
     #[arg(long)]
     force: bool,
+    /// Release one holder of the semaphore NAME: its hold id, as `status --semaphore` shows it
+    #[arg(long, value_name = "HOLD_ID")]
+    hold: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -369,18 +393,22 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
         Cmd::Run(args) => {
             let opts = wait_options(&args.acquire);
             // the client lives (and its watchdog and janitor with it) until the command is done
-            let (_client, lock, signals) =
-                connect_to_hold(&server, &args.name, args.acquire.lease)?;
+            let (_client, lock, signals) = connect_to_hold(&server, &args.name, &args.acquire)?;
             run::run(&lock, &signals, &opts, args.kill_grace, &args.command)
         }
         Cmd::Hold(args) => {
             let opts = wait_options(&args.acquire);
-            let (_client, lock, signals) =
-                connect_to_hold(&server, &args.name, args.acquire.lease)?;
+            let (_client, lock, signals) = connect_to_hold(&server, &args.name, &args.acquire)?;
             run::hold(&lock, &signals, &opts)
         }
         Cmd::Status(args) => {
             fairlock::validate_name(&args.name)?;
+            if args.semaphore {
+                let client = build_client(&server, fairlock::DEFAULT_LEASE)?;
+                // status reads whatever capacity is stored; the handle's is not used
+                let sem = client.semaphore(&args.name, 1)?;
+                return status::semaphore_status(&sem, args.json);
+            }
             let (client, lock) = connect(&server, &args.name, fairlock::DEFAULT_LEASE)?;
             status::status(&lock, args.json, client.config().danger_accept_eviction)
         }
@@ -390,6 +418,7 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
                 &client,
                 args.json,
                 args.all,
+                args.semaphores,
                 client.config().danger_accept_eviction,
             )
         }
@@ -400,6 +429,11 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
                 ));
             }
             fairlock::validate_name(&args.name)?;
+            if let Some(hold) = &args.hold {
+                let client = build_client(&server, fairlock::DEFAULT_LEASE)?;
+                let sem = client.semaphore(&args.name, 1)?;
+                return status::release_permits(&sem, hold);
+            }
             let (_client, lock) = connect(&server, &args.name, fairlock::DEFAULT_LEASE)?;
             status::release(&lock)
         }
@@ -424,9 +458,17 @@ fn wait_options(a: &AcquireArgs) -> WaitOptions {
 fn connect_to_hold(
     server: &Server,
     name: &str,
-    lease: Duration,
-) -> Result<(LockClient, FairLock, Receiver<signals::Received>), Failure> {
+    acquire: &AcquireArgs,
+) -> Result<(LockClient, Target, Receiver<signals::Received>), Failure> {
+    let lease = acquire.lease;
     fairlock::validate_name(name)?;
+    if let (Some(take), Some(permits)) = (acquire.take, acquire.permits) {
+        if take > permits {
+            return Err(Failure::usage(format!(
+                "--take {take} is more than --permits {permits}: such a request could never be served"
+            )));
+        }
+    }
     if !(fairlock::MIN_LEASE..=fairlock::MAX_LEASE).contains(&lease) {
         return Err(Failure::usage(format!(
             "invalid --lease {}: it must be between {} and {}",
@@ -441,8 +483,15 @@ fn connect_to_hold(
             format!("cannot install signal handlers: {e}"),
         )
     })?;
-    let (client, lock) = connect(server, name, lease)?;
-    Ok((client, lock, signals))
+    let client = build_client(server, lease)?;
+    let target = match acquire.permits {
+        Some(capacity) => Target::Permits {
+            sem: client.semaphore(name, capacity)?,
+            permits: acquire.take.unwrap_or(1),
+        },
+        None => Target::Lock(client.fair_lock(name)?),
+    };
+    Ok((client, target, signals))
 }
 
 /// Connect to Redis (the name has been checked).

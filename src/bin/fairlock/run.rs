@@ -7,19 +7,18 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver};
-use fairlock::FairLock;
 
 use crate::duration::human;
 use crate::exit::{self, say, Failure};
 use crate::holder::{Event, Holder};
 use crate::signals::Received;
-use crate::status::describe_origin;
+use crate::target::Target;
 use crate::waiting::{self, WaitOptions};
 
 /// Take the lock, run `command` with `FAIRLOCK_NAME`, `FAIRLOCK_TOKEN` and `FAIRLOCK_OWNER` in its
 /// environment, release when it exits, and return its exit code (or [`exit::LOST`]).
 pub fn run(
-    lock: &FairLock,
+    lock: &Target,
     signals: &Receiver<Received>,
     opts: &WaitOptions,
     kill_grace: Duration,
@@ -50,7 +49,8 @@ pub fn run(
         return Err(Failure::new(
             exit::LOST,
             format!(
-                "lock {:?} was lost before the command finished (force-released, or its lease ran out while Redis was unreachable)",
+                "{} {:?} was lost before the command finished (force-released, or its lease ran out while Redis was unreachable)",
+                lock.noun(),
                 lock.name()
             ),
         ));
@@ -60,14 +60,15 @@ pub fn run(
 
 /// Take the lock and keep it until SIGINT, SIGTERM, SIGHUP or SIGQUIT.
 pub fn hold(
-    lock: &FairLock,
+    lock: &Target,
     signals: &Receiver<Received>,
     opts: &WaitOptions,
 ) -> Result<u8, Failure> {
     let holder = start_holder(lock, opts, "hold".into())?;
     let token = waiting::acquire(&holder, lock, signals, opts)?;
     say(&format!(
-        "holding lock {:?} (fencing token {token}); Ctrl-C or SIGTERM releases it",
+        "holding {} {:?} (fencing token {token}); Ctrl-C or SIGTERM releases it",
+        lock.noun(),
         lock.name()
     ));
     // the lock thread runs until asked to release; should it end all the same, stop listening
@@ -79,7 +80,7 @@ pub fn hold(
                 Ok(Event::Lost) => {
                     return Err(Failure::new(
                         exit::LOST,
-                        format!("lost lock {:?}: {}", lock.name(), loss_cause(lock, &holder)),
+                        format!("lost {} {:?}: {}", lock.noun(), lock.name(), loss_cause(lock, &holder)),
                     ));
                 }
                 Ok(_) => {}
@@ -95,20 +96,17 @@ pub fn hold(
         return Err(Failure::new(
             exit::LOST,
             format!(
-                "lock {:?} was lost before it was released (force-released, or its lease ran out while Redis was unreachable)",
+                "{} {:?} was lost before it was released (force-released, or its lease ran out while Redis was unreachable)",
+                lock.noun(),
                 lock.name()
             ),
         ));
     }
-    say(&format!("released lock {:?}", lock.name()));
+    say(&format!("released {} {:?}", lock.noun(), lock.name()));
     Ok(0)
 }
 
-fn start_holder(
-    lock: &FairLock,
-    opts: &WaitOptions,
-    thread_name: String,
-) -> Result<Holder, Failure> {
+fn start_holder(lock: &Target, opts: &WaitOptions, thread_name: String) -> Result<Holder, Failure> {
     Holder::start(lock, opts.wait, thread_name)
         .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot start the lock thread: {e}")))
 }
@@ -166,7 +164,7 @@ fn die_with_parent(_cmd: &mut Command) {}
 fn supervise(
     child: &mut Child,
     holder: &Holder,
-    lock: &FairLock,
+    lock: &Target,
     signals: &Receiver<Received>,
     kill_grace: Duration,
 ) -> Result<(ExitStatus, bool), Failure> {
@@ -196,7 +194,8 @@ fn supervise(
                     grace_over = crossbeam_channel::after(kill_grace);
                     send(child, libc::SIGTERM);
                     say(&format!(
-                        "lost lock {:?} while the command ran ({}): sent SIGTERM to the command, SIGKILL follows after {}",
+                        "lost {} {:?} while the command ran ({}): sent SIGTERM to the command, SIGKILL follows after {}",
+                        lock.noun(),
                         lock.name(),
                         loss_cause(lock, holder),
                         human(kill_grace)
@@ -235,17 +234,8 @@ fn send(child: &Child, signal: libc::c_int) {
 }
 
 /// Why the lock was lost, as well as can be told now.
-fn loss_cause(lock: &FairLock, holder: &Holder) -> String {
-    match lock.status() {
-        Ok(st) => match st.holder {
-            Some(h) if h.origin.owner != holder.canceller.owner() => format!(
-                "it was force-released or its lease ran out; it is now held by {}",
-                describe_origin(&h.origin)
-            ),
-            _ => "it was force-released or its lease ran out".to_string(),
-        },
-        Err(_) => "Redis was unreachable for longer than the lease".to_string(),
-    }
+fn loss_cause(lock: &Target, holder: &Holder) -> String {
+    lock.loss_cause(holder.canceller.owner())
 }
 
 /// The child's exit code, or 128 + the signal that ended it, as a shell reports it.

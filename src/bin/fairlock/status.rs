@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fairlock::{FairLock, LockStatus, Origin};
+use fairlock::{FairLock, LockStatus, Origin, Semaphore, SemaphoreStatus};
 use serde_json::json;
 
 use crate::duration::human;
@@ -76,6 +76,142 @@ pub fn release(lock: &FairLock) -> Result<u8, Failure> {
     };
     print(&text);
     Ok(0)
+}
+
+/// Print a semaphore's status, for people or as JSON.
+pub fn semaphore_status(sem: &Semaphore, as_json: bool) -> Result<u8, Failure> {
+    let st = sem.status()?;
+    let text = if as_json {
+        let mut s = serde_json::to_string_pretty(&semaphore_json(&st))
+            .map_err(|e| Failure::new(crate::exit::SOFTWARE, e.to_string()))?;
+        s.push('\n');
+        s
+    } else {
+        semaphore_text(&st)
+    };
+    print(&text);
+    Ok(0)
+}
+
+/// Release one holder of a semaphore by force: exactly the hold `hold_id` with the token
+/// `status` shows for it now (a request repeated after a lost reply never releases another).
+pub fn release_permits(sem: &Semaphore, hold_id: &str) -> Result<u8, Failure> {
+    let before = sem.status()?;
+    let Some(h) = before.holders.iter().find(|h| h.hold_id == hold_id) else {
+        print(&format!(
+            "semaphore {:?} has no holder {hold_id:?}: nothing to release (see fairlock status --semaphore)\n",
+            sem.name()
+        ));
+        return Ok(0);
+    };
+    let text = if sem.force_release(hold_id, h.fencing_token)? {
+        format!(
+            "released {} permits of semaphore {:?}, which were held by {}, fencing token {}; the next waiters they fit get them\n",
+            h.permits,
+            sem.name(),
+            describe_origin(&h.origin),
+            h.fencing_token
+        )
+    } else {
+        format!(
+            "semaphore {:?}: holder {hold_id:?} gave its permits back meanwhile: nothing to release\n",
+            sem.name()
+        )
+    };
+    print(&text);
+    Ok(0)
+}
+
+fn semaphore_text(st: &SemaphoreStatus) -> String {
+    let mut s = match st.capacity {
+        Some(cap) => format!(
+            "semaphore {:?}: {} of {cap} permits held\n",
+            st.name, st.permits_held
+        ),
+        None => format!("semaphore {:?}: unused\n", st.name),
+    };
+    s += &format!("  fencing counter: {}\n", st.fencing_counter);
+    if st.holders.is_empty() {
+        s += "  holders:         none\n";
+    } else {
+        s += &format!("  holders:         {}\n", st.holders.len());
+        for h in &st.holders {
+            s += &format!(
+                "    {} permits: {}, fencing token {}, lease left {} of {}, hold {}\n",
+                h.permits,
+                describe_origin(&h.origin),
+                h.fencing_token,
+                human(h.lease_remaining),
+                human(h.lease),
+                h.hold_id
+            );
+        }
+    }
+    if st.waiters.is_empty() {
+        s += "  waiters:         none\n";
+    } else {
+        s += &format!(
+            "  waiters:         {} (first is served next)\n",
+            st.waiters.len()
+        );
+        for (i, w) in st.waiters.iter().enumerate() {
+            s += &format!(
+                "    {}. wants {}: {}, waiting {}, owner {}\n",
+                i + 1,
+                w.permits,
+                describe_origin(&w.origin),
+                human(w.waiting_for),
+                w.origin.owner
+            );
+        }
+    }
+    s
+}
+
+/// The JSON object of one semaphore (`status --semaphore --json`, and in `list --json`).
+pub fn semaphore_json(st: &SemaphoreStatus) -> serde_json::Value {
+    let holders: Vec<_> = st
+        .holders
+        .iter()
+        .map(|h| {
+            json!({
+                "hold_id": h.hold_id,
+                "owner": h.origin.owner,
+                "host": h.origin.host,
+                "pid": h.origin.pid,
+                "thread": h.origin.thread,
+                "permits": h.permits,
+                "fencing_token": h.fencing_token,
+                "lease_remaining_ms": ms(h.lease_remaining),
+                "lease_ms": ms(h.lease),
+            })
+        })
+        .collect();
+    let waiters: Vec<_> = st
+        .waiters
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            json!({
+                "position": i + 1,
+                "owner": w.origin.owner,
+                "host": w.origin.host,
+                "pid": w.origin.pid,
+                "thread": w.origin.thread,
+                "permits": w.permits,
+                "waiting_for_ms": ms(w.waiting_for),
+            })
+        })
+        .collect();
+    json!({
+        "name": st.name,
+        "semaphore": true,
+        "capacity": st.capacity,
+        "permits_held": st.permits_held,
+        "fencing_counter": st.fencing_counter,
+        "holders": holders,
+        "waiters": waiters,
+    })
 }
 
 /// Write `text` to stdout (a closed stdout is ignored, as `say` ignores a closed stderr).

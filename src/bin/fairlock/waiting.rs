@@ -5,13 +5,12 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver};
-use fairlock::{FairLock, LockStatus};
 
 use crate::duration::human;
 use crate::exit::{say, Failure};
 use crate::holder::{Event, Holder, Wait};
 use crate::signals::Received;
-use crate::status::describe_origin;
+use crate::target::Target;
 
 /// How often the live line reads the lock's status.
 const REFRESH: Duration = Duration::from_millis(500);
@@ -28,7 +27,7 @@ pub struct WaitOptions {
 /// Wait for the lock thread to take the lock. Returns the fencing token, or how to end.
 pub fn acquire(
     holder: &Holder,
-    lock: &FairLock,
+    lock: &Target,
     signals: &Receiver<Received>,
     opts: &WaitOptions,
 ) -> Result<u64, Failure> {
@@ -79,10 +78,11 @@ pub fn acquire(
 /// A stop signal came while waiting. The lock thread is blocked in Redis and cannot be woken, so
 /// the queue place is given up from here (with a grant that reached it meanwhile), then fairlock
 /// exits. A grant the lock thread already reported is released the ordinary way.
-fn interrupted(holder: &Holder, lock: &FairLock, sig: Received) -> Failure {
+fn interrupted(holder: &Holder, lock: &Target, sig: Received) -> Failure {
     let message = format!(
-        "{} while waiting for lock {:?}: gave up waiting",
+        "{} while waiting for {} {:?}: gave up waiting",
         sig.name(),
+        lock.noun(),
         lock.name()
     );
     if let Ok(Event::Acquired { .. }) = holder.events.try_recv() {
@@ -97,35 +97,16 @@ fn interrupted(holder: &Holder, lock: &FairLock, sig: Received) -> Failure {
     Failure::new(sig.exit_code(), message)
 }
 
-fn busy_message(lock: &FairLock, wait: Wait, waited: Duration) -> String {
-    let who = match lock.status() {
-        Ok(st) => busy_detail(&st),
-        Err(_) => String::new(),
-    };
+fn busy_message(lock: &Target, wait: Wait, waited: Duration) -> String {
+    let who = lock.busy_detail();
     match wait {
         Wait::For(_) => format!(
-            "gave up waiting for lock {:?} after {}: it is still busy{who}",
+            "gave up waiting for {} {:?} after {}: it is still busy{who}",
+            lock.noun(),
             lock.name(),
             human(waited)
         ),
-        _ => format!("lock {:?} is busy{who}", lock.name()),
-    }
-}
-
-fn busy_detail(st: &LockStatus) -> String {
-    match &st.holder {
-        Some(h) => format!(
-            " (held by {} for {})",
-            describe_origin(&h.origin),
-            human(h.held_for)
-        ),
-        None if !st.waiters.is_empty() => {
-            format!(
-                " (being handed to the first of {} waiters)",
-                st.waiters.len()
-            )
-        }
-        None => String::new(),
+        _ => format!("{} {:?} is busy{who}", lock.noun(), lock.name()),
     }
 }
 
@@ -151,22 +132,11 @@ impl LiveLine {
         }
     }
 
-    fn refresh(&mut self, lock: &FairLock, owner: &str) {
+    fn refresh(&mut self, lock: &Target, owner: &str) {
         // a failed read keeps the last line; the lock thread reports real trouble
-        let Ok(st) = lock.status() else { return };
-        let place = match st.waiters.iter().position(|w| w.origin.owner == owner) {
-            Some(i) => format!("{} of {} in the queue", i + 1, st.waiters.len()),
-            None => "joining the queue".to_string(),
+        let Some(text) = lock.waiting_text(owner, human_coarse) else {
+            return;
         };
-        let holder = match &st.holder {
-            Some(h) => format!(
-                "held by {} for {}",
-                describe_origin(&h.origin),
-                human_coarse(h.held_for)
-            ),
-            None => "being handed over".to_string(),
-        };
-        let text = format!("fairlock: waiting for {:?}: {place}; {holder}", lock.name());
         if text != self.shown {
             let width = terminal_width().saturating_sub(1).max(20);
             let cut: String = text.chars().take(width).collect();

@@ -1,0 +1,71 @@
+-- sem_acquire.lua: an attempt to take `permits` of a semaphore.
+-- KEYS: see sem.lua. ARGV: [3] owner [4] attempt [5] permits [6] lease ms [7] 'try' or 'wait'
+--       [8] meta [9] kind ('sem' or 'rw') [10] capacity
+-- Returns {'granted', token, now_ms, pttl} | {'busy', used, cap} | {'queued', now_ms, last token}
+--       | {'stale'} | {'mismatch', stored kind, stored capacity}
+-- No barging: permits are taken at once only when no live waiter is queued (or the caller is
+-- the head) and they fit. Network: a repeat of a granted attempt finds its hold (named by owner
+-- and attempt) and returns it; of a queued one, its place; either whatever capacity its handle
+-- asks with (only a new entry must agree with the stored capacity). A late copy after a newer
+-- attempt or after the attempt left with a mark does nothing; a late copy of a held attempt
+-- removes only that attempt's messages, never the wake-up of the thread's newer grant.
+local owner, attempt, permits, lease, mode, meta, kind, cap =
+  ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8], ARGV[9],
+  tonumber(ARGV[10])
+return run(function()
+  read_sem(KEYS)
+  expire_holds()
+  revoke_dead_grantees()
+  local mismatch = false
+  if S.kind and (S.kind ~= kind or S.cap ~= cap) then
+    -- capacity and kind bind while anyone holds or waits; a state nobody uses (the hash left
+    -- until the last lease's end, with the receipts) takes this caller's
+    if S.used > 0 or front()[1] then
+      mismatch = true
+    else
+      S.kind, S.cap = kind, cap
+      redis.call('HSET', k.lock, '~kind', kind, '~cap', fmt(cap))
+    end
+  end
+  if not S.cap then S.kind, S.cap = kind, cap end
+  -- permits freed by expiry (or a stranded queue) go to the waiters first; this very attempt,
+  -- if queued at the head, may be among them
+  grant_heads()
+  local id = hold_id(owner, attempt)
+  local mine_hold = parse_hold(redis.call('HGET', k.lock, id))
+  if mine_hold then
+    -- granted (its reply or its wake-up lost, or granted just now): its wake-ups and any queue
+    -- place of this attempt go
+    local pttl = tonumber(redis.call('ZSCORE', k.leases, id)) or 0
+    pttl = math.min(math.max(pttl - now_ms(), 0), mine_hold.lease)
+    -- (only this attempt's messages: the thread may be waiting with a newer one, whose grant's
+    -- wake-up must stay)
+    local w = waiter_entry(owner)
+    if w and w.attempt <= attempt then forget_attempt(owner, w) end
+    drop_attempt_wakeups(owner, attempt)
+    return { 'granted', mine_hold.token_text, now_ms(), pttl }
+  end
+  if left_mark(owner) >= attempt then return { 'stale' } end
+  local mine = waiter_entry(owner)
+  if mine and mine.attempt > attempt then return { 'stale' } end
+  if mine and mine.attempt < attempt then
+    forget_attempt(owner, mine)
+    mine = nil
+  end
+  if mismatch and not mine then
+    -- a new entry must agree with the stored capacity; this attempt's own hold (above) or queue
+    -- place (a re-run after a dropped connection, a hand-off to confirm) is kept whatever the
+    -- handle it was made with
+    return { 'mismatch', S.kind, fmt(S.cap) }
+  end
+  if not live_head() and S.used + permits <= S.cap then
+    local token = take_permits(owner, attempt, permits, lease, meta, kind, cap)
+    return { 'granted', fmt(token), now_ms(), lease }
+  end
+  if mode == 'try' then return { 'busy', fmt(S.used), fmt(S.cap) } end
+  -- the state must exist while anyone waits: capacity and kind are part of it
+  redis.call('HSET', k.lock, '~kind', S.kind, '~cap', fmt(S.cap), '~used', fmt(S.used))
+  keep_sem(QUEUE_TTL)
+  enqueue(owner, attempt, lease, fmt(permits) .. ';' .. meta, mine)
+  return { 'queued', now_ms(), fmt(S.token or read_fence() or 0) }
+end)

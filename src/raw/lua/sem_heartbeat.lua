@@ -1,0 +1,53 @@
+-- sem_heartbeat.lua: a client's waiting attempts, refreshed; expired holds given
+-- back and the heads that fit granted; a waiter whose place is gone is told to retry.
+-- ARGV: [3..] owner, attempt pairs. Returns {used, capacity or '', grants made, last token,
+-- ms until the next hold's lease ends (-1: no hold), told...}
+-- A hand-offs entry whose hold is gone (its hash evicted) is dropped, never taken for a grant.
+-- Network: refreshes only entries of the attempts named; a late copy refreshes a live entry a
+-- little early (its deadline is the copy's arrival + the waiter timeout), or tells an attempt
+-- that has ended to retry, which its client drops.
+return run(function()
+  read_sem(KEYS)
+  local told = {}
+  for i = 3, #ARGV, 2 do
+    local owner, attempt = ARGV[i], tonumber(ARGV[i + 1])
+    local w = waiter_entry(owner)
+    local id = hold_id(owner, attempt)
+    local handoff = redis.call('ZSCORE', k.handoffs, id)
+    if handoff and not redis.call('HGET', k.lock, id) then
+      -- the hold went with an evicted hash: the entry is stale (the attempt may have queued
+      -- again, and its place must be refreshed below, not mistaken for a hand-off)
+      redis.call('ZREM', k.handoffs, id)
+      handoff = nil
+    end
+    if handoff then
+      -- granted, its wake-up not popped yet, and its client alive: more time to pop it
+      redis.call('ZADD', k.handoffs, fmt(now_ms() + WAITER_TTL), id)
+    elseif w and w.attempt == attempt and read(k.queue, 'ZSCORE', owner) then
+      write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
+    elseif not (w and w.attempt > attempt) and
+        not redis.call('HGET', k.lock, id) then
+      if w then forget_attempt(owner, w) end
+      if can_wake(owner) then
+        push_wakeup(owner, 'r|' .. fmt(attempt), WAITER_TTL)
+        told[#told + 1] = owner
+      end
+    end
+  end
+  expire_holds()
+  revoke_dead_grantees()
+  local n = grant_heads()
+  if front()[1] then
+    redis.call('PEXPIRE', k.queue, QUEUE_TTL)
+    redis.call('PEXPIRE', k.waiters, QUEUE_TTL)
+    keep_sem(QUEUE_TTL)
+  else
+    drop_orphaned_waiters()
+  end
+  local next_end = redis.call('ZRANGE', k.leases, 0, 0, 'WITHSCORES')
+  local until_end = next_end[2] and math.max(tonumber(next_end[2]) - now_ms(), 0) or -1
+  local result = { fmt(S.used), S.cap and fmt(S.cap) or '', n,
+                   fmt(S.token or read_fence() or 0), until_end }
+  for _, f in ipairs(told) do result[#result + 1] = f end
+  return result
+end)
