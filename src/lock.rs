@@ -20,12 +20,30 @@ use crate::semaphore::Semaphore;
 use crate::status::LockStatus;
 use crate::telemetry::Outcome;
 
+/// A lease renewed while held, or a fixed one (shared with the semaphore's handle).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum LeaseMode {
+pub(crate) enum LeaseMode {
     /// Renewed by the watchdog while held.
     Renewed(Duration),
     /// Runs out after this long; never renewed.
     Fixed(Duration),
+}
+
+impl LeaseMode {
+    /// The lease of a new hold.
+    pub(crate) fn lease(self) -> Duration {
+        match self {
+            LeaseMode::Renewed(l) | LeaseMode::Fixed(l) => l,
+        }
+    }
+
+    /// The lease to renew, or `None` for a fixed lease.
+    pub(crate) fn renewed(self) -> Option<Duration> {
+        match self {
+            LeaseMode::Renewed(l) => Some(l),
+            LeaseMode::Fixed(_) => None,
+        }
+    }
 }
 
 /// A fair, reentrant distributed lock on Redis. Cheap to clone; `Send + Sync`.
@@ -320,16 +338,11 @@ impl FairLock {
 
     /// The lease to renew, or `None` for a fixed lease.
     pub(crate) fn renewed_lease(&self) -> Option<Duration> {
-        match self.lease {
-            LeaseMode::Renewed(l) => Some(l),
-            LeaseMode::Fixed(_) => None,
-        }
+        self.lease.renewed()
     }
 
     pub(crate) fn lease(&self) -> Duration {
-        match self.lease {
-            LeaseMode::Renewed(l) | LeaseMode::Fixed(l) => l,
-        }
+        self.lease.lease()
     }
 
     /// Whether the hold with this token still owns the lock.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::client::{ClientInner, LockClient};
 use crate::config::validate_lease;
 use crate::error::{Error, Result};
-use crate::lock::{Wait, WaitCanceller};
+use crate::lock::{LeaseMode, Wait, WaitCanceller};
 use crate::permit::Permit;
 use crate::raw::{RawSemaphore, SemCapacity, SemKind, SemRelease, RW_CAPACITY};
 use crate::sem_attempt::PermitAttempt;
@@ -17,12 +17,6 @@ use crate::status::{origin, Origin};
 
 /// The largest capacity of a [`Semaphore`].
 pub const MAX_CAPACITY: u64 = 1_000_000;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum LeaseMode {
-    Renewed(Duration),
-    Fixed(Duration),
-}
 
 /// A fair, crash-safe counting semaphore on Redis: at most `capacity` permits are held at once,
 /// across threads, processes and machines. Cheap to clone; `Send + Sync`.
@@ -421,16 +415,11 @@ impl Semaphore {
     }
 
     pub(crate) fn lease(&self) -> Duration {
-        match self.lease {
-            LeaseMode::Renewed(l) | LeaseMode::Fixed(l) => l,
-        }
+        self.lease.lease()
     }
 
     pub(crate) fn renewed_lease(&self) -> Option<Duration> {
-        match self.lease {
-            LeaseMode::Renewed(l) => Some(l),
-            LeaseMode::Fixed(_) => None,
-        }
+        self.lease.renewed()
     }
 
     /// The error for a name stored as `kind` ("sem", "rw") with `capacity`.
