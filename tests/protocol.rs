@@ -1368,3 +1368,60 @@ fn a_long_timeout_client_cannot_age_a_short_timeout_waiter_out_after_a_clock_ste
     assert!(hb.told_to_retry.is_empty(), "B was purged: {hb:?}");
     assert_eq!(queue(&mut c, &short), ["b:1", "a:1"]);
 }
+
+/// Review 3's fault 3: a repeated acquire of the grantee that arrives while its hand-off waits in
+/// its wake list (a copy sent again after a slow reply, or repeated by the connection layer on
+/// Sentinel or Cluster) answered "granted" to a connection nobody reads and dropped the wake-up:
+/// the grantee waited a whole lease for a message that was gone, while its heartbeats kept the
+/// orphaned hand-off alive, and then the waiter queued behind it was served first.
+#[test]
+fn a_repeated_acquire_during_a_pending_hand_off_keeps_the_grantees_wake_up() {
+    let (_server, mut c, lock) = start("dup-handoff");
+    let th = take(&mut c, &lock, "h:1", 1);
+    let first_copy = lock.acquire("t:1", 5, LEASE, Mode::Wait, "m");
+    queued(first_copy.run(&mut c).unwrap());
+    enqueue(&mut c, &lock, "x:1", 1);
+    lock.release("h:1", th, 1).run(&mut c).unwrap();
+    let (grantee, token) = holder(&mut c, &lock);
+    assert_eq!(grantee.as_deref(), Some("t:1"));
+    // the repeated copy arrives before t pops its hand-off; its reply goes nowhere
+    assert_eq!(granted(first_copy.run(&mut c).unwrap()), token.unwrap());
+    // t pops the hand-off it was sent, with the hold's token
+    match pop(&mut c, &lock, "t:1") {
+        Some(Wake::Grant {
+            attempt: 5,
+            token: t,
+            ..
+        }) => assert_eq!(Some(t), token),
+        other => panic!("t's hand-off was dropped by the repeat: {other:?}"),
+    }
+    // and keeps it past the waiter timeout, whatever the heartbeats say: x is still queued
+    for _ in 0..4 {
+        thread::sleep(WAITER_TIMEOUT / 2);
+        lock.heartbeat([("x:1", 1)]).run(&mut c).unwrap();
+    }
+    assert_eq!(holder(&mut c, &lock), (Some("t:1".into()), token));
+    assert_eq!(queue(&mut c, &lock), ["x:1"]);
+}
+
+/// A repeated acquire answered "granted" during a pending hand-off may be the one whose reply
+/// the client reads (the connection layer's repeat): the hold it reports must then not be
+/// revoked as a dead grantee's while the unpopped wake-up waits in the list, since nobody
+/// waits to pop it.
+#[test]
+fn a_hold_reported_by_a_repeated_acquire_is_not_revoked_as_an_unpopped_hand_off() {
+    let (_server, mut c, lock) = start("dup-handoff-read");
+    let th = take(&mut c, &lock, "h:1", 1);
+    let copy = lock.acquire("t:1", 5, LEASE, Mode::Wait, "m");
+    queued(copy.run(&mut c).unwrap());
+    enqueue(&mut c, &lock, "x:1", 1);
+    lock.release("h:1", th, 1).run(&mut c).unwrap();
+    let token = granted(copy.run(&mut c).unwrap());
+    // t holds through the reply; nobody pops the hand-off; x heartbeats past the waiter timeout
+    for _ in 0..6 {
+        thread::sleep(WAITER_TIMEOUT / 2);
+        lock.heartbeat([("x:1", 1)]).run(&mut c).unwrap();
+    }
+    assert_eq!(holder(&mut c, &lock), (Some("t:1".into()), Some(token)));
+    assert_eq!(queue(&mut c, &lock), ["x:1"]);
+}

@@ -652,3 +652,33 @@ fn a_forced_release_after_the_holders_own_release_released_nothing() {
     // the holder's own retry still finds its receipt
     assert!(sem.release(&mut c, "h:1", 1, t));
 }
+
+/// Review 3's fault 3, on the semaphore: a repeated acquire of a grantee whose hand-off waits
+/// unpopped (its reply going to no one) dropped the wake-up, so the grantee waited a lease for a
+/// message that was gone. The wake-up stays for the waiter; the hand-off is confirmed, so a hold
+/// that reply reports (it may be the one the client reads) is never revoked as unpopped.
+#[test]
+fn a_repeated_acquire_during_a_pending_hand_off_keeps_the_grantees_wake_up() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let s = Sem::new("dup-handoff", "sem", 1);
+    let th = granted(s.acquire(&mut c, "h:1", 1, 1, 60_000, true));
+    assert_eq!(s.acquire(&mut c, "t:1", 5, 1, 60_000, true), Reply::Queued);
+    assert_eq!(s.acquire(&mut c, "x:1", 1, 1, 60_000, true), Reply::Queued);
+    assert!(s.release(&mut c, "h:1", 1, th));
+    // the repeated copy of t's acquire arrives before t pops its hand-off
+    let tt = granted(s.acquire(&mut c, "t:1", 5, 1, 60_000, true));
+    // nobody pops it for a while: x heartbeats past t's hand-off deadline, and t keeps the hold
+    // (the reply may have been the one t's client read)
+    thread::sleep(Duration::from_millis(WAITER_TTL + 500));
+    s.heartbeat(&mut c, &[("x:1", 1)]);
+    let (holds, used) = s.holds(&mut c);
+    assert_eq!(used, 1);
+    assert!(holds.contains_key("t:1#5"), "{holds:?}");
+    // and the waiter, if that reply went to no one, still finds its hand-off
+    assert_eq!(
+        s.pop_grant(&mut c, "t:1", 5),
+        Some(tt),
+        "t's hand-off was dropped by the repeat"
+    );
+}

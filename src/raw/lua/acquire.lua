@@ -14,7 +14,8 @@
 -- A hand-off whose grantee is dead (its deadline passed on the lock's clock, its wake-up never
 -- popped) is revoked here too, so no one has to heartbeat the lock for that (heartbeat.lua).
 -- Network: a retry of the same attempt (reply lost, or a hand-off whose pop was lost) keeps the
--- queue place or returns the grant; a request that arrives late, after a newer attempt of its
+-- queue place or returns the grant (and leaves a hand-off message nobody popped yet for the
+-- waiter, which may be the one that reads it: a repeat's reply may go to no one); a request that arrives late, after a newer attempt of its
 -- owner reached Redis, finds that attempt and does nothing; one that arrives after its attempt
 -- ended (a leave, or a release of the hold it got) finds the left mark the client asked for and
 -- does nothing (a client that saw no reply to a request, or sent it twice, asks its leave or
@@ -41,11 +42,16 @@ return run(function()
   if h.owner == owner then
     if h.attempt > attempt then return { 'stale' } end
     if h.attempt == attempt then
-      -- this very attempt was granted; its reply or its hand-off message was lost (or this
-      -- is a late copy while the thread still holds it). Its own queue entry and hand-off
-      -- message go; a newer attempt of the thread queued behind this hold keeps its place.
+      -- this very attempt was granted; its reply or its hand-off message was lost, or this is
+      -- a repeat or a late copy while the thread waits to pop the hand-off or holds the lock.
+      -- Nobody may read this reply, so a hand-off message still waiting stays for the waiter
+      -- to pop (the waker drops it if the thread learnt of the grant here instead), and the
+      -- hand-off is confirmed (wdl cleared): a hold this reply reports is never revoked as an
+      -- unpopped grant's. A queue entry of this attempt goes; a newer attempt of the thread
+      -- queued behind this hold keeps its place.
       local mine = waiter_entry(owner)
-      if not (mine and mine.attempt > attempt) then forget_waiter(owner) end
+      if h.wdl then redis.call('HSET', k.lock, 'wdl', '') end
+      if not (mine and mine.attempt > attempt) then dequeue(owner) end
       return { 'granted', h.token_text, now_ms(), grant_pttl(h) }
     end
     if not keep then

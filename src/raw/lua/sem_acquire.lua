@@ -6,9 +6,10 @@
 -- No barging: permits are taken at once only when no live waiter is queued (or the caller is
 -- the head) and they fit. Network: a repeat of a granted attempt finds its hold (named by owner
 -- and attempt) and returns it; of a queued one, its place; either whatever capacity its handle
--- asks with (only a new entry must agree with the stored capacity). A late copy after a newer
--- attempt or after the attempt left with a mark does nothing; a late copy of a held attempt
--- removes only that attempt's messages, never the wake-up of the thread's newer grant.
+-- asks with (only a new entry must agree with the stored capacity), and leaves a hand-off
+-- message nobody popped yet for the waiter (a repeat's reply may go to no one). A late copy
+-- after a newer attempt or after the attempt left with a mark does nothing; a late copy of a
+-- held attempt changes neither the thread's newer queue place nor its wake-ups.
 local owner, attempt, permits, lease, mode, meta, kind, cap =
   ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8], ARGV[9],
   tonumber(ARGV[10])
@@ -38,11 +39,17 @@ return run(function()
     -- place of this attempt go
     local pttl = tonumber(redis.call('ZSCORE', k.leases, id)) or 0
     pttl = math.min(math.max(pttl - now_ms(), 0), mine_hold.lease)
-    -- (only this attempt's messages: the thread may be waiting with a newer one, whose grant's
-    -- wake-up must stay)
+    -- A hand-off of it still waiting in the wake list stays for the waiter to pop: nobody may
+    -- read this reply (a repeat whose first copy was answered, a late copy), and the waker
+    -- drops it if the thread learnt of the grant here instead. The hand-off is confirmed
+    -- (its entry goes), so a hold this reply reports is never revoked as an unpopped grant's.
     local w = waiter_entry(owner)
-    if w and w.attempt <= attempt then forget_attempt(owner, w) end
-    drop_attempt_wakeups(owner, attempt)
+    if w and w.attempt < attempt then
+      forget_attempt(owner, w)
+    elseif w and w.attempt == attempt then
+      dequeue(owner)
+    end
+    redis.call('ZREM', k.handoffs, id)
     return { 'granted', mine_hold.token_text, now_ms(), pttl }
   end
   if left_mark(owner) >= attempt then return { 'stale' } end
