@@ -251,6 +251,9 @@ impl World {
                 .arg(&key)
                 .query::<Option<String>>(&mut self.conns[conn])
                 .map_err(|e| e.to_string());
+            if let Ok(Some(m)) = &r {
+                self.clients[c].popped.insert(m.clone());
+            }
             self.after_call(Some((c, t)), self.clock.fz());
             match (&r, fault) {
                 (Err(e), _) => {

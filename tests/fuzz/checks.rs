@@ -22,6 +22,9 @@ pub enum Check {
     Overtaken,
     WaiterLost,
     HandoffVanished,
+    /// A live waiter's hand-off is still in Redis, but its wake-up message, which nobody
+    /// popped, is gone from the wake list: the waiter can never learn of it.
+    WakeupLost,
     ReleaseIneffective,
     BadReply,
     ScriptError,
@@ -44,6 +47,13 @@ impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?}: {}", self.check, self.message)
     }
+}
+
+/// The start of a grant's wake-up for `owner`'s `attempt` with `token` (state.lua,
+/// `grant_message`): "<thread>|g|<attempt>|<token>|".
+pub fn grant_prefix(owner: &str, attempt: u64, token: u64) -> String {
+    let thread = owner.rsplit_once(':').map_or("", |(_, t)| t);
+    format!("{thread}|g|{attempt}|{token}|")
 }
 
 /// One lock as Redis had it at a snapshot (`token` 0: no hash).
@@ -371,6 +381,7 @@ impl World {
                     w.handoff = Some(Handoff {
                         token: cur.token,
                         earliest_end: sent + w.lease_ms as f64,
+                        wake_lost: false,
                     });
                 }
             }
@@ -456,7 +467,9 @@ impl World {
         }
         // 4'. live waiters keep their places, and their hand-offs until their lease could end
         let mut found = vec![];
+        let mut unpopped = vec![];
         for (c, cl) in self.clients.iter_mut().enumerate() {
+            let popped = &cl.popped;
             for (t, th) in cl.threads.iter_mut().enumerate() {
                 let State::Waiting(w) = &mut th.state else {
                     continue;
@@ -465,6 +478,20 @@ impl World {
                 let granted = cur.owner == th.owner && cur.attempt == w.attempt;
                 let live = w.live(&self.cfg, snap.real);
                 if let Some(h) = w.handoff {
+                    if granted
+                        && cur.token == h.token
+                        && live
+                        && snap.fz < h.earliest_end
+                        && !h.wake_lost
+                        && !self.checker.is_exempt(w.lock, h.token)
+                    {
+                        // 4''. its wake-up waits in the wake list until its waker pops it
+                        let prefix = grant_prefix(&th.owner, w.attempt, h.token);
+                        if !popped.iter().any(|m| m.starts_with(&prefix)) {
+                            let key = self.locks[w.lock].wake_key(&th.owner);
+                            unpopped.push((key, prefix, format!("lock {} to c{c}:t{t}", w.lock)));
+                        }
+                    }
                     if cur.token != h.token {
                         w.handoff = None;
                         if live
@@ -505,11 +532,40 @@ impl World {
                 }
             }
         }
+        found.extend(self.wakeups_missing(unpopped));
         for (check, msg) in found {
             self.violate(check, msg);
         }
         self.checker.last = snap.locks;
         self.sem_step_checks();
+    }
+
+    /// Of the hand-offs `(wake list, message prefix, what)` that Redis still has for live
+    /// waiters and no waker popped: those whose wake-up is not in the wake list. Nothing but a
+    /// pop, the eviction of the list or the end of the hold may take it (4''), since the waiter
+    /// learns of its hand-off from it alone.
+    pub fn wakeups_missing(
+        &mut self,
+        unpopped: Vec<(String, String, String)>,
+    ) -> Vec<(Check, String)> {
+        let mut missing = vec![];
+        for (key, prefix, what) in unpopped {
+            let msgs: Vec<String> = redis::cmd("LRANGE")
+                .arg(&key)
+                .arg(0)
+                .arg(-1)
+                .query(&mut self.conns[0])
+                .unwrap_or_default();
+            if !msgs.iter().any(|m| m.starts_with(&prefix)) {
+                missing.push((
+                    Check::WakeupLost,
+                    format!(
+                        "the hand-off of {what} is in Redis, but its wake-up {prefix:?}... is gone from {key} ({msgs:?}) and no waker popped it"
+                    ),
+                ));
+            }
+        }
+        missing
     }
 
     /// The end state after the quiet phase: every lock free, nothing queued, and only the fence,

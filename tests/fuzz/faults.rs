@@ -244,6 +244,13 @@ impl World {
                     return false;
                 }
                 let owner = self.owner(c, t);
+                for th in &mut self.clients[c].threads {
+                    if let State::Waiting(w) = &mut th.state {
+                        if let (true, Some(h)) = (w.lock == lock, &mut w.handoff) {
+                            h.wake_lost = true;
+                        }
+                    }
+                }
                 self.locks[lock].wake_key(&owner)
             }
         };

@@ -192,6 +192,10 @@ pub struct Client {
     /// Paused (a SIGSTOP): no action, heartbeat or renewal until this real time.
     pub paused_until: f64,
     pub threads: Vec<Thread>,
+    /// Every message this client's waker popped (lock and semaphore wake lists), whatever
+    /// became of it (handed over, its reply lost, held up on the way): a hand-off message that
+    /// left a wake list otherwise was taken by a script.
+    pub popped: HashSet<String>,
 }
 
 impl Client {
@@ -217,6 +221,7 @@ impl Client {
             generation,
             next_attempt: 1,
             paused_until: 0.0,
+            popped: HashSet::new(),
         }
     }
 }
@@ -307,6 +312,8 @@ pub struct Wait {
 pub struct Handoff {
     pub token: u64,
     pub earliest_end: f64,
+    /// Its client's wake list was evicted since the grant: the message may be gone with it.
+    pub wake_lost: bool,
 }
 
 impl Wait {

@@ -21,7 +21,7 @@ use fairlock::raw::{
 };
 use redis::Value;
 
-use crate::checks::Check;
+use crate::checks::{grant_prefix, Check};
 use crate::model::{Handoff as SeenHandoff, Hold, LocalMs, State, Wait};
 use crate::rng::Rng;
 use crate::steps::{fault, Fault, Who};
@@ -839,6 +839,9 @@ impl World {
                 .arg(&key)
                 .query::<Option<String>>(&mut self.conns[conn])
                 .map_err(|e| e.to_string());
+            if let Ok(Some(m)) = &r {
+                self.clients[c].popped.insert(m.clone());
+            }
             self.after_call(Some((c, t)), self.clock.fz());
             match (&r, fault) {
                 (Err(e), _) => {
@@ -1284,6 +1287,13 @@ impl World {
                     return false;
                 }
                 let owner = self.owner(c, t);
+                for th in &mut self.clients[c].threads {
+                    if let State::Waiting(w) = &mut th.sem {
+                        if let (true, Some(h)) = (w.lock == sem, &mut w.handoff) {
+                            h.wake_lost = true;
+                        }
+                    }
+                }
                 self.sems[sem].wake_key(&owner)
             }
         };
@@ -1475,6 +1485,7 @@ impl World {
                             w.handoff = Some(SeenHandoff {
                                 token: *token,
                                 earliest_end: lease_end(w),
+                                wake_lost: false,
                             });
                         }
                     }
@@ -1566,7 +1577,9 @@ impl World {
         }
         // 4'. live waiters keep their places, and their hand-offs until their lease could end
         let forward_now = self.clock.forward();
+        let mut unpopped = vec![];
         for (c, cl) in self.clients.iter_mut().enumerate() {
+            let popped = &cl.popped;
             for (t, th) in cl.threads.iter_mut().enumerate() {
                 let State::Waiting(w) = &mut th.sem else {
                     continue;
@@ -1576,6 +1589,19 @@ impl World {
                 let granted = cur.holds.contains_key(&id);
                 let live = w.live(&self.cfg, real);
                 if let Some(h) = w.handoff {
+                    if cur.holds.get(&id).map(|x| x.0) == Some(h.token)
+                        && live
+                        && fz < h.earliest_end
+                        && !h.wake_lost
+                        && !self.sem_checker.exempt[w.lock].contains(&h.token)
+                    {
+                        // 4''. its wake-up waits in the wake list until its waker pops it
+                        let prefix = grant_prefix(&th.owner, w.attempt, h.token);
+                        if !popped.iter().any(|m| m.starts_with(&prefix)) {
+                            let key = self.sems[w.lock].wake_key(&th.owner);
+                            unpopped.push((key, prefix, format!("sem {} to c{c}:t{t}", w.lock)));
+                        }
+                    }
                     if cur.holds.get(&id).map(|x| x.0) != Some(h.token) {
                         w.handoff = None;
                         if live
@@ -1624,6 +1650,7 @@ impl World {
                 }
             }
         }
+        found.extend(self.wakeups_missing(unpopped));
         for (check, msg) in found {
             self.violate(check, msg);
         }
