@@ -82,7 +82,19 @@ return run(function()
 
   if not h.owner then
     local head = live_head()
-    if not head or head == owner then
+    if head and head == owner then
+      -- the head's own attempt, run again (a retry, a repeat, a late copy) while the lock is
+      -- free: the thread may be asleep on its wake list and this reply go to no one, so it is
+      -- also told there, as a release would tell it. The hold is confirmed (no wdl): this reply
+      -- may be the one the thread reads, and then nobody pops the wake-up (its waker drops it).
+      drop_wakeups(owner)
+      local token = take_with_wakeup(h, owner, attempt, lease, meta)
+      -- (a wake list that cannot be reached now: the reply is the only word, as for a newcomer)
+      token = token or take(h, owner, attempt, lease, meta)
+      dequeue(owner)
+      return { 'granted', fmt(token), now_ms(), lease }
+    end
+    if not head then
       local token = take(h, owner, attempt, lease, meta)
       if mine then forget_waiter(owner) end
       return { 'granted', fmt(token), now_ms(), lease }

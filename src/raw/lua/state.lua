@@ -460,6 +460,34 @@ local function grant_message(attempt, token)
   return 'g|' .. fmt(attempt) .. '|' .. fmt(token) .. '|'
 end
 
+-- Take the lock for `owner`'s `attempt` (see take) and push it the grant's wake-up. The wake-up
+-- goes first, with the token the hold will have unless the fence is ahead: the push is the
+-- probe of the undeclared key (see can_wake), and a grant refused after it takes it back, so no
+-- refusal leaves half a grant (and an empty list's probe costs no call). Returns the token, or
+-- nil when the wake list cannot be reached (nothing written).
+local function take_with_wakeup(h, owner, attempt, lease, meta, ...)
+  local now = now_ms()
+  local guess = first_token(h)
+  local wk, sent, n = offer_wakeup(owner, grant_message(attempt, guess) .. fmt(now))
+  if not wk then return nil end
+  local ok, token = pcall(take, h, owner, attempt, lease, meta, ...)
+  if not ok then
+    redis.call('LREM', wk, -1, sent)
+    error(token, 0)
+  end
+  if token ~= guess then
+    -- the fence was ahead of the hash (its hash was lost, or the server clock went back)
+    redis.call('LREM', wk, -1, sent)
+    local _, prefix = wake_of(owner)
+    n = redis.call('RPUSH', wk, prefix .. grant_message(attempt, token) .. fmt(now))
+  end
+  -- the list lives at least as long as the grant; a message popped after the grant's lease is
+  -- refused by its waiter's own estimate (it knows when it queued), and a stale message of an
+  -- older attempt is dropped by the waker (those of this attempt went when it queued)
+  keep_list(wk, n, lease)
+  return token
+end
+
 -- Hand the free lock (hash `h`, as read) to the live head of the queue: the release grants, the
 -- waiter needs no further round trip. The grantee's liveness moves into the lock hash (wdl, on
 -- the hash's own virtual clock vc), so a heartbeat can revoke a hand-off whose grantee died
@@ -470,31 +498,13 @@ local function grant_next(h, ...)
   if not head then return false end
   local left = math.max(w.deadline - waiters_now(), 0)
   local now = now_ms()
-  -- the wake-up goes first, with the token the hold will have unless the fence is ahead: the
-  -- push is the probe of the undeclared key (see can_wake), and a grant refused after it takes
-  -- it back, so no refusal leaves half a hand-off (and an empty list's probe costs no call)
-  local guess = first_token(h)
-  local wk, sent, n = offer_wakeup(head, grant_message(w.attempt, guess) .. fmt(now))
-  if not wk then return false end
   local vc = fmt(now) .. '|' .. fmt(now)
-  local ok, token = pcall(take, h, head, w.attempt, w.lease, w.meta, 'vc', vc, 'vcap',
-    fmt(W.cap), 'wdl', fmt(now + left), ...)
-  if not ok then
-    redis.call('LREM', wk, -1, sent)
-    error(token, 0)
-  end
-  if token ~= guess then
-    -- the fence was ahead of the hash (its hash was lost, or the server clock went back)
-    redis.call('LREM', wk, -1, sent)
-    local _, prefix = wake_of(head)
-    n = redis.call('RPUSH', wk, prefix .. grant_message(w.attempt, token) .. fmt(now))
+  if not take_with_wakeup(h, head, w.attempt, w.lease, w.meta, 'vc', vc, 'vcap', fmt(W.cap),
+      'wdl', fmt(now + left), ...) then
+    return false
   end
   h.wdl, h.vc, h.vcap = now + left, vc, W.cap
   dequeue(head)
-  -- the list lives at least as long as the grant; a message popped after the grant's lease is
-  -- refused by its waiter's own estimate (it knows when it queued), and a stale message of an
-  -- older attempt is dropped by the waker (those of this attempt went when it queued)
-  keep_list(wk, n, w.lease)
   return head
 end
 
