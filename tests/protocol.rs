@@ -1456,3 +1456,54 @@ fn a_repeated_acquire_of_the_head_of_a_free_lock_also_wakes_the_head() {
     assert_eq!(holder(&mut c, &lock), (Some("t:1".into()), Some(token)));
     assert_eq!(queue(&mut c, &lock), ["x:1"]);
 }
+
+/// `owner`'s `attempt` queues behind the holder and leaves with a left mark (an acquire request
+/// of it may still arrive).
+fn queue_and_leave_marked(c: &mut redis::Connection, lock: &RawLock, owner: &str, attempt: u64) {
+    enqueue(c, lock, owner, attempt);
+    lock.leave(owner, attempt, LeaveMode::Pass, LateAcquire::Possible)
+        .run(c)
+        .unwrap();
+}
+
+/// Fields of the left marks' hash (the marker field '~' included).
+fn left_marks(c: &mut redis::Connection, lock: &RawLock) -> usize {
+    redis::cmd("HLEN")
+        .arg(format!("{}:left", lock.key_names()[0]))
+        .query(c)
+        .unwrap()
+}
+
+/// Review 3's fault 8: the left marks' hash never lost a field, and every mark refreshed its TTL,
+/// so on a lock where marks keep coming it grew by one field per marking owner forever (2,000
+/// fields, 112 KB in the review's run). A mark lives the queue's TTL (10 minutes) after it was
+/// made, whatever marks come after it: the first mark after that (plus a tenth, so a prune reads
+/// the hash at most once a minute) drops it.
+#[test]
+fn left_marks_older_than_the_queue_ttl_go_while_new_marks_keep_coming() {
+    let mut server = faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let lock = raw_lock(&mut c, "marks");
+    granted(
+        lock.acquire("h:1", 1, Duration::from_secs(3600), Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    for i in 0..40 {
+        queue_and_leave_marked(&mut c, &lock, &format!("old{i}:1"), 1);
+    }
+    assert_eq!(left_marks(&mut c, &lock), 41);
+    // six minutes on, a new mark; six more (past the first marks' ten and a tenth), another
+    server.set_offset_ms(6 * 60_000);
+    queue_and_leave_marked(&mut c, &lock, "mid:1", 1);
+    server.set_offset_ms(12 * 60_000);
+    queue_and_leave_marked(&mut c, &lock, "new:1", 1);
+    assert_eq!(left_marks(&mut c, &lock), 3, "old marks kept");
+    // the kept marks still work: a late copy of mid's acquire does nothing
+    assert!(matches!(
+        lock.acquire("mid:1", 1, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+        Acquire::Stale
+    ));
+}

@@ -403,16 +403,45 @@ local function queue_keys_exist(h)
 end
 
 -- ---- left marks -----------------------------------------------------------------------------
--- P:{N}:left, owner -> the newest attempt of that owner that left while one of its acquire
--- requests could still arrive (it went unanswered, or was sent twice). Such a request, arriving
--- after the leave, must do nothing, rather than queue a waiter nobody refreshes or take the lock
--- for a thread that holds no guard. The key lives QUEUE_TTL after the last mark: as long as a
--- ghost waiter's queue keys would have.
+-- P:{N}:left, owner -> "<attempt>|<expiry ms>": the newest attempt of that owner that left while
+-- one of its acquire requests could still arrive (it went unanswered, or was sent twice). Such a
+-- request, arriving after the leave, must do nothing, rather than queue a waiter nobody
+-- refreshes or take the lock for a thread that holds no guard. A mark lives QUEUE_TTL (as long
+-- as a ghost waiter's queue keys would have), each on its own: the field '~' holds when the
+-- next prune is due (the earliest expiry + QUEUE_TTL/10), and the mark that finds it due drops
+-- every expired one, so however many marks keep coming, none outlives 1.1 QUEUE_TTL after it
+-- was made (as of the latest mark), and a prune reads the hash at most once per QUEUE_TTL/10
+-- plus once per expiry that came due. The key lives QUEUE_TTL after the last mark.
+
+-- The attempt of a mark's value ("<attempt>|<expiry>"; a plain number from an older version).
+local function mark_attempt(v)
+  return tonumber(v and string.match(v, '^(%d+)')) or 0
+end
 
 -- The newest attempt of `owner` that left with a mark (0: none). The key is not declared
 -- (see "Undeclared keys"): a script that may mark reads it before its first write.
 local function left_mark(owner)
-  return tonumber(read(k.left, 'HGET', owner)) or 0
+  return mark_attempt(read(k.left, 'HGET', owner))
+end
+
+-- Drop every mark expired at `now` (a mark of an older version, without an expiry, counts as
+-- expired); returns the earliest expiry of those left (nil: none).
+local function prune_left_marks(now)
+  local all, expired, earliest = redis.call('HGETALL', k.left), {}, nil
+  for i = 1, #all, 2 do
+    if all[i] ~= '~' then
+      local expiry = tonumber(string.match(all[i + 1], '|(%d+)$')) or 0
+      if expiry <= now then
+        expired[#expired + 1] = all[i]
+      elseif not earliest or expiry < earliest then
+        earliest = expiry
+      end
+    end
+  end
+  for i = 1, #expired, 1000 do
+    redis.call('HDEL', k.left, unpack(expired, i, math.min(i + 999, #expired)))
+  end
+  return earliest
 end
 
 -- Mark `owner`'s `attempt` as left. On a fresh lock this is the script's first write, so it
@@ -425,9 +454,26 @@ local function mark_left(owner, attempt)
   if not v[2] and redis.call('EXISTS', k.left) == 1 then
     refuse(k.left, "a hash without fairlock's marker field")
   end
-  if (tonumber(v[1]) or 0) < attempt then
-    redis.call('HSET', k.left, owner, fmt(attempt), '~', '1')
+  local now, slack = now_ms(), math.floor(QUEUE_TTL / 10)
+  local due, earliest = tonumber(v[2]), nil
+  if due and due <= now then
+    earliest = prune_left_marks(now)
+    if mark_attempt(v[1]) > 0 and not redis.call('HEXISTS', k.left, owner) then v[1] = nil end
+  elseif due then
+    earliest = due - slack
   end
+  local fields = {}
+  if mark_attempt(v[1]) < attempt then
+    local expiry = now + QUEUE_TTL
+    fields = { owner, fmt(attempt) .. '|' .. fmt(expiry) }
+    if not earliest or expiry < earliest then earliest = expiry end
+  end
+  local next_due = earliest and fmt(earliest + slack) or fmt(now + QUEUE_TTL + slack)
+  if next_due ~= v[2] then
+    fields[#fields + 1] = '~'
+    fields[#fields + 1] = next_due
+  end
+  if #fields > 0 then redis.call('HSET', k.left, unpack(fields)) end
   redis.call('PEXPIRE', k.left, QUEUE_TTL)
 end
 
