@@ -682,3 +682,23 @@ fn a_repeated_acquire_during_a_pending_hand_off_keeps_the_grantees_wake_up() {
         "t's hand-off was dropped by the repeat"
     );
 }
+
+/// Found by the fuzzer's wake-up judge: a late copy of an old attempt's acquire (an unseen
+/// duplicate, which nothing marks) that arrives while the thread's newer attempt has a hand-off
+/// waiting queued a ghost place and, as a new place does, dropped every wake-up of the thread:
+/// the newer grant's too, which its waiter then never saw.
+#[test]
+fn a_late_copy_of_an_older_attempt_keeps_the_newer_attempts_hand_off() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let s = Sem::new("late-old", "sem", 1);
+    let th = granted(s.acquire(&mut c, "h:1", 1, 1, 60_000, true));
+    assert_eq!(s.acquire(&mut c, "t:1", 9, 1, 60_000, true), Reply::Queued);
+    assert!(s.release(&mut c, "h:1", 1, th));
+    // t's attempt 9 is granted, its wake-up waits; a copy of t's attempt 4 arrives now
+    s.acquire(&mut c, "t:1", 4, 1, 60_000, true);
+    assert!(
+        s.pop_grant(&mut c, "t:1", 9).is_some(),
+        "the late copy of attempt 4 dropped attempt 9's hand-off"
+    );
+}

@@ -68,6 +68,23 @@ local function drop_wakeups(owner)
   end
 end
 
+-- Remove `owner`'s messages about `attempt` and older ones, never those of a newer attempt of
+-- the thread (a late copy of an old request must not take the wake-up of the thread's newer
+-- grant). Touches the list first, as drop_wakeups.
+local function drop_wakeups_upto(owner, attempt)
+  local wk, prefix = wake_of(owner)
+  local msgs = read(wk, 'LRANGE', 0, -1)
+  for _, msg in ipairs(msgs) do
+    if not is_wakeup(msg) then refuse(wk, FOREIGN_LIST) end
+  end
+  for _, msg in ipairs(msgs) do
+    if msg:sub(1, #prefix) == prefix then
+      local a = tonumber(string.match(msg, '^[^|]*|[gr]|(%d+)'))
+      if not a or a <= attempt then redis.call('LREM', wk, 1, msg) end
+    end
+  end
+end
+
 -- Whether a wake-up can be pushed to `owner` now. The wake list is a key the script does not
 -- declare (it is named after the grantee, whom only the script knows): while the lock's Cluster
 -- slot migrates, Redis refuses it when it is missing on this node, and an ACL may refuse it.
@@ -368,12 +385,13 @@ local function enqueue(owner, attempt, lease, meta, mine)
   local now = waiters_now()
   if not (mine and read(k.queue, 'ZSCORE', owner)) then
     -- a new place: drop wake-ups of earlier ones (first: the wake list may be refused, see
-    -- can_wake). A grant to this same attempt that lapsed
+    -- can_wake), never of a newer attempt (this may be a late copy of an old request, and the
+    -- thread may wait for its newer grant's wake-up). A grant to this same attempt that lapsed
     -- (its lease ran out, or was revoked) must not be popped after this queueing: the shared
     -- list outlives it (other threads' messages keep it alive, and a backward step of the
     -- server clock revives an expired key Redis has not deleted yet), and the waiter would take
     -- the old grant for a new one.
-    drop_wakeups(owner)
+    drop_wakeups_upto(owner, attempt)
     check_queue_new()
     local score = math.max(now_us(), W.tail + 1)
     read(k.queue, 'ZADD', fmt(score), owner)
