@@ -557,6 +557,35 @@ fn the_password_in_the_url_is_never_printed() {
     }
 }
 
+/// Review 4, X1: a password with reserved characters typed as they are (`/`, `?`, `#`, `@`,
+/// `%`...) made the URL unparsable, and every command printed it whole in the error. Every URL
+/// form, the review's passwords and generated ones: neither stdout nor stderr shows any of it.
+#[test]
+fn a_password_with_reserved_characters_is_never_printed_by_the_cli() {
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    use support::passwords;
+    let dead = support::free_port();
+    let try_one = |pw: String| -> Result<(), TestCaseError> {
+        for url in passwords::urls(&pw, dead) {
+            let out = run_out(fairlock_at(&url).args(["status", "x"]));
+            proptest::prop_assert_ne!(out.code, Some(0), "{} connected", url);
+            passwords::check("stdout", &url, &out.stdout)?;
+            passwords::check("stderr", &url, &out.stderr)?;
+        }
+        Ok(())
+    };
+    for pw in passwords::fixed() {
+        try_one(pw).unwrap();
+    }
+    // each case runs a dozen processes
+    let mut runner = TestRunner::new(Config {
+        cases: 8,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner.run(&passwords::passwords(), try_one).unwrap();
+}
+
 /// Review 3, fault 12: each stop and continue of a waiting process (Ctrl-Z and `fg`, a
 /// debugger, a cgroup freeze) makes its blocked read fail with EINTR, and the wait gave up at
 /// the third such hiccup in its whole life (the failure count was never reset), dropping the
