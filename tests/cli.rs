@@ -683,6 +683,58 @@ fn the_password_file_is_read_and_a_refused_password_exits_77_without_showing_it(
     assert!(!out.stderr.contains("stale-token"), "{}", out.stderr);
 }
 
+/// Review 4, A2: with `--password-file` the user name was cut out of the URL still
+/// percent-encoded, so `ops%40team` was sent for the user `ops@team` and refused, where the same
+/// URL with the password in it logs in.
+#[test]
+fn the_password_file_logs_in_a_user_whose_name_is_percent_encoded_in_the_url() {
+    let server = RedisServer::start();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "ops@team",
+            "on",
+            ">filepw-0c4e",
+            "~*",
+            "&*",
+            "+@all",
+        ])
+        .query(&mut server.conn())
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("password");
+    std::fs::write(&file, "filepw-0c4e\n").unwrap();
+    let inline = format!("redis://ops%40team:filepw-0c4e@127.0.0.1:{}/", server.port);
+    let out = run_out(fairlock_at(&inline).args(["status", "x"]));
+    assert_eq!(
+        out.code,
+        Some(0),
+        "the password in the URL: {:?}",
+        out.stderr
+    );
+    let url = format!("redis://ops%40team@127.0.0.1:{}/", server.port);
+    let out = run_out(
+        fairlock_at(&url)
+            .arg("--password-file")
+            .arg(&file)
+            .args(["status", "x"]),
+    );
+    assert_eq!(out.code, Some(0), "--password-file: {:?}", out.stderr);
+    let out = run_out(fairlock_at(&url).arg("--password-file").arg(&file).args([
+        "run",
+        "--no-wait",
+        "x",
+        "--",
+        "true",
+    ]));
+    assert_eq!(
+        out.code,
+        Some(0),
+        "run with --password-file: {:?}",
+        out.stderr
+    );
+}
+
 /// `run --permits 2`: three runs at once, at most two commands inside at any moment (each
 /// command appends `start` and `end` lines to one file; the file's order is the order of the
 /// writes), all three run, and `status --semaphore` shows the holders with their permits and the

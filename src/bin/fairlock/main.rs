@@ -174,13 +174,18 @@ impl Server {
     }
 }
 
-/// The user name a URL gives (`scheme://user:password@...`), if any.
+/// The user name a URL gives (`scheme://user:password@...`), if any, percent-decoded as the
+/// redis crate decodes it when the password is in the URL (`ops%40team` is `ops@team`).
 fn user_of(url: &str) -> Option<String> {
     let rest = url.split_once("://")?.1;
     let authority = rest.split('/').next()?;
     let (userinfo, _) = authority.rsplit_once('@')?;
     let user = userinfo.split(':').next()?;
-    (!user.is_empty()).then(|| user.to_string())
+    (!user.is_empty()).then(|| {
+        percent_encoding::percent_decode_str(user)
+            .decode_utf8_lossy()
+            .into_owned()
+    })
 }
 
 #[derive(Subcommand, Debug)]
