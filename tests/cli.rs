@@ -735,6 +735,41 @@ fn the_password_file_logs_in_a_user_whose_name_is_percent_encoded_in_the_url() {
     );
 }
 
+/// Review 4, A5: a user refused `INFO` ran on an `allkeys-lru` server silently (exit 0) where
+/// the default user is refused (exit 78): the check was skipped with a log line the tool never
+/// showed. Now `CONFIG GET maxmemory-policy` checks it (exit 78); when that is refused too, the
+/// tool runs and says on stderr what it could not check.
+#[test]
+fn a_user_refused_info_is_refused_an_evicting_server_or_warned_on_stderr() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    for (user, rules) in [
+        ("noinfo", &["-info"][..]),
+        ("neither", &["-info", "-config"]),
+    ] {
+        let _: () = redis::cmd("ACL")
+            .arg(&["SETUSER", user, "on", ">pw", "~*", "&*", "+@all"])
+            .arg(rules)
+            .query(&mut server.conn())
+            .unwrap();
+    }
+    let url = |user: &str| format!("redis://{user}:pw@127.0.0.1:{}/", server.port);
+    let run = ["run", "--permits", "2", "semx", "--", "true"];
+    for args in [&run[..], &["status", "x"]] {
+        let out = run_out(fairlock_at(&url("noinfo")).args(args));
+        assert_eq!(out.code, Some(78), "{args:?}: {:?}", out.stderr);
+        assert_one_line(&out);
+        assert!(out.stderr.contains("allkeys-lru"), "{}", out.stderr);
+
+        let out = run_out(fairlock_at(&url("neither")).args(args));
+        assert_eq!(out.code, Some(0), "{args:?}: {:?}", out.stderr);
+        assert!(
+            out.stderr.contains("warning") && out.stderr.contains("maxmemory-policy"),
+            "{args:?} says nothing of the check it skipped: {:?}",
+            out.stderr
+        );
+    }
+}
+
 /// `run --permits 2`: three runs at once, at most two commands inside at any moment (each
 /// command appends `start` and `end` lines to one file; the file's order is the order of the
 /// writes), all three run, and `status --semaphore` shows the holders with their permits and the

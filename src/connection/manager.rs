@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::{ConnectionInfo, IntoConnectionInfo};
@@ -172,9 +172,13 @@ pub(crate) struct Manager {
     /// Counts the masters a Sentinel group named: a connection of an older generation goes to
     /// a master that was replaced, and is dropped (see [`Manager::follow_master`]).
     pub(super) generation: AtomicU64,
-    /// The server refused `INFO` to this user at the first check: the periodic eviction check
-    /// is skipped (see `checks.rs`).
+    /// The server refused `INFO` to this user at the first check: the eviction policy is read
+    /// with `CONFIG GET` if `config_get_checks`, else not at all (see `checks.rs`).
     pub(super) info_refused: AtomicBool,
+    /// `CONFIG GET maxmemory-policy` answered when `INFO` was refused.
+    pub(super) config_get_checks: AtomicBool,
+    /// Why the eviction policy could not be checked (refused `INFO` and `CONFIG GET`).
+    pub(super) skipped_checks: OnceLock<String>,
     /// Accept an evicting `maxmemory-policy` (see [`ConnectOptions::accept_eviction`]).
     pub(super) accept_eviction: bool,
 }
@@ -333,6 +337,8 @@ impl Manager {
             patience,
             generation: AtomicU64::new(0),
             info_refused: AtomicBool::new(false),
+            config_get_checks: AtomicBool::new(false),
+            skipped_checks: OnceLock::new(),
             accept_eviction: options.accept_eviction,
         })
     }

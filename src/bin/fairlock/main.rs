@@ -510,9 +510,11 @@ fn connect(
     Ok((client, lock))
 }
 
-/// Connect to Redis; an unreachable server is named by its URL (without the password).
+/// Connect to Redis; an unreachable server is named by its URL (without the password). A
+/// server check the client could not make (the user is refused `INFO` and `CONFIG GET`) is
+/// said on stderr: the tool goes on, as the library does, but not silently.
 fn build_client(server: &Server, lease: Duration) -> Result<LockClient, Failure> {
-    server.builder(lease).build().map_err(|e| {
+    let client = server.builder(lease).build().map_err(|e| {
         let mut f = Failure::from(e);
         if f.code == exit::UNAVAILABLE {
             f.message = format!(
@@ -522,5 +524,9 @@ fn build_client(server: &Server, lease: Duration) -> Result<LockClient, Failure>
             );
         }
         f
-    })
+    })?;
+    if let Some(why) = client.skipped_checks() {
+        say(&format!("warning: {why}"));
+    }
+    Ok(client)
 }
