@@ -589,6 +589,16 @@ impl LockClient {
         self.inner.owner()
     }
 
+    /// Why the client could not check that its server never evicts keys, when it could not:
+    /// the server refuses both `INFO` and `CONFIG GET maxmemory-policy` to this user (the same
+    /// text is logged at warn level when the client is built). `None` when the check ran (then it
+    /// runs again every [`Config::server_check_interval`]). A user refused only `INFO` is
+    /// checked with `CONFIG GET`; an evicting server then fails [`LockClientBuilder::build`]
+    /// with [`Error::UnsafeServer`] as for any user.
+    pub fn skipped_checks(&self) -> Option<&str> {
+        self.inner.manager.skipped_checks()
+    }
+
     /// Check now that the server is still safe for locks: its `maxmemory-policy` must not
     /// evict keys. The client runs the same check every [`Config::server_check_interval`] (a
     /// minute by default) and logs an error when it fails; call this from a health check to see it.

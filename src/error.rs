@@ -459,7 +459,17 @@ impl Error {
     }
 
     /// An invalid URL, named without its password.
+    /// When a user name or password looks typed with a reserved character as it is, the
+    /// reason says how to write it.
     pub(crate) fn invalid_url(url: &str, reason: String) -> Error {
+        let reason = if crate::redact::has_unencoded_user_info(url) {
+            format!(
+                "{reason}; a user name or password must have the characters a URL reserves \
+                 percent-encoded: / as %2F, ? as %3F, # as %23, @ as %40, % as %25"
+            )
+        } else {
+            reason
+        };
         Error::InvalidUrl {
             url: crate::redact::redact_url(url),
             reason,

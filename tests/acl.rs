@@ -248,6 +248,59 @@ fn a_user_without_dangerous_commands_connects_and_is_served_promptly() {
     assert_eq!(said.len(), 1, "said once what it could not check: {said:?}");
     assert!(said[0].contains("maxmemory-policy"), "{}", said[0]);
     assert!(said[0].contains("+info"), "says the ACL fix: {}", said[0]);
+    assert_eq!(
+        client.skipped_checks(),
+        Some(said[0].trim_start_matches("fairlock: "))
+    );
+}
+
+/// Review 4, A5: a user refused `INFO` connected to an evicting server with the eviction check
+/// skipped and only a log line to say so. `CONFIG GET maxmemory-policy`, often allowed
+/// separately, is asked instead, at connect and by the periodic check; only when it is refused
+/// too is the check skipped, and the client says so (`LockClient::skipped_checks`).
+#[test]
+fn a_user_refused_info_is_checked_with_config_get_or_told_what_was_skipped() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    set_user(&server, &rules("noinfo", &["~*", "&*", "+@all", "-info"]));
+    set_user(
+        &server,
+        &rules("neither", &["~*", "&*", "+@all", "-info", "-config"]),
+    );
+    match LockClient::connect(&url_for(&server, "noinfo")) {
+        Err(Error::UnsafeServer { detail }) => assert!(detail.contains("allkeys-lru"), "{detail}"),
+        other => panic!("a user refused INFO on an allkeys-lru server: {other:?}"),
+    }
+    let accepted = LockClient::builder(&url_for(&server, "noinfo"))
+        .danger_accept_eviction(true)
+        .build()
+        .expect("eviction accepted");
+    assert_eq!(accepted.skipped_checks(), None);
+    accepted.check_server().expect("eviction accepted");
+
+    let set_policy = |policy: &str| {
+        let _: () = redis::cmd("CONFIG")
+            .arg(&["SET", "maxmemory-policy", policy])
+            .query(&mut server.conn())
+            .unwrap();
+    };
+    set_policy("noeviction");
+    let client = LockClient::connect(&url_for(&server, "noinfo")).expect("a noeviction server");
+    assert_eq!(client.skipped_checks(), None, "CONFIG GET checked it");
+    client.check_server().expect("still noeviction");
+    set_policy("allkeys-lru");
+    match client.check_server() {
+        Err(Error::UnsafeServer { detail }) => assert!(detail.contains("allkeys-lru"), "{detail}"),
+        other => panic!("the periodic check after a switch to allkeys-lru: {other:?}"),
+    }
+
+    let client = LockClient::connect(&url_for(&server, "neither"))
+        .expect("refused INFO and CONFIG: nothing can be checked, the client goes on");
+    let why = client
+        .skipped_checks()
+        .expect("the client says what it could not check");
+    for says in ["INFO", "CONFIG GET", "maxmemory-policy", "+info"] {
+        assert!(why.contains(says), "{says}: {why}");
+    }
 }
 
 /// A key pattern that does not cover the key prefix: an error that names the permission and

@@ -557,6 +557,35 @@ fn the_password_in_the_url_is_never_printed() {
     }
 }
 
+/// Review 4, X1: a password with reserved characters typed as they are (`/`, `?`, `#`, `@`,
+/// `%`...) made the URL unparsable, and every command printed it whole in the error. Every URL
+/// form, the review's passwords and generated ones: neither stdout nor stderr shows any of it.
+#[test]
+fn a_password_with_reserved_characters_is_never_printed_by_the_cli() {
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    use support::passwords;
+    let dead = support::free_port();
+    let try_one = |pw: String| -> Result<(), TestCaseError> {
+        for url in passwords::urls(&pw, dead) {
+            let out = run_out(fairlock_at(&url).args(["status", "x"]));
+            proptest::prop_assert_ne!(out.code, Some(0), "{} connected", url);
+            passwords::check("stdout", &url, &out.stdout)?;
+            passwords::check("stderr", &url, &out.stderr)?;
+        }
+        Ok(())
+    };
+    for pw in passwords::fixed() {
+        try_one(pw).unwrap();
+    }
+    // each case runs a dozen processes
+    let mut runner = TestRunner::new(Config {
+        cases: 8,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner.run(&passwords::passwords(), try_one).unwrap();
+}
+
 /// Review 3, fault 12: each stop and continue of a waiting process (Ctrl-Z and `fg`, a
 /// debugger, a cgroup freeze) makes its blocked read fail with EINTR, and the wait gave up at
 /// the third such hiccup in its whole life (the failure count was never reset), dropping the
@@ -652,6 +681,93 @@ fn the_password_file_is_read_and_a_refused_password_exits_77_without_showing_it(
     assert_one_line(&out);
     assert!(out.stderr.contains("credentials"), "{}", out.stderr);
     assert!(!out.stderr.contains("stale-token"), "{}", out.stderr);
+}
+
+/// Review 4, A2: with `--password-file` the user name was cut out of the URL still
+/// percent-encoded, so `ops%40team` was sent for the user `ops@team` and refused, where the same
+/// URL with the password in it logs in.
+#[test]
+fn the_password_file_logs_in_a_user_whose_name_is_percent_encoded_in_the_url() {
+    let server = RedisServer::start();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "ops@team",
+            "on",
+            ">filepw-0c4e",
+            "~*",
+            "&*",
+            "+@all",
+        ])
+        .query(&mut server.conn())
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("password");
+    std::fs::write(&file, "filepw-0c4e\n").unwrap();
+    let inline = format!("redis://ops%40team:filepw-0c4e@127.0.0.1:{}/", server.port);
+    let out = run_out(fairlock_at(&inline).args(["status", "x"]));
+    assert_eq!(
+        out.code,
+        Some(0),
+        "the password in the URL: {:?}",
+        out.stderr
+    );
+    let url = format!("redis://ops%40team@127.0.0.1:{}/", server.port);
+    let out = run_out(
+        fairlock_at(&url)
+            .arg("--password-file")
+            .arg(&file)
+            .args(["status", "x"]),
+    );
+    assert_eq!(out.code, Some(0), "--password-file: {:?}", out.stderr);
+    let out = run_out(fairlock_at(&url).arg("--password-file").arg(&file).args([
+        "run",
+        "--no-wait",
+        "x",
+        "--",
+        "true",
+    ]));
+    assert_eq!(
+        out.code,
+        Some(0),
+        "run with --password-file: {:?}",
+        out.stderr
+    );
+}
+
+/// Review 4, A5: a user refused `INFO` ran on an `allkeys-lru` server silently (exit 0) where
+/// the default user is refused (exit 78): the check was skipped with a log line the tool never
+/// showed. Now `CONFIG GET maxmemory-policy` checks it (exit 78); when that is refused too, the
+/// tool runs and says on stderr what it could not check.
+#[test]
+fn a_user_refused_info_is_refused_an_evicting_server_or_warned_on_stderr() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    for (user, rules) in [
+        ("noinfo", &["-info"][..]),
+        ("neither", &["-info", "-config"]),
+    ] {
+        let _: () = redis::cmd("ACL")
+            .arg(&["SETUSER", user, "on", ">pw", "~*", "&*", "+@all"])
+            .arg(rules)
+            .query(&mut server.conn())
+            .unwrap();
+    }
+    let url = |user: &str| format!("redis://{user}:pw@127.0.0.1:{}/", server.port);
+    let run = ["run", "--permits", "2", "semx", "--", "true"];
+    for args in [&run[..], &["status", "x"]] {
+        let out = run_out(fairlock_at(&url("noinfo")).args(args));
+        assert_eq!(out.code, Some(78), "{args:?}: {:?}", out.stderr);
+        assert_one_line(&out);
+        assert!(out.stderr.contains("allkeys-lru"), "{}", out.stderr);
+
+        let out = run_out(fairlock_at(&url("neither")).args(args));
+        assert_eq!(out.code, Some(0), "{args:?}: {:?}", out.stderr);
+        assert!(
+            out.stderr.contains("warning") && out.stderr.contains("maxmemory-policy"),
+            "{args:?} says nothing of the check it skipped: {:?}",
+            out.stderr
+        );
+    }
 }
 
 /// `run --permits 2`: three runs at once, at most two commands inside at any moment (each

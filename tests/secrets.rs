@@ -8,7 +8,7 @@ use std::sync::{Mutex, Once};
 use std::time::Duration;
 
 use fairlock::{LockClient, LockClientBuilder};
-use support::RedisServer;
+use support::{passwords, RedisServer};
 
 const SECRET: &str = "supersecret-7f3a";
 
@@ -147,5 +147,42 @@ fn no_error_debug_or_log_line_shows_the_password() {
     let logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
     for line in logged.iter() {
         assert_secret_free("a log line", line);
+    }
+}
+
+/// Review 4, X1: a password typed into the URL without percent-encoding its reserved characters
+/// made the URL unparsable, and the error that said so (and the builder's `Debug`) printed it whole.
+#[test]
+fn a_password_with_reserved_characters_is_never_printed_by_the_library() {
+    use proptest::test_runner::{Config, TestRunner};
+    capture_logs();
+    let dead = support::free_port();
+    let try_one = |pw: String| -> Result<(), proptest::test_runner::TestCaseError> {
+        for url in passwords::urls(&pw, dead) {
+            let builder = quick(&url);
+            passwords::check("the builder's Debug", &url, &format!("{builder:?}"))?;
+            passwords::check("redact_url", &url, &fairlock::redact_url(&url))?;
+            match builder.build() {
+                Err(e) => passwords::check("the error", &url, &printed(&e))?,
+                Ok(client) => panic!("{url} connected: {client:?}"),
+            }
+        }
+        Ok(())
+    };
+    for pw in passwords::fixed() {
+        try_one(pw).unwrap();
+    }
+    let mut runner = TestRunner::new(Config {
+        cases: 128,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner.run(&passwords::passwords(), try_one).unwrap();
+    let logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+    for line in logged.iter() {
+        assert!(
+            !line.contains(passwords::MARK_A) && !line.contains(passwords::MARK_B),
+            "a log line shows a password: {line}"
+        );
     }
 }

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use redis::Value;
 
-use super::{is_refused_command, Conn, Manager};
+use super::{is_connection_error, is_refused_command, Conn, Manager};
 use crate::error::{permission_error, Error, Result};
 use crate::server_check::{check_eviction_policy, EvictionCheck, UNKNOWN_POLICY_WARNING};
 
@@ -16,8 +16,10 @@ const MIN_VERSION: (u32, u32) = (6, 2);
 impl Manager {
     /// Connect once and check that the server is a Redis of a supported version that never
     /// evicts keys; returns the lowest version (major, minor) of its masters, `None` when the
-    /// server refuses `INFO` to this user (then nothing can be checked: logged once, and the
-    /// periodic [`Manager::check_eviction`] is skipped).
+    /// server refuses `INFO` to this user. Then the eviction policy is read with `CONFIG GET
+    /// maxmemory-policy` (often allowed separately), at once and by every periodic
+    /// [`Manager::check_eviction`]; when that is refused too, nothing can be checked: logged once,
+    /// kept for [`Manager::skipped_checks`], and the periodic check is skipped.
     pub fn check_server(&self) -> Result<Option<(u32, u32)>> {
         let mut conn = self
             .open()
@@ -26,12 +28,27 @@ impl Manager {
             Ok(infos) => infos,
             Err(e) if is_info_refused(&e) => {
                 self.info_refused.store(true, Ordering::Relaxed);
-                log::warn!(
-                    "fairlock: the server refuses INFO to this user ({e}), so fairlock cannot check \
-                     its version or that its maxmemory-policy is noeviction, and goes on; make sure \
-                     it is noeviction (an evicting server can give a lock two holders), or add +info \
-                     to the user's ACL to have it checked"
-                );
+                match check_memory_by_config(&mut conn, self.accept_eviction)? {
+                    Ok(()) => {
+                        self.config_get_checks.store(true, Ordering::Relaxed);
+                        log::info!(
+                            "fairlock: the server refuses INFO to this user ({e}): its \
+                             maxmemory-policy was read with CONFIG GET, its version is not checked"
+                        );
+                    }
+                    Err(refused) => {
+                        let why = format!(
+                            "the server refuses INFO ({e}) and CONFIG GET maxmemory-policy \
+                             ({refused}) to this user, so fairlock cannot check that its \
+                             maxmemory-policy is noeviction (nor its version), and goes on; make \
+                             sure it is noeviction (an evicting server can give a lock two \
+                             holders), or add +info (or +config|get) to the user's ACL to have it \
+                             checked"
+                        );
+                        log::warn!("fairlock: {why}");
+                        let _ = self.skipped_checks.set(why);
+                    }
+                }
                 return Ok(None);
             }
             Err(e) => {
@@ -64,16 +81,27 @@ impl Manager {
     }
 
     /// Check (again) that the server never evicts keys: the janitor calls this now and then, so
-    /// a setting changed while the client runs is reported. Skipped when the server refuses
-    /// `INFO` to this user (said once, at the first check).
+    /// a setting changed while the client runs is reported. With `CONFIG GET` when the server
+    /// refuses `INFO` to this user; skipped when it refuses both (said once, at the first check).
     pub fn check_eviction(&self) -> Result<()> {
-        if self.info_refused.load(Ordering::Relaxed) {
+        let by_config = self.info_refused.load(Ordering::Relaxed);
+        if by_config && !self.config_get_checks.load(Ordering::Relaxed) {
             return Ok(());
         }
         let mut conn = self
             .open()
             .map_err(|e| Error::from_redis("checking the server", e))?;
+        if by_config {
+            // refused now (the ACL changed): as if refused at the start
+            return check_memory_by_config(&mut conn, self.accept_eviction)?.or(Ok(()));
+        }
         check_memory(&mut conn, self.accept_eviction)
+    }
+
+    /// Why the server's eviction policy could not be checked, when it could not (the server
+    /// refuses both `INFO` and `CONFIG GET` to this user).
+    pub fn skipped_checks(&self) -> Option<&str> {
+        self.skipped_checks.get().map(String::as_str)
     }
 }
 
@@ -88,8 +116,46 @@ fn check_memory(conn: &mut Conn, accept: bool) -> Result<()> {
     let infos = conn
         .query_masters(redis::cmd("INFO").arg("memory"))
         .map_err(|e| Error::from_redis("checking the eviction policy", e))?;
+    check_policies(
+        infos.into_iter().map(|(node, info)| (node, text_of(&info))),
+        accept,
+    )
+}
+
+/// [`check_memory`] with `CONFIG GET maxmemory-policy`, for a user refused `INFO`. The inner
+/// `Err` is the server's refusal (a permission, a renamed command, a managed service's
+/// restriction): nothing was checked. A connection error is the outer one.
+fn check_memory_by_config(
+    conn: &mut Conn,
+    accept: bool,
+) -> Result<std::result::Result<(), redis::RedisError>> {
+    let replies = match conn.query_masters(redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy"))
+    {
+        Ok(replies) => replies,
+        Err(e) if is_connection_error(&e) => {
+            return Err(Error::from_redis("checking the eviction policy", e))
+        }
+        Err(e) => return Ok(Err(e)),
+    };
+    // an INFO memory line made of the reply: [name, value] (RESP2) or {name: value} (RESP3);
+    // empty (no such parameter) is an unknown policy
+    let infos = replies.into_iter().map(|(node, reply)| {
+        let value = match reply {
+            Value::Array(items) => items.get(1).map(text_of),
+            Value::Map(pairs) => pairs.first().map(|(_, v)| text_of(v)),
+            _ => None,
+        };
+        (
+            node,
+            format!("maxmemory_policy:{}", value.unwrap_or_default()),
+        )
+    });
+    check_policies(infos, accept).map(Ok)
+}
+
+/// The policy in each master's `INFO memory` text (`(node, text)`), checked.
+fn check_policies(infos: impl Iterator<Item = (String, String)>, accept: bool) -> Result<()> {
     for (node, info) in infos {
-        let info = text_of(&info);
         match check_eviction_policy(&info) {
             Ok(EvictionCheck::Unknown) => {
                 log::warn!("fairlock: {UNKNOWN_POLICY_WARNING}{}", at_node(&node))

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::{ConnectionInfo, IntoConnectionInfo};
@@ -172,9 +172,13 @@ pub(crate) struct Manager {
     /// Counts the masters a Sentinel group named: a connection of an older generation goes to
     /// a master that was replaced, and is dropped (see [`Manager::follow_master`]).
     pub(super) generation: AtomicU64,
-    /// The server refused `INFO` to this user at the first check: the periodic eviction check
-    /// is skipped (see `checks.rs`).
+    /// The server refused `INFO` to this user at the first check: the eviction policy is read
+    /// with `CONFIG GET` if `config_get_checks`, else not at all (see `checks.rs`).
     pub(super) info_refused: AtomicBool,
+    /// `CONFIG GET maxmemory-policy` answered when `INFO` was refused.
+    pub(super) config_get_checks: AtomicBool,
+    /// Why the eviction policy could not be checked (refused `INFO` and `CONFIG GET`).
+    pub(super) skipped_checks: OnceLock<String>,
     /// Accept an evicting `maxmemory-policy` (see [`ConnectOptions::accept_eviction`]).
     pub(super) accept_eviction: bool,
 }
@@ -212,9 +216,22 @@ impl Manager {
                 "TLS settings were given for a URL without TLS: use rediss://, rediss+sentinel:// or rediss+cluster://".into(),
             ));
         }
+        if crate::redact::has_unencoded_user_info(url) && scheme.contains('+') {
+            // a Sentinel's or Cluster's credentials go into a node URL, where a '/', '?' or
+            // '#' would make the rest of the password a path, a query or a fragment
+            return Err(invalid("the credentials do not parse".into()));
+        }
         let node_scheme = if uses_tls { "rediss" } else { "redis" };
         let (target, patience) = match scheme {
             "redis+sentinel" | "rediss+sentinel" => {
+                // `[user:password@]`: the credentials of the master and its replicas (the
+                // sentinels are reached without), percent-encoded as in a redis:// URL, whose
+                // parser decodes them; up to the last '@', so that a password with a '/' is
+                // never taken for the master's name (which errors name)
+                let (credentials, rest) = match rest.rsplit_once('@') {
+                    Some((credentials, rest)) => (format!("{credentials}@"), rest),
+                    None => (String::new(), rest),
+                };
                 let (hosts, name) = rest.split_once('/').unwrap_or((rest, ""));
                 let name = name.trim_end_matches('/');
                 if name.is_empty() || name.contains('/') {
@@ -222,13 +239,6 @@ impl Manager {
                         "a Sentinel URL ends with the master's name: {scheme}://[user:password@]host:port[,host:port...]/<master name>"
                     )));
                 }
-                // `[user:password@]`: the credentials of the master and its replicas (the
-                // sentinels are reached without), percent-encoded as in a redis:// URL, whose
-                // parser decodes them
-                let (credentials, hosts) = match hosts.rsplit_once('@') {
-                    Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
-                    None => (String::new(), hosts),
-                };
                 let sentinels: Vec<String> = hosts
                     .split(',')
                     .filter(|h| !h.is_empty())
@@ -327,6 +337,8 @@ impl Manager {
             patience,
             generation: AtomicU64::new(0),
             info_refused: AtomicBool::new(false),
+            config_get_checks: AtomicBool::new(false),
+            skipped_checks: OnceLock::new(),
             accept_eviction: options.accept_eviction,
         })
     }
@@ -570,6 +582,9 @@ mod tests {
             ("redis+sentinel:///mymaster", "no sentinel address"),
             ("redis+cluster://10.0.0.1:7000/0", "names nodes only"),
             ("redis+cluster:///", "no node address"),
+            ("redis+sentinel://:pa/ss@10.0.0.1:26379/m", "%2F"),
+            ("redis+cluster://u:pa?ss@10.0.0.1:7000/", "%3F"),
+            ("redis://u:pa/ss@10.0.0.1:6379/", "percent-encoded"),
         ] {
             let reason = target_of(url).expect_err(url);
             assert!(reason.contains(says), "{url}: {reason}");

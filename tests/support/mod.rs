@@ -14,6 +14,7 @@
 
 pub mod faketime;
 pub mod mono_clock;
+pub mod passwords;
 pub mod rng;
 pub mod topology;
 

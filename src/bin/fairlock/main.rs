@@ -174,13 +174,18 @@ impl Server {
     }
 }
 
-/// The user name a URL gives (`scheme://user:password@...`), if any.
+/// The user name a URL gives (`scheme://user:password@...`), if any, percent-decoded as the
+/// redis crate decodes it when the password is in the URL (`ops%40team` is `ops@team`).
 fn user_of(url: &str) -> Option<String> {
     let rest = url.split_once("://")?.1;
     let authority = rest.split('/').next()?;
     let (userinfo, _) = authority.rsplit_once('@')?;
     let user = userinfo.split(':').next()?;
-    (!user.is_empty()).then(|| user.to_string())
+    (!user.is_empty()).then(|| {
+        percent_encoding::percent_decode_str(user)
+            .decode_utf8_lossy()
+            .into_owned()
+    })
 }
 
 #[derive(Subcommand, Debug)]
@@ -505,9 +510,11 @@ fn connect(
     Ok((client, lock))
 }
 
-/// Connect to Redis; an unreachable server is named by its URL (without the password).
+/// Connect to Redis; an unreachable server is named by its URL (without the password). A
+/// server check the client could not make (the user is refused `INFO` and `CONFIG GET`) is
+/// said on stderr: the tool goes on, as the library does, but not silently.
 fn build_client(server: &Server, lease: Duration) -> Result<LockClient, Failure> {
-    server.builder(lease).build().map_err(|e| {
+    let client = server.builder(lease).build().map_err(|e| {
         let mut f = Failure::from(e);
         if f.code == exit::UNAVAILABLE {
             f.message = format!(
@@ -517,5 +524,9 @@ fn build_client(server: &Server, lease: Duration) -> Result<LockClient, Failure>
             );
         }
         f
-    })
+    })?;
+    if let Some(why) = client.skipped_checks() {
+        say(&format!("warning: {why}"));
+    }
+    Ok(client)
 }
