@@ -320,10 +320,24 @@ fn a_lock_is_told_lost_at_its_lease_end_when_redis_is_frozen() {
         (news.name.as_str(), news.token),
         ("frozen", guard.fencing_token())
     );
-    assert!(matches!(
-        guard.unlock(),
-        Err(fairlock::Error::NotHeld { .. })
-    ));
+    // the renewal stuck in the frozen server may have renewed the lease there when it ran
+    // (seen under load: the key's TTL judged by a clock from before the freeze), which changes
+    // nothing for the holder (lost, and told so); the release gives the lock back then, else it
+    // finds the hold gone; either way the lock is free after it
+    let released = guard.unlock();
+    assert!(
+        matches!(released, Ok(()) | Err(fairlock::Error::NotHeld { .. })),
+        "{released:?}"
+    );
+    let next = support::client(&server)
+        .fair_lock("frozen")
+        .unwrap()
+        .try_lock_for(FROZEN_LEASE * 2)
+        .unwrap();
+    assert!(
+        next.is_some(),
+        "the lock was not free after the lost hold's release"
+    );
 }
 
 /// As above for a semaphore's permits.
@@ -341,8 +355,18 @@ fn a_permit_is_told_lost_at_its_lease_end_when_redis_is_frozen() {
         (news.name.as_str(), news.token),
         ("frozen", permit.fencing_token())
     );
-    assert!(matches!(
-        permit.release(),
-        Err(fairlock::Error::NotHeld { .. })
-    ));
+    let released = permit.release();
+    assert!(
+        matches!(released, Ok(()) | Err(fairlock::Error::NotHeld { .. })),
+        "{released:?}"
+    );
+    let next = support::client(&server)
+        .semaphore("frozen", 2)
+        .unwrap()
+        .try_acquire_many_for(2, FROZEN_LEASE * 2)
+        .unwrap();
+    assert!(
+        next.is_some(),
+        "the permits did not come back after the lost hold's release"
+    );
 }
