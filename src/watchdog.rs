@@ -37,8 +37,6 @@ use crate::raw::{self, Call};
 /// and token, and never shortens a lease), and what to log.
 struct Renewal {
     call: Call<bool>,
-    /// The lock's (or semaphore's) key, for log lines.
-    key: String,
     token: u64,
     lease: Duration,
     state: Arc<HoldState>,
@@ -92,7 +90,6 @@ impl Watchdog {
     pub fn register(
         &self,
         call: Call<bool>,
-        key: String,
         token: u64,
         lease: Duration,
         state: Arc<HoldState>,
@@ -114,7 +111,6 @@ impl Watchdog {
             id,
             Renewal {
                 call,
-                key,
                 token,
                 lease,
                 state,
@@ -326,8 +322,9 @@ fn take_replies(
             }
             Ok(false) => {
                 log::warn!(
-                    "fairlock: lock {:?} (token {}) was lost: renewal found it gone or held by another owner",
-                    r.key, r.token
+                    "fairlock: lost {} (token {}): a renewal found the hold gone or taken by another owner",
+                    r.state.loss.what(),
+                    r.token
                 );
                 r.state.lost.store(true, Ordering::SeqCst);
                 lost.push((r.state.clone(), LossCause::TakenOrGone));
@@ -385,8 +382,9 @@ fn give_up_ran_out(
 /// Mark a hold whose lease ran out by the estimate lost, with a warning saying `why`.
 fn presume_lost(r: &Renewal, why: &str) -> LossCause {
     log::warn!(
-        "fairlock: lock {:?} (token {}) is presumed lost: its lease ran out while it could not be renewed ({why})",
-        r.key, r.token
+        "fairlock: presumed lost {} (token {}): its lease ran out while it could not be renewed ({why})",
+        r.state.loss.what(),
+        r.token
     );
     r.state.lost.store(true, Ordering::SeqCst);
     LossCause::LeaseRanOut
@@ -406,7 +404,10 @@ fn retry_or_give_up(r: &mut Renewal, e: &Error) -> Option<LossCause> {
     if BootInstant::now() >= expires {
         Some(presume_lost(r, &e.to_string()))
     } else {
-        log::warn!("fairlock: renewing lock {:?} failed ({e}); retrying", r.key);
+        log::warn!(
+            "fairlock: renewing {} failed ({e}); retrying",
+            r.state.loss.what()
+        );
         // not after the lease's end: a loss is told within a retry of it
         r.due = (BootInstant::now() + (r.lease / 10).min(Duration::from_millis(500))).min(expires);
         None

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use fairlock::crossbeam_channel::RecvTimeoutError;
-use fairlock::{LockClient, LossCause, LostHold};
+use fairlock::crossbeam_channel::{Receiver, RecvTimeoutError};
+use fairlock::{HoldKind, LockClient, LossCause, LostHold};
 use support::{say, RedisServer};
 
 const LEASE: Duration = Duration::from_millis(900);
@@ -317,8 +317,8 @@ fn a_lock_is_told_lost_at_its_lease_end_when_redis_is_frozen() {
     let lost = guard.lost_signal();
     let news = told_on_time_while_frozen(&server, before, &lost, &|| guard.is_lost(), &heard);
     assert_eq!(
-        (news.name.as_str(), news.token),
-        ("frozen", guard.fencing_token())
+        (news.name.as_str(), news.kind, news.token),
+        ("frozen", HoldKind::Lock, guard.fencing_token())
     );
     // the renewal stuck in the frozen server may have renewed the lease there when it ran
     // (seen under load: the key's TTL judged by a clock from before the freeze), which changes
@@ -352,8 +352,8 @@ fn a_permit_is_told_lost_at_its_lease_end_when_redis_is_frozen() {
     let lost = permit.lost_signal();
     let news = told_on_time_while_frozen(&server, before, &lost, &|| permit.is_lost(), &heard);
     assert_eq!(
-        (news.name.as_str(), news.token),
-        ("frozen", permit.fencing_token())
+        (news.name.as_str(), news.kind, news.token),
+        ("frozen", HoldKind::Semaphore, permit.fencing_token())
     );
     let released = permit.release();
     assert!(
@@ -368,5 +368,80 @@ fn a_permit_is_told_lost_at_its_lease_end_when_redis_is_frozen() {
     assert!(
         next.is_some(),
         "the permits did not come back after the lost hold's release"
+    );
+}
+
+/// Force-release the only hold of `sem` (through another client's handle) and return what
+/// `lost` hears of it.
+fn force_the_only_hold(sem: &fairlock::Semaphore, lost: &Receiver<LostHold>) -> LostHold {
+    let status = sem.status().unwrap();
+    assert_eq!(status.holders.len(), 1, "{status:?}");
+    let h = &status.holders[0];
+    assert!(sem.force_release(&h.hold_id, h.fencing_token).unwrap());
+    lost.recv_timeout(TOLD_WITHIN).expect("told of the loss")
+}
+
+/// A lost hold says what it held (review 4, A3): a lock, permits of a semaphore, or the read or
+/// the write of a read/write lock, so that an `on_lost` callback can tell apart a lock and a
+/// semaphore of one name; so does its text.
+#[test]
+fn a_lost_hold_says_whether_it_was_a_lock_permits_a_read_or_a_write() {
+    let server = RedisServer::start();
+    let (client, heard) = counting_client(&server.url());
+    let other = support::client(&server);
+
+    let guard = client.fair_lock("same").unwrap().lock().unwrap();
+    let lost = guard.lost_signal();
+    other.fair_lock("same").unwrap().force_unlock().unwrap();
+    let news = lost
+        .recv_timeout(TOLD_WITHIN)
+        .expect("told of the lock's loss");
+    assert_eq!(news.kind, HoldKind::Lock);
+    let text = news.to_string();
+    assert!(text.starts_with("lock \"same\" (token "), "{text}");
+    drop(guard);
+
+    let permit = client.semaphore("same", 2).unwrap().acquire().unwrap();
+    let news = force_the_only_hold(&other.semaphore("same", 2).unwrap(), &permit.lost_signal());
+    assert_eq!(
+        (news.kind, news.name.as_str()),
+        (HoldKind::Semaphore, "same")
+    );
+    let text = news.to_string();
+    assert!(text.contains("semaphore \"same\""), "{text}");
+    assert!(!text.contains("lock"), "{text}");
+    drop(permit);
+
+    let rw = client.rw_lock("catalog").unwrap();
+    let read = rw.read().unwrap();
+    let news = force_the_only_hold(
+        other.rw_lock("catalog").unwrap().as_semaphore(),
+        &read.lost_signal(),
+    );
+    assert_eq!(news.kind, HoldKind::Read);
+    let text = news.to_string();
+    assert!(text.starts_with("read lock \"catalog\""), "{text}");
+    drop(read);
+
+    let write = rw.write().unwrap();
+    let news = force_the_only_hold(
+        other.rw_lock("catalog").unwrap().as_semaphore(),
+        &write.lost_signal(),
+    );
+    assert_eq!(news.kind, HoldKind::Write);
+    let text = news.to_string();
+    assert!(text.starts_with("write lock \"catalog\""), "{text}");
+    drop(write);
+
+    let kinds: Vec<HoldKind> = heard.lock().unwrap().iter().map(|l| l.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            HoldKind::Lock,
+            HoldKind::Semaphore,
+            HoldKind::Read,
+            HoldKind::Write
+        ],
+        "the callback hears the kinds too"
     );
 }
