@@ -404,9 +404,10 @@ fn check_publish(manager: &Manager) -> Result<()> {
 
 /// A connection to one Redis server that hands out [`FairLock`](crate::FairLock) handles. Cheap to clone; all
 /// clones share the pool, the one blocking connection its waiting threads take turns on, and
-/// the two background threads (the watchdog, which renews leases, and the janitor, which keeps
-/// this client's waiters alive and repairs locks that crashes left behind; through a Sentinel
-/// group a third, the master watch, which follows the master the sentinels name). The threads
+/// the three background threads (the watchdog, which renews leases, with its renewer, which
+/// makes the renewal round trips, and the janitor, which keeps this client's waiters alive and
+/// repairs locks that crashes left behind; through a Sentinel group a fourth, the master watch,
+/// which follows the master the sentinels name). The threads
 /// stop when the last clone and the last lock handle are dropped. Short-lived threads come and
 /// go besides: the server check's (every [`Config::server_check_interval`]) and, through a
 /// Sentinel group, one per sentinel for each round of questions.

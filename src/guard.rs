@@ -37,11 +37,16 @@ impl LockGuard {
         late_acquire: Option<u64>,
     ) -> LockGuard {
         let labelled = lock.client().config.metrics_lock_label;
-        let state = Arc::new(HoldState::new(lock.name(), token, expires, labelled));
+        let state = Arc::new(HoldState::new(
+            lock.name(),
+            crate::HoldKind::Lock,
+            token,
+            expires,
+            labelled,
+        ));
         let renewal = lock.renewed_lease().map(|lease| {
             lock.client().watchdog.register(
                 lock.raw().renew(&lock.client().owner(), token, lease),
-                lock.raw().key_names()[0].to_string(),
                 token,
                 lease,
                 state.clone(),

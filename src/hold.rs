@@ -10,7 +10,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::boot_clock::BootInstant;
-use crate::loss::LossSignal;
+use crate::loss::{HoldKind, LossSignal};
 
 /// What the watchdog and the guards of one hold share.
 pub(crate) struct HoldState {
@@ -23,13 +23,19 @@ pub(crate) struct HoldState {
 }
 
 impl HoldState {
-    /// The state of the hold of lock `name` with `token`, its lease ending at `expires`;
-    /// `labelled`: its metrics carry the name.
-    pub fn new(name: &str, token: u64, expires: BootInstant, labelled: bool) -> HoldState {
+    /// The state of the hold of the `kind` named `name` with `token`, its lease ending at
+    /// `expires`; `labelled`: its metrics carry the name.
+    pub fn new(
+        name: &str,
+        kind: HoldKind,
+        token: u64,
+        expires: BootInstant,
+        labelled: bool,
+    ) -> HoldState {
         HoldState {
             lost: AtomicBool::new(false),
             expires: Mutex::new(expires),
-            loss: LossSignal::new(name, token, labelled),
+            loss: LossSignal::new(name, kind, token, labelled),
         }
     }
 }

@@ -191,7 +191,7 @@ pub use list::{
     UNUSUALLY_LONG_FLOOR,
 };
 pub use lock::{FairLock, WaitCanceller};
-pub use loss::{LossCause, LostHold};
+pub use loss::{HoldKind, LossCause, LostHold};
 pub use permit::Permit;
 pub use redact::redact_url;
 /// The redis crate, whose types [`Error::Redis`] and the `raw` feature's calls carry.

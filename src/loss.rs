@@ -8,28 +8,79 @@ use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender};
 
+/// What a lost hold held: the primitive it was taken on, so that a callback that hears the
+/// losses of a client's holds can tell apart a lock and a semaphore of one name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum HoldKind {
+    /// A [`FairLock`](crate::FairLock)'s hold (a [`LockGuard`](crate::LockGuard)).
+    Lock,
+    /// Permits of a [`Semaphore`](crate::Semaphore) (a [`Permit`](crate::Permit)).
+    Semaphore,
+    /// A read of an [`RwLock`](crate::RwLock) (a [`ReadGuard`](crate::ReadGuard)).
+    Read,
+    /// The write of an [`RwLock`](crate::RwLock) (a [`WriteGuard`](crate::WriteGuard)).
+    Write,
+}
+
+/// A hold's kind and name as a text says it: `lock "x"`, `permits of semaphore "x"`,
+/// `read lock "x"`, `write lock "x"`.
+pub(crate) struct Held<'a> {
+    pub kind: HoldKind,
+    pub name: &'a str,
+}
+
+impl Held<'_> {
+    /// "was" or "were", as the noun wants.
+    pub fn was(&self) -> &'static str {
+        match self.kind {
+            HoldKind::Semaphore => "were",
+            _ => "was",
+        }
+    }
+}
+
+impl fmt::Display for Held<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = self.name;
+        match self.kind {
+            HoldKind::Lock => write!(f, "lock {name:?}"),
+            HoldKind::Semaphore => write!(f, "permits of semaphore {name:?}"),
+            HoldKind::Read => write!(f, "read lock {name:?}"),
+            HoldKind::Write => write!(f, "write lock {name:?}"),
+        }
+    }
+}
+
 /// Why a hold was lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LossCause {
-    /// A renewal found the lock gone or held by another owner: it was force-released, its
+    /// A renewal found the hold gone or taken by another owner: it was force-released, its
     /// lease ran out while this process was stopped or stalled, or Redis lost it (a restart
     /// without persistence, a failover).
     TakenOrGone,
-    /// Redis could not be reached to renew the lease until it ran out (by this client's
-    /// estimate, which is never later than Redis's): another owner may hold the lock now.
+    /// Redis could not be reached, or did not answer, to renew the lease until it ran out (by
+    /// this client's estimate, which is never later than Redis's): another owner may hold it
+    /// now.
     LeaseRanOut,
 }
 
-/// A hold the watchdog found lost: sent once on the guard's
+/// A hold the watchdog found lost: sent once on the guard's (or permit's)
 /// [`lost_signal`](crate::LockGuard::lost_signal) and passed to the client's
-/// [`on_lost`](crate::LockClientBuilder::on_lost) callback. Stop writing to what the lock
+/// [`on_lost`](crate::LockClientBuilder::on_lost) callback. Stop writing to what the hold
 /// protects; the fencing token keeps late writes out where the resource checks it.
+///
+/// Its text names the kind and the name: `lock "x" (token 7) was lost: ...`,
+/// `permits of semaphore "x" (token 7) were lost: ...`, `read lock "x" ...`, `write lock "x" ...`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LostHold {
-    /// The lock name.
+    /// The name of the lock, semaphore or read/write lock.
     pub name: String,
+    /// What the hold held: a lock, permits of a semaphore, a read or the write of a read/write
+    /// lock (names of different kinds are different things).
+    pub kind: HoldKind,
     /// The hold's fencing token.
     pub token: u64,
     /// Why it was lost.
@@ -38,14 +89,21 @@ pub struct LostHold {
 
 impl fmt::Display for LostHold {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let held = Held {
+            kind: self.kind,
+            name: &self.name,
+        };
         let why = match self.cause {
-            LossCause::TakenOrGone => "a renewal found it gone or held by another owner",
-            LossCause::LeaseRanOut => "its lease ran out while Redis could not be reached",
+            LossCause::TakenOrGone => "a renewal found the hold gone or taken by another owner",
+            LossCause::LeaseRanOut => {
+                "the lease ran out while Redis could not be reached or did not answer"
+            }
         };
         write!(
             f,
-            "lock {:?} (token {}) was lost: {why}",
-            self.name, self.token
+            "{held} (token {}) {} lost: {why}",
+            self.token,
+            held.was()
         )
     }
 }
@@ -55,8 +113,9 @@ pub(crate) type OnLost = Arc<dyn Fn(&LostHold) + Send + Sync>;
 
 /// The once-only loss signal of one hold.
 pub(crate) struct LossSignal {
-    /// The lock name and the hold's token, for the message.
+    /// The name, the kind and the hold's token, for the message.
     name: String,
+    kind: HoldKind,
     token: u64,
     /// Label the loss metric with the name.
     labelled: bool,
@@ -66,15 +125,24 @@ pub(crate) struct LossSignal {
 }
 
 impl LossSignal {
-    pub fn new(name: &str, token: u64, labelled: bool) -> LossSignal {
+    pub fn new(name: &str, kind: HoldKind, token: u64, labelled: bool) -> LossSignal {
         let (sender, receiver) = crossbeam_channel::bounded(1);
         LossSignal {
             name: name.to_string(),
+            kind,
             token,
             labelled,
             told: AtomicBool::new(false),
             sender,
             receiver,
+        }
+    }
+
+    /// The hold's kind and name, for log lines.
+    pub fn what(&self) -> Held<'_> {
+        Held {
+            kind: self.kind,
+            name: &self.name,
         }
     }
 
@@ -91,6 +159,7 @@ impl LossSignal {
         }
         let lost = LostHold {
             name: self.name.clone(),
+            kind: self.kind,
             token: self.token,
             cause,
         };
@@ -120,6 +189,7 @@ mod tests {
     fn lost() -> LostHold {
         LostHold {
             name: "job".into(),
+            kind: HoldKind::Lock,
             token: 7,
             cause: LossCause::TakenOrGone,
         }
@@ -127,7 +197,7 @@ mod tests {
 
     #[test]
     fn a_loss_is_told_once_to_the_channel_and_the_callback() {
-        let signal = LossSignal::new("job", 7, false);
+        let signal = LossSignal::new("job", HoldKind::Lock, 7, false);
         let rx = signal.receiver();
         let calls = Arc::new(AtomicU32::new(0));
         let counted = calls.clone();
@@ -144,7 +214,7 @@ mod tests {
 
     #[test]
     fn a_panicking_callback_is_contained() {
-        let signal = LossSignal::new("job", 7, false);
+        let signal = LossSignal::new("job", HoldKind::Lock, 7, false);
         let callback: OnLost = Arc::new(|_: &LostHold| panic!("user code"));
         assert!(signal.tell(LossCause::TakenOrGone, Some(&callback)));
         assert_eq!(
@@ -160,5 +230,22 @@ mod tests {
             text.contains("\"job\"") && text.contains("token 7"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn it_names_what_was_held() {
+        let said = |kind| {
+            LostHold {
+                kind,
+                cause: LossCause::LeaseRanOut,
+                ..lost()
+            }
+            .to_string()
+        };
+        assert!(said(HoldKind::Lock).starts_with("lock \"job\" (token 7) was lost: "));
+        assert!(said(HoldKind::Semaphore)
+            .starts_with("permits of semaphore \"job\" (token 7) were lost: "));
+        assert!(said(HoldKind::Read).starts_with("read lock \"job\" (token 7) was lost: "));
+        assert!(said(HoldKind::Write).starts_with("write lock \"job\" (token 7) was lost: "));
     }
 }

@@ -8,9 +8,9 @@ use std::time::Duration;
 use crate::boot_clock::BootInstant;
 use crate::error::{Error, Result};
 use crate::hold::HoldState;
-use crate::loss::LostHold;
-use crate::raw::SemRelease;
-use crate::semaphore::Semaphore;
+use crate::loss::{HoldKind, LostHold};
+use crate::raw::{SemKind, SemRelease};
+use crate::semaphore::{Semaphore, WRITE_PERMITS};
 
 /// Permits of a [`Semaphore`] held: one acquisition. Dropping it gives the permits back (and
 /// logs a warning if that fails); call [`Permit::release`] to see the error instead.
@@ -44,11 +44,15 @@ impl Permit {
         late_acquire: bool,
     ) -> Permit {
         let client = sem.client();
-        let state = Arc::new(HoldState::new(sem.name(), token, expires, false));
+        let kind = match sem.raw().kind() {
+            SemKind::Semaphore => HoldKind::Semaphore,
+            SemKind::ReadWrite if permits == WRITE_PERMITS => HoldKind::Write,
+            SemKind::ReadWrite => HoldKind::Read,
+        };
+        let state = Arc::new(HoldState::new(sem.name(), kind, token, expires, false));
         let renewal = sem.renewed_lease().map(|lease| {
             client.watchdog.register(
                 sem.raw().renew(owner, attempt, token, lease),
-                sem.raw().key_names()[0].to_string(),
                 token,
                 lease,
                 state.clone(),

@@ -1,6 +1,14 @@
 //! The watchdog: one thread per client renews the leases of all held locks without a fixed
 //! lease, every third of the lease, in one pipelined round trip for all that are due.
 //!
+//! The round trip itself runs on a second thread, the renewer, while the watchdog waits for its
+//! reply no longer than the earliest lease end by the local estimate: a server that stops
+//! answering without closing the connection (stalled, frozen, partitioned) holds the call up to
+//! a read timeout (or a connect timeout and more, for a new connection or a failover), and a
+//! loss must be told within a renewal interval of the lease's end all the same. A hold whose
+//! lease ran out by the estimate is lost, whatever reply comes later: a lost hold stays lost
+//! (`is_lost()` has said so already, and so may the push).
+//!
 //! Renewal stops the moment a guard is released (the guard unregisters before its release goes
 //! out), and the renew script checks owner *and* token, so a released hold never extends the next
 //! owner's lease. A renewal that finds the lock gone or taken marks the hold lost, logs a
@@ -15,7 +23,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{select, Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 use crate::boot_clock::BootInstant;
@@ -29,8 +37,6 @@ use crate::raw::{self, Call};
 /// and token, and never shortens a lease), and what to log.
 struct Renewal {
     call: Call<bool>,
-    /// The lock's (or semaphore's) key, for log lines.
-    key: String,
     token: u64,
     lease: Duration,
     state: Arc<HoldState>,
@@ -64,10 +70,11 @@ impl Watchdog {
         let idle_wake = (lease / 6).max(Duration::from_millis(50));
         let registry = Arc::new(Mutex::new(Registry::default()));
         let (nudge, rx) = crossbeam_channel::unbounded();
+        let renewer = Renewer::start(pool, client_id)?;
         let reg = registry.clone();
         thread::Builder::new()
             .name(format!("fairlock-watchdog-{}", &client_id[..8]))
-            .spawn(move || run(&pool, &reg, &rx, idle_wake, on_lost.as_ref()))
+            .spawn(move || run(&renewer, &reg, &rx, idle_wake, on_lost.as_ref()))
             .map_err(|source| Error::Io {
                 during: "starting the watchdog thread",
                 source,
@@ -83,7 +90,6 @@ impl Watchdog {
     pub fn register(
         &self,
         call: Call<bool>,
-        key: String,
         token: u64,
         lease: Duration,
         state: Arc<HoldState>,
@@ -105,7 +111,6 @@ impl Watchdog {
             id,
             Renewal {
                 call,
-                key,
                 token,
                 lease,
                 state,
@@ -123,8 +128,46 @@ impl Watchdog {
     }
 }
 
+/// The thread that runs the renewal round trips for the watchdog, one at a time: it gets the
+/// calls of one round and sends their replies back. It stops when the watchdog does (its job
+/// channel disconnects), after the call in flight, if any, has returned.
+struct Renewer {
+    jobs: Sender<Vec<Call<bool>>>,
+    replies: Receiver<Result<Vec<Result<bool>>>>,
+}
+
+impl Renewer {
+    fn start(pool: Pool, client_id: &str) -> Result<Renewer> {
+        let (jobs, job_rx) = crossbeam_channel::bounded::<Vec<Call<bool>>>(1);
+        let (reply_tx, replies) = crossbeam_channel::bounded(1);
+        thread::Builder::new()
+            .name(format!("fairlock-renew-{}", &client_id[..8]))
+            .spawn(move || {
+                for calls in job_rx {
+                    let replies =
+                        with_pooled(&pool, "renewing leases", |c| raw::run_pipeline(c, &calls));
+                    if reply_tx.send(replies).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|source| Error::Io {
+                during: "starting the lease renewal thread",
+                source,
+            })?;
+        Ok(Renewer { jobs, replies })
+    }
+}
+
+/// Whether the watchdog goes on: `Stop` when its client is gone.
+#[derive(PartialEq, Eq)]
+enum Flow {
+    Go,
+    Stop,
+}
+
 fn run(
-    pool: &Pool,
+    renewer: &Renewer,
     registry: &Mutex<Registry>,
     nudge: &Receiver<()>,
     idle_wake: Duration,
@@ -146,27 +189,90 @@ fn run(
         match nudge.recv_timeout(wait) {
             Ok(()) => continue,
             Err(RecvTimeoutError::Disconnected) => return,
-            Err(RecvTimeoutError::Timeout) => renew_due(pool, registry, on_lost),
+            Err(RecvTimeoutError::Timeout) => {
+                if renew_due(renewer, registry, nudge, on_lost) == Flow::Stop {
+                    return;
+                }
+            }
         }
     }
 }
 
-fn renew_due(pool: &Pool, registry: &Mutex<Registry>, on_lost: Option<&OnLost>) {
-    let now = BootInstant::now();
-    // Snapshot what is due and let go of the registry: guards must never wait on the network.
-    let (ids, calls): (Vec<u64>, Vec<_>) = registry
-        .lock()
-        .entries
-        .iter()
-        .filter(|(_, r)| r.due <= now + Duration::from_millis(5))
-        .map(|(id, r)| (*id, r.call.clone()))
-        .unzip();
-    if calls.is_empty() {
-        return;
-    }
+fn renew_due(
+    renewer: &Renewer,
+    registry: &Mutex<Registry>,
+    nudge: &Receiver<()>,
+    on_lost: Option<&OnLost>,
+) -> Flow {
     let sent = BootInstant::now();
-    let replies = with_pooled(pool, "renewing leases", |c| raw::run_pipeline(c, &calls));
+    // Snapshot what is due and let go of the registry: guards must never wait on the network.
+    // A due hold whose lease already ran out by the estimate (this process was stopped or
+    // starved past it) is lost whatever the reply says; it is sent all the same, for the reply
+    // to tell why (gone or taken), and given a renewal interval for it.
+    let mut ids = Vec::new();
+    let mut calls = Vec::new();
+    let mut late = HashMap::new();
+    for (id, r) in &registry.lock().entries {
+        if r.due <= sent + Duration::from_millis(5) {
+            ids.push(*id);
+            calls.push(r.call.clone());
+            if *r.state.expires.lock() <= sent {
+                late.insert(*id, sent + r.lease / 3);
+            }
+        }
+    }
+    if calls.is_empty() {
+        return Flow::Go;
+    }
+    if renewer.jobs.send(calls).is_err() {
+        log::error!("fairlock: the lease renewal thread is gone; leases are no longer renewed");
+        return Flow::Stop;
+    }
+    // Wait for the reply, but tell each loss at its lease's end (by the estimate) meanwhile:
+    // a server that does not answer holds the call up to a read timeout or longer.
+    let replies = loop {
+        let wait = {
+            let mut reg = registry.lock();
+            let end = reg
+                .entries
+                .iter()
+                .map(|(id, r)| give_up_at(*id, r, &late))
+                .min();
+            // a new hold due before then wakes the thread (see `register`): its lease may end
+            // sooner
+            reg.planned = end;
+            end.map_or(IDLE_WAIT, |end| {
+                end.saturating_duration_since(BootInstant::now())
+            })
+        };
+        select! {
+            recv(renewer.replies) -> replies => match replies {
+                Ok(replies) => break replies,
+                Err(_) => {
+                    log::error!("fairlock: the lease renewal thread is gone; leases are no longer renewed");
+                    return Flow::Stop;
+                }
+            },
+            recv(nudge) -> nudged => if nudged.is_err() {
+                return Flow::Stop; // the client is gone; the renewer stops after its call
+            },
+            default(wait) => give_up_ran_out(registry, on_lost, &late),
+        }
+    };
+    take_replies(registry, on_lost, &ids, sent, replies);
+    // the holds that were not in this round and whose lease ran out meanwhile
+    give_up_ran_out(registry, on_lost, &HashMap::new());
+    Flow::Go
+}
 
+/// Apply the replies of a renewal round sent at `sent` for the holds `ids`.
+fn take_replies(
+    registry: &Mutex<Registry>,
+    on_lost: Option<&OnLost>,
+    ids: &[u64],
+    sent: BootInstant,
+    replies: Result<Vec<Result<bool>>>,
+) {
     // The holds found lost, told after the registry is let go (the callback is user code), in
     // the order found. Their entries are removed under the lock: a release that comes after
     // finds nothing to unregister, one that came before left nothing to tell.
@@ -177,7 +283,7 @@ fn renew_due(pool: &Pool, registry: &Mutex<Registry>, on_lost: Option<&OnLost>) 
         Ok(replies) => replies,
         Err(e) => {
             crate::telemetry::renewals(0, ids.len() as u64);
-            for id in &ids {
+            for id in ids {
                 if let Some(r) = reg.entries.get_mut(id) {
                     if let Some(l) = retry_or_give_up(r, &e) {
                         lost.push((r.state.clone(), l));
@@ -193,18 +299,32 @@ fn renew_due(pool: &Pool, registry: &Mutex<Registry>, on_lost: Option<&OnLost>) 
     };
     for (id, reply) in ids.iter().zip(replies) {
         let Some(r) = reg.entries.get_mut(id) else {
-            continue; // released meanwhile: its result means nothing now
+            // released meanwhile, or lost (a lost hold stays lost): its result means nothing now
+            continue;
         };
         match reply {
             Ok(true) => {
-                *r.state.expires.lock() = sent + r.lease;
-                r.due = sent + r.lease / 3;
-                renewed += 1;
+                let mut expires = r.state.expires.lock();
+                if *expires <= BootInstant::now() {
+                    // the lease ran out by the estimate just now, before this reply came:
+                    // `is_lost()` may have said so already, and it stays so
+                    drop(expires);
+                    lost.push((
+                        r.state.clone(),
+                        presume_lost(r, "the renewal came too late"),
+                    ));
+                } else {
+                    *expires = sent + r.lease;
+                    drop(expires);
+                    r.due = sent + r.lease / 3;
+                    renewed += 1;
+                }
             }
             Ok(false) => {
                 log::warn!(
-                    "fairlock: lock {:?} (token {}) was lost: renewal found it gone or held by another owner",
-                    r.key, r.token
+                    "fairlock: lost {} (token {}): a renewal found the hold gone or taken by another owner",
+                    r.state.loss.what(),
+                    r.token
                 );
                 r.state.lost.store(true, Ordering::SeqCst);
                 lost.push((r.state.clone(), LossCause::TakenOrGone));
@@ -225,6 +345,51 @@ fn renew_due(pool: &Pool, registry: &Mutex<Registry>, on_lost: Option<&OnLost>) 
     tell(lost, on_lost);
 }
 
+/// How long the watchdog waits for a renewal's reply when no hold is registered any more (all
+/// released meanwhile); a new hold wakes it.
+const IDLE_WAIT: Duration = Duration::from_secs(3600);
+
+/// When hold `id` is given up if no reply says otherwise: at its lease's end by the estimate,
+/// or for one sent already past it (`late`), when the time for the reply's cause is over.
+fn give_up_at(id: u64, r: &Renewal, late: &HashMap<u64, BootInstant>) -> BootInstant {
+    late.get(&id)
+        .copied()
+        .unwrap_or_else(|| *r.state.expires.lock())
+}
+
+/// Every registered hold whose time is up (see [`give_up_at`]) is lost: marked, removed and
+/// told (after the registry is let go).
+fn give_up_ran_out(
+    registry: &Mutex<Registry>,
+    on_lost: Option<&OnLost>,
+    late: &HashMap<u64, BootInstant>,
+) {
+    let now = BootInstant::now();
+    let mut lost = Vec::new();
+    registry.lock().entries.retain(|id, r| {
+        if give_up_at(*id, r, late) > now {
+            return true;
+        }
+        lost.push((
+            r.state.clone(),
+            presume_lost(r, "no renewal came back in time"),
+        ));
+        false
+    });
+    tell(lost, on_lost);
+}
+
+/// Mark a hold whose lease ran out by the estimate lost, with a warning saying `why`.
+fn presume_lost(r: &Renewal, why: &str) -> LossCause {
+    log::warn!(
+        "fairlock: presumed lost {} (token {}): its lease ran out while it could not be renewed ({why})",
+        r.state.loss.what(),
+        r.token
+    );
+    r.state.lost.store(true, Ordering::SeqCst);
+    LossCause::LeaseRanOut
+}
+
 /// Tell each hold's holder that it was lost (once each: see `LossSignal::tell`).
 fn tell(lost: Vec<(Arc<HoldState>, LossCause)>, on_lost: Option<&OnLost>) {
     for (state, cause) in lost {
@@ -237,14 +402,12 @@ fn tell(lost: Vec<(Arc<HoldState>, LossCause)>, on_lost: Option<&OnLost>) {
 fn retry_or_give_up(r: &mut Renewal, e: &Error) -> Option<LossCause> {
     let expires = *r.state.expires.lock();
     if BootInstant::now() >= expires {
-        log::warn!(
-            "fairlock: lock {:?} (token {}) is presumed lost: its lease ran out while it could not be renewed ({e})",
-            r.key, r.token
-        );
-        r.state.lost.store(true, Ordering::SeqCst);
-        Some(LossCause::LeaseRanOut)
+        Some(presume_lost(r, &e.to_string()))
     } else {
-        log::warn!("fairlock: renewing lock {:?} failed ({e}); retrying", r.key);
+        log::warn!(
+            "fairlock: renewing {} failed ({e}); retrying",
+            r.state.loss.what()
+        );
         // not after the lease's end: a loss is told within a retry of it
         r.due = (BootInstant::now() + (r.lease / 10).min(Duration::from_millis(500))).min(expires);
         None

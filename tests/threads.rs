@@ -1,8 +1,8 @@
 //! Type-level and thread-level facts: guards are `!Send` (a lock belongs to a thread), handles
-//! and clients are `Clone + Send + Sync`, and a client runs exactly two background threads
-//! (watchdog and janitor, not one per lock or per waiter: waiting threads take turns on one
-//! blocking connection themselves), three through a Sentinel group (the master watch), that
-//! stop when its last handle is dropped.
+//! and clients are `Clone + Send + Sync`, and a client runs exactly three background threads
+//! (watchdog, its renewer, and janitor, not one per lock or per waiter: waiting threads take
+//! turns on one blocking connection themselves), four through a Sentinel group (the master
+//! watch), that stop when its last handle is dropped.
 
 mod support;
 
@@ -34,18 +34,18 @@ fn fairlock_threads() -> Vec<String> {
 
 // The only test in this binary: thread counts of the whole process are exact here.
 #[test]
-fn a_client_runs_two_background_threads_three_through_sentinel_and_stops_them_when_dropped() {
+fn a_client_runs_three_background_threads_four_through_sentinel_and_stops_them_when_dropped() {
     let server = RedisServer::start();
     assert!(fairlock_threads().is_empty(), "{:?}", fairlock_threads());
     let client = support::client_with_url(&server.url(), |b| b.lease(Duration::from_secs(1)));
     // a new thread names itself once it runs
     assert!(
-        eventually(Duration::from_secs(5), || fairlock_threads().len() == 2),
+        eventually(Duration::from_secs(5), || fairlock_threads().len() == 3),
         "{:?}",
         fairlock_threads()
     );
 
-    // ten locks held and renewed, with waiters on them: still two threads
+    // ten locks held and renewed, with waiters on them: still three threads
     let locks: Vec<_> = (0..10)
         .map(|i| client.fair_lock(&format!("l{i}")).unwrap())
         .collect();
@@ -61,7 +61,7 @@ fn a_client_runs_two_background_threads_three_through_sentinel_and_stops_them_wh
         .iter()
         .all(|l| l.status().unwrap().waiters.len() == 1)));
     std::thread::sleep(Duration::from_millis(1500)); // renewals and heartbeats happen
-    assert_eq!(fairlock_threads().len(), 2, "{:?}", fairlock_threads());
+    assert_eq!(fairlock_threads().len(), 3, "{:?}", fairlock_threads());
     assert!(guards.iter().all(|g| !g.is_lost()));
     drop(guards);
     for w in waiters {
@@ -76,7 +76,7 @@ fn a_client_runs_two_background_threads_three_through_sentinel_and_stops_them_wh
         fairlock_threads()
     );
 
-    // through a Sentinel group a third, the master watch ("fairlock-sentinel-<id>", cut to
+    // through a Sentinel group a fourth, the master watch ("fairlock-sentinel-<id>", cut to
     // 15 bytes by the kernel), which stops with its client too
     let group = SentinelGroup::start();
     let urls = group.sentinel_urls();
@@ -94,7 +94,7 @@ fn a_client_runs_two_background_threads_three_through_sentinel_and_stops_them_wh
     assert!(
         eventually(Duration::from_secs(5), || {
             let names = fairlock_threads();
-            names.len() == 3 && names.iter().any(|n| n.starts_with("fairlock-sentin"))
+            names.len() == 4 && names.iter().any(|n| n.starts_with("fairlock-sentin"))
         }),
         "{:?}",
         fairlock_threads()

@@ -223,6 +223,29 @@ impl RedisServer {
         }
     }
 
+    /// Freeze the server (SIGSTOP): it keeps its connections open and accepts new ones, but
+    /// answers nothing until [`RedisServer::thaw`] (a stalled or partitioned Redis). A frozen
+    /// server is still killed on drop (SIGKILL works on a stopped process).
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Let a frozen server run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        let pid = self.child.as_ref().expect("the server runs").id();
+        // SAFETY: kill(2) on our own child, not reaped yet (it is reaped only in `stop`)
+        let sent = unsafe { libc::kill(pid as libc::pid_t, sig) } == 0;
+        assert!(
+            sent,
+            "kill -{sig} {pid}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
     /// Kill and start again on the same port (and dir: an AOF, if enabled, is replayed).
     pub fn restart(&mut self) {
         self.stop();
