@@ -55,7 +55,8 @@ pub const MAX_CAPACITY: u64 = 1_000_000;
 ///   [`Permit::lost_signal`]).
 /// - **Capacity is part of the state**: while anyone holds or waits, the capacity is stored
 ///   with the name. A handle made with another capacity gets [`Error::CapacityMismatch`], never
-///   a silent mix; [`Semaphore::set_capacity`] changes it for everyone.
+///   a silent mix; [`Semaphore::set_capacity`] changes it for everyone, durably (for
+///   [`Config::fence_ttl`](crate::Config::fence_ttl), used or not).
 /// - **Late and repeated requests** (a lost reply, a request arriving after its sender gave
 ///   up, a retry) never act on another acquisition: every call names its attempt.
 ///
@@ -78,7 +79,9 @@ pub struct Semaphore {
 pub struct SemaphoreStatus {
     /// The name.
     pub name: String,
-    /// The capacity stored with the name (`None` when nobody holds or waits).
+    /// The capacity stored with the name (`None` when nothing is stored: nobody held or waited
+    /// for the last lease's length and no [`Semaphore::set_capacity`] within
+    /// [`Config::fence_ttl`](crate::Config::fence_ttl)).
     pub capacity: Option<u64>,
     /// Permits held now by live holds.
     pub permits_held: u64,
@@ -329,10 +332,14 @@ impl Semaphore {
     /// holders above the new capacity keep their permits until they give them back or their
     /// lease ends, and no permit is granted until the permits held and the head's request fit.
     /// A waiter that wants more than the new capacity loses its place and gets
-    /// [`Error::CapacityMismatch`]; a granted or queued acquisition made through an old handle
-    /// keeps what it has. When nobody holds or waits, nothing is stored: the next acquisition
-    /// stores the capacity of its handle, and so does an old handle's once the name is idle
-    /// again (nobody holds or waits): change every user's capacity, not only the stored one.
+    /// [`Error::CapacityMismatch`], even if the holders give their permits back before its
+    /// retry runs; a granted or queued acquisition made through an old handle keeps what it
+    /// has. The capacity set is **durable**: it is stored whether or not anyone uses the name,
+    /// and every handle must agree with it, even when nobody holds or waits, until
+    /// [`Config::fence_ttl`](crate::Config::fence_ttl) (7 days by default) has passed since the last
+    /// `set_capacity` or another one changes it; then an idle name takes the capacity of the
+    /// next acquisition again. So change every user's capacity too, or their handles get
+    /// [`Error::CapacityMismatch`] meanwhile.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a capacity of 0 or above [`MAX_CAPACITY`], or on a
@@ -351,7 +358,7 @@ impl Semaphore {
         let raw = self.raw.with_capacity(capacity);
         let call = raw.set_capacity(capacity);
         match self.client.with_conn(call.during(), |c| call.run(c))? {
-            SemCapacity::Set { .. } | SemCapacity::Unset => Ok(Semaphore {
+            SemCapacity::Set { .. } => Ok(Semaphore {
                 raw: Arc::new(raw),
                 ..self.clone()
             }),
