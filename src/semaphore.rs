@@ -11,7 +11,7 @@ use crate::config::validate_lease;
 use crate::error::{Error, Result};
 use crate::lock::{LeaseMode, Wait, WaitCanceller};
 use crate::permit::Permit;
-use crate::raw::{RawSemaphore, SemCapacity, SemKind, SemRelease, RW_CAPACITY};
+use crate::raw::{RawSemaphore, SemCapacity, SemKind, SemRelease, SemStatus, RW_CAPACITY};
 use crate::sem_attempt::PermitAttempt;
 use crate::status::{origin, Origin};
 
@@ -91,6 +91,43 @@ pub struct SemaphoreStatus {
     pub holders: Vec<PermitHolder>,
     /// Waiters in queue order (the first is served next).
     pub waiters: Vec<PermitWaiter>,
+}
+
+impl SemaphoreStatus {
+    /// The status of semaphore `name` from the status script's reply.
+    pub(crate) fn from_raw(name: &str, raw: SemStatus) -> SemaphoreStatus {
+        let now_us = (raw.server_ms.max(0) as u64).saturating_mul(1000);
+        SemaphoreStatus {
+            name: name.to_string(),
+            capacity: raw.capacity,
+            permits_held: raw.used,
+            fencing_counter: raw.last_token,
+            holders: raw
+                .holds
+                .into_iter()
+                .map(|h| {
+                    let owner = h.id.rsplit_once('#').map_or(h.id.as_str(), |(o, _)| o);
+                    PermitHolder {
+                        origin: origin(owner.to_string(), &h.meta),
+                        hold_id: h.id.clone(),
+                        permits: h.permits,
+                        fencing_token: h.token,
+                        lease_remaining: h.pttl,
+                        lease: h.lease,
+                    }
+                })
+                .collect(),
+            waiters: raw
+                .waiters
+                .into_iter()
+                .map(|w| PermitWaiter {
+                    origin: origin(w.owner, &w.meta),
+                    permits: w.permits,
+                    waiting_for: Duration::from_micros(now_us.saturating_sub(w.since_us)),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// One acquisition holding permits.
@@ -293,37 +330,7 @@ impl Semaphore {
     pub fn status(&self) -> Result<SemaphoreStatus> {
         let call = self.raw.status();
         let raw = self.client.with_conn(call.during(), |c| call.run(c))?;
-        let now_us = (raw.server_ms.max(0) as u64).saturating_mul(1000);
-        Ok(SemaphoreStatus {
-            name: self.name.to_string(),
-            capacity: raw.capacity,
-            permits_held: raw.used,
-            fencing_counter: raw.last_token,
-            holders: raw
-                .holds
-                .into_iter()
-                .map(|h| {
-                    let owner = h.id.rsplit_once('#').map_or(h.id.as_str(), |(o, _)| o);
-                    PermitHolder {
-                        origin: origin(owner.to_string(), &h.meta),
-                        hold_id: h.id.clone(),
-                        permits: h.permits,
-                        fencing_token: h.token,
-                        lease_remaining: h.pttl,
-                        lease: h.lease,
-                    }
-                })
-                .collect(),
-            waiters: raw
-                .waiters
-                .into_iter()
-                .map(|w| PermitWaiter {
-                    origin: origin(w.owner, &w.meta),
-                    permits: w.permits,
-                    waiting_for: Duration::from_micros(now_us.saturating_sub(w.since_us)),
-                })
-                .collect(),
-        })
+        Ok(SemaphoreStatus::from_raw(&self.name, raw))
     }
 
     /// Change the capacity stored with the name to `capacity`, for every client, and return a
