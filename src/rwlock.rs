@@ -99,10 +99,13 @@ struct Taken {
     _alive: Arc<()>,
 }
 
+/// A thread's guards of one read/write lock: one weak entry per guard, dead once the guard is
+/// dropped on whatever thread.
+type Guards = Vec<(Weak<()>, Side)>;
+
 thread_local! {
-    /// The read/write holds this thread took, by (client id, lock key): one weak entry per
-    /// guard, gone when the guard is dropped on whatever thread.
-    static TAKEN: RefCell<HashMap<HoldKey, Vec<(Weak<()>, Side)>>> = RefCell::new(HashMap::new());
+    /// The read/write holds this thread took, by (client id, lock key).
+    static TAKEN: RefCell<HashMap<HoldKey, Guards>> = RefCell::new(HashMap::new());
 }
 
 /// The strongest side the calling thread holds of `key` (the write before a read).
