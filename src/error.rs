@@ -141,6 +141,19 @@ pub enum Error {
         /// The capacity this handle was made with.
         asked: u64,
     },
+    /// The calling thread asked for a read or the write of a [`RwLock`](crate::RwLock) while it
+    /// holds that lock's write, or for the write while it holds a read of it, through the same
+    /// client: the new request would wait behind the thread's own hold for ever. Refused at
+    /// once, nothing changed; there is no downgrade (write to read) or upgrade (read to write):
+    /// drop the guard first, then ask for the other side.
+    WouldDeadlock {
+        /// The read/write lock's name.
+        name: String,
+        /// What the thread holds: "read" or "write".
+        held: &'static str,
+        /// What it asked for: "read" or "write".
+        asked: &'static str,
+    },
     /// The server refused the credentials, or the Redis user may not run a command or touch a
     /// key that fairlock needs (an ACL): nothing was changed. The message names what was
     /// refused; docs/deployments.md ("Restricted users") gives the ACL line fairlock needs.
@@ -202,6 +215,10 @@ impl fmt::Display for Error {
             } => write!(
                 f,
                 "{name:?} is in use as a {stored_kind}, not a {asked_kind}: nothing was changed; choose another name"
+            ),
+            Error::WouldDeadlock { name, held, asked } => write!(
+                f,
+                "this thread holds the {held} of read/write lock {name:?} and asked for the {asked}, which would wait on its own {held} for ever: refused, nothing was changed; there is no downgrade or upgrade: drop the {held} guard first, then take the {asked}"
             ),
             Error::NotReplicated { name, acked, wanted } => write!(
                 f,
@@ -273,7 +290,9 @@ impl std::error::Error for Error {
 pub enum ErrorKind {
     /// A name, setting or URL the caller gave is unusable ([`Error::InvalidName`],
     /// [`Error::InvalidConfig`], [`Error::InvalidUrl`]), or disagrees with the capacity stored
-    /// for a semaphore ([`Error::CapacityMismatch`]): fix the input; retrying cannot help.
+    /// for a semaphore ([`Error::CapacityMismatch`]), or the call would wait on the calling
+    /// thread's own hold ([`Error::WouldDeadlock`]): fix the input or the call; retrying
+    /// cannot help.
     InvalidInput,
     /// Redis is unreachable, failing over, or could not make a grant safe just now
     /// ([`Error::Connection`], [`Error::NotReplicated`]): retrying later may work.
@@ -317,7 +336,8 @@ impl Error {
             Error::InvalidName { .. }
             | Error::InvalidConfig { .. }
             | Error::InvalidUrl { .. }
-            | Error::CapacityMismatch { .. } => ErrorKind::InvalidInput,
+            | Error::CapacityMismatch { .. }
+            | Error::WouldDeadlock { .. } => ErrorKind::InvalidInput,
             Error::Connection { .. } | Error::NotReplicated { .. } => ErrorKind::Unavailable,
             Error::NotRedis { .. }
             | Error::UnsupportedServer { .. }

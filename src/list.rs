@@ -2,8 +2,8 @@
 //! operators (`fairlock list`).
 //!
 //! Two steps: `SCAN ... MATCH <prefix>:{*}* COUNT 1000` on every master (`Conn::scan_masters`
-//! in the connection module) finds the names, then each lock's status is
-//! read with the one-lock status script, 100 per pipeline (one by one on a Cluster, whose
+//! in the connection module) finds the names, then each lock's (and semaphore's) status is
+//! read with the one-name status script, 100 per pipeline (one by one on a Cluster, whose
 //! connection cannot pipeline calls of different slots).
 
 use std::collections::BTreeMap;
@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::client::LockClient;
 use crate::error::{Error, Result};
 use crate::keys::{lock_key_of, scan_pattern, validate_name, KeyRole};
-use crate::raw::{run_pipeline, RawLock};
+use crate::raw::{run_pipeline, RawLock, RawSemaphore, SemKind};
 use crate::semaphore::SemaphoreStatus;
 use crate::status::LockStatus;
 
@@ -146,7 +146,8 @@ impl LockClient {
     /// **Cost.** `SCAN` with `MATCH <prefix>:{*}*` and `COUNT` [`LIST_SCAN_COUNT`] on each
     /// master, never `KEYS`: about (keys on the node) / 1000 calls per node, whatever they hold,
     /// each a short step of the server that other clients' commands interleave with. Then one
-    /// status script per lock found (100 per round trip; one per round trip on a Cluster). On one
+    /// status script per lock and per semaphore found (100 per round trip; one per round trip on
+    /// a Cluster). On one
     /// node with 1 million other keys that is about 1,000 `SCAN` calls (`docs/cli.md` gives a
     /// measured figure).
     ///
@@ -253,37 +254,49 @@ impl LockClient {
 }
 
 impl LockClient {
-    /// The status of each semaphore name found; the idle ones only when asked for.
+    /// The status of each semaphore name found; the idle ones only when asked for. Read as the
+    /// locks' are: [`STATUS_BATCH`] to a pipeline (one by one on a Cluster).
     fn list_semaphores(
         &self,
         found: Found,
         options: &ListOptions,
         skipped: &mut Vec<SkippedName>,
     ) -> Result<Vec<SemaphoreStatus>> {
-        // one status read per name (a semaphore listing is rarely long; locks are pipelined)
-        let mut sems = Vec::new();
+        const DURING: &str = "listing the semaphores";
+        let inner = &self.inner;
+        let prefix = inner.config.key_prefix.as_str();
+        let mut raws = Vec::new();
         for name in found.into_keys() {
             match checked_name(name) {
-                Ok(name) => match self.semaphore(&name, 1) {
-                    Ok(sem) => sems.push(sem),
-                    Err(error) => skipped.push(SkippedName { name, error }),
-                },
+                // (the kind and capacity do not matter to a status read)
+                Ok(name) => {
+                    match RawSemaphore::new(prefix, &name, SemKind::Semaphore, 1, inner.protocol) {
+                        Ok(raw) => raws.push((name, raw)),
+                        Err(error) => skipped.push(SkippedName { name, error }),
+                    }
+                }
                 Err(skip) => skipped.push(skip),
             }
         }
         let mut out = Vec::new();
-        for sem in sems {
-            match sem.status() {
-                Ok(st) => {
-                    if options.include_idle || !st.holders.is_empty() || !st.waiters.is_empty() {
-                        out.push(st);
+        for batch in raws.chunks(STATUS_BATCH) {
+            let calls: Vec<_> = batch.iter().map(|(_, raw)| raw.status()).collect();
+            let replies = inner.with_conn(DURING, |c| run_pipeline(c, &calls))?;
+            for ((name, _), reply) in batch.iter().zip(replies) {
+                match reply {
+                    Ok(raw) => {
+                        let st = SemaphoreStatus::from_raw(name, raw);
+                        if options.include_idle || !st.holders.is_empty() || !st.waiters.is_empty()
+                        {
+                            out.push(st);
+                        }
                     }
+                    Err(error @ Error::ForeignData { .. }) => skipped.push(SkippedName {
+                        name: name.clone(),
+                        error,
+                    }),
+                    Err(e) => return Err(e),
                 }
-                Err(error @ Error::ForeignData { .. }) => skipped.push(SkippedName {
-                    name: sem.name().to_string(),
-                    error,
-                }),
-                Err(e) => return Err(e),
             }
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));

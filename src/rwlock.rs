@@ -1,11 +1,15 @@
 //! [`RwLock`]: a fair read/write lock, as a semaphore whose write takes every permit (see
 //! `docs/semaphores.md`).
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::hold::HoldKey;
 use crate::permit::Permit;
 use crate::raw::{SemKind, RW_CAPACITY};
 use crate::semaphore::{Semaphore, SemaphoreStatus, WRITE_PERMITS};
@@ -35,25 +39,106 @@ use crate::semaphore::{Semaphore, SemaphoreStatus, WRITE_PERMITS};
 /// - **Crash safety, fencing, late requests**: as the semaphore's. Every read and write gets a
 ///   token greater than all before it for this name.
 ///
+/// # No downgrade, no upgrade: refused at once
+/// A thread that holds the write and asks for a read (a downgrade, which Redisson's and
+/// `java.util.concurrent`'s read/write locks allow) or for the write again, or that holds a
+/// read and asks for the write (an upgrade), would wait behind its own hold for ever (the
+/// watchdog renews it). Every call here ([`read`](RwLock::read), [`write`](RwLock::write), the
+/// `try_` and timed ones) refuses that at once with [`Error::WouldDeadlock`], changing nothing:
+/// drop (or [`unlock`](WriteGuard::unlock)) the guard first, then ask for the other side. The
+/// check is local and covers the holds the calling thread took through the same
+/// [`LockClient`] (any handle of the name); it is not made through
+/// [`as_semaphore`](RwLock::as_semaphore). A guard counts for the thread that took it until it
+/// is dropped, wherever: sent to another thread, it still makes its taker's requests refused
+/// (the taker may be about to wait for that thread), and the thread it was sent to is not
+/// refused (it waits like anyone else, so it must not ask for the other side while it keeps
+/// the guard).
+///
 /// # Re-entrant reads: not offered
-/// A thread that holds a read and asks for another read while a writer waits **deadlocks**:
-/// the writer waits for the first read to end, the second read waits behind the writer (the
-/// same as parking_lot's fair `RwLock`). Take one read per thread and pass the guard down.
-/// There is no upgrade from read to write either; a writer's `read` waits like anyone else's.
+/// A thread that holds a read and asks for another read is served as anyone (not refused), but
+/// while a writer waits it **deadlocks**: the writer waits for the first read to end, the
+/// second read waits behind the writer (the same as parking_lot's fair `RwLock`). Take one
+/// read per thread and pass the guard down.
 #[derive(Clone)]
 pub struct RwLock {
     sem: Semaphore,
 }
 
 /// A read of an [`RwLock`]: shared with other reads. Given back on drop.
-#[derive(Debug)]
 #[must_use = "the read is released as soon as the guard is dropped"]
-pub struct ReadGuard(Permit);
+pub struct ReadGuard {
+    permit: Permit,
+    _taken: Taken,
+}
 
 /// The write of an [`RwLock`]: nobody else holds the lock. Given back on drop.
-#[derive(Debug)]
 #[must_use = "the write is released as soon as the guard is dropped"]
-pub struct WriteGuard(Permit);
+pub struct WriteGuard {
+    permit: Permit,
+    _taken: Taken,
+}
+
+/// Which side of a read/write lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Read,
+    Write,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::Read => "read",
+            Side::Write => "write",
+        }
+    }
+}
+
+/// A guard's entry in its taker's record (see `TAKEN`): alive as long as the guard.
+struct Taken {
+    _alive: Arc<()>,
+}
+
+/// A thread's guards of one read/write lock: one weak entry per guard, dead once the guard is
+/// dropped on whatever thread.
+type Guards = Vec<(Weak<()>, Side)>;
+
+thread_local! {
+    /// The read/write holds this thread took, by (client id, lock key).
+    static TAKEN: RefCell<HashMap<HoldKey, Guards>> = RefCell::new(HashMap::new());
+}
+
+/// The strongest side the calling thread holds of `key` (the write before a read).
+fn held_by_this_thread(key: &HoldKey) -> Option<Side> {
+    TAKEN
+        .try_with(|t| {
+            let mut map = t.borrow_mut();
+            let entries = map.get_mut(key)?;
+            entries.retain(|(alive, _)| alive.strong_count() > 0);
+            let held = entries
+                .iter()
+                .map(|&(_, side)| side)
+                .max_by_key(|&side| side == Side::Write);
+            if entries.is_empty() {
+                map.remove(key);
+            }
+            held
+        })
+        .ok()
+        .flatten()
+}
+
+/// Record a guard of `side` taken by the calling thread.
+fn record(key: HoldKey, side: Side) -> Taken {
+    let alive = Arc::new(());
+    let _ = TAKEN.try_with(|t| {
+        let mut map = t.borrow_mut();
+        let entries = map.entry(key).or_default();
+        entries.retain(|(alive, _)| alive.strong_count() > 0);
+        entries.push((Arc::downgrade(&alive), side));
+    });
+    Taken { _alive: alive }
+}
 
 impl LockClient {
     /// A handle to the read/write lock `name`. Checks the name; does not talk to Redis. The
@@ -88,63 +173,78 @@ impl RwLock {
     /// Take a read, waiting in FIFO order as long as it takes.
     ///
     /// # Errors
-    /// As [`Semaphore::acquire`].
+    /// As [`Semaphore::acquire`]; [`Error::WouldDeadlock`] at once when the calling thread holds
+    /// this lock's write.
     pub fn read(&self) -> Result<ReadGuard> {
-        self.sem.acquire_many(1).map(ReadGuard)
+        self.refuse_own(Side::Read)?;
+        let p = self.sem.acquire_many(1)?;
+        Ok(self.guard_read(p))
     }
 
     /// Take a read if no writer holds the lock and nobody waits; never waits.
     ///
     /// # Errors
-    /// As [`Semaphore::acquire`].
+    /// As [`Semaphore::acquire`]; [`Error::WouldDeadlock`] at once when the calling thread holds
+    /// this lock's write.
     pub fn try_read(&self) -> Result<Option<ReadGuard>> {
-        Ok(self.sem.try_acquire_many(1)?.map(ReadGuard))
+        self.refuse_own(Side::Read)?;
+        let p = self.sem.try_acquire_many(1)?;
+        Ok(p.map(|p| self.guard_read(p)))
     }
 
     /// Take a read, waiting in FIFO order at most `timeout`.
     ///
     /// # Errors
-    /// As [`Semaphore::acquire`].
+    /// As [`Semaphore::acquire`]; [`Error::WouldDeadlock`] at once when the calling thread holds
+    /// this lock's write.
     pub fn try_read_for(&self, timeout: Duration) -> Result<Option<ReadGuard>> {
-        Ok(self.sem.try_acquire_many_for(1, timeout)?.map(ReadGuard))
+        self.refuse_own(Side::Read)?;
+        let p = self.sem.try_acquire_many_for(1, timeout)?;
+        Ok(p.map(|p| self.guard_read(p)))
     }
 
     /// Take the write, waiting in FIFO order as long as it takes.
     ///
     /// # Errors
-    /// As [`Semaphore::acquire`].
+    /// As [`Semaphore::acquire`]; [`Error::WouldDeadlock`] at once when the calling thread holds
+    /// a read or the write of this lock.
     pub fn write(&self) -> Result<WriteGuard> {
-        self.sem.acquire_many(WRITE_PERMITS).map(WriteGuard)
+        self.refuse_own(Side::Write)?;
+        let p = self.sem.acquire_many(WRITE_PERMITS)?;
+        Ok(self.guard_write(p))
     }
 
     /// Take the write if nobody holds the lock and nobody waits; never waits.
     ///
     /// # Errors
-    /// As [`Semaphore::acquire`].
+    /// As [`Semaphore::acquire`]; [`Error::WouldDeadlock`] at once when the calling thread holds
+    /// a read or the write of this lock.
     pub fn try_write(&self) -> Result<Option<WriteGuard>> {
-        Ok(self.sem.try_acquire_many(WRITE_PERMITS)?.map(WriteGuard))
+        self.refuse_own(Side::Write)?;
+        let p = self.sem.try_acquire_many(WRITE_PERMITS)?;
+        Ok(p.map(|p| self.guard_write(p)))
     }
 
     /// Take the write, waiting in FIFO order until `deadline` at the latest.
     ///
     /// # Errors
-    /// As [`Semaphore::acquire`].
+    /// As [`Semaphore::acquire`]; [`Error::WouldDeadlock`] at once when the calling thread holds
+    /// a read or the write of this lock.
     pub fn try_write_until(&self, deadline: Instant) -> Result<Option<WriteGuard>> {
-        Ok(self
-            .sem
-            .try_acquire_many_until(WRITE_PERMITS, deadline)?
-            .map(WriteGuard))
+        self.refuse_own(Side::Write)?;
+        let p = self.sem.try_acquire_many_until(WRITE_PERMITS, deadline)?;
+        Ok(p.map(|p| self.guard_write(p)))
     }
 
     /// Take the write, waiting in FIFO order at most `timeout`.
     ///
     /// # Errors
-    /// As [`Semaphore::acquire`].
+    /// As [`Semaphore::acquire`]; [`Error::WouldDeadlock`] at once when the calling thread holds
+    /// a read or the write of this lock.
     pub fn try_write_for(&self, timeout: Duration) -> Result<Option<WriteGuard>> {
-        Ok(self
-            .sem
-            .try_acquire_many_for(WRITE_PERMITS, timeout)?
-            .map(WriteGuard))
+        self.refuse_own(Side::Write)?;
+        let p = self.sem.try_acquire_many_for(WRITE_PERMITS, timeout)?;
+        Ok(p.map(|p| self.guard_write(p)))
     }
 
     /// Holders and waiters in queue order (a write shows as 2^30 permits), read in one atomic
@@ -161,6 +261,43 @@ impl RwLock {
     pub fn as_semaphore(&self) -> &Semaphore {
         &self.sem
     }
+
+    /// Which record entry: this client's holds of this lock.
+    fn taken_key(&self) -> HoldKey {
+        (
+            self.sem.client().id.clone(),
+            self.sem.raw().key_names()[0].to_string(),
+        )
+    }
+
+    fn guard_read(&self, permit: Permit) -> ReadGuard {
+        ReadGuard {
+            permit,
+            _taken: record(self.taken_key(), Side::Read),
+        }
+    }
+
+    fn guard_write(&self, permit: Permit) -> WriteGuard {
+        WriteGuard {
+            permit,
+            _taken: record(self.taken_key(), Side::Write),
+        }
+    }
+
+    /// [`Error::WouldDeadlock`] when the calling thread holds the write, or a read and asks for
+    /// the write: the request would wait behind its own hold.
+    fn refuse_own(&self, asked: Side) -> Result<()> {
+        match held_by_this_thread(&self.taken_key()) {
+            Some(held) if held == Side::Write || asked == Side::Write => {
+                Err(Error::WouldDeadlock {
+                    name: self.name().to_string(),
+                    held: held.name(),
+                    asked: asked.name(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 macro_rules! guard_methods {
@@ -168,19 +305,19 @@ macro_rules! guard_methods {
         impl $guard {
             /// The hold's fencing token: greater than every token before it for this name.
             pub fn fencing_token(&self) -> u64 {
-                self.0.fencing_token()
+                self.permit.fencing_token()
             }
 
             /// True when the hold is no longer this guard's for sure (see
             /// [`Permit::is_lost`]).
             pub fn is_lost(&self) -> bool {
-                self.0.is_lost()
+                self.permit.is_lost()
             }
 
             /// A channel told once when the watchdog finds the hold lost (see
             /// [`Permit::lost_signal`]).
             pub fn lost_signal(&self) -> crossbeam_channel::Receiver<crate::LostHold> {
-                self.0.lost_signal()
+                self.permit.lost_signal()
             }
 
             /// Give the hold back now.
@@ -188,7 +325,7 @@ macro_rules! guard_methods {
             /// # Errors
             /// As [`Permit::release`].
             pub fn unlock(self) -> Result<()> {
-                self.0.release()
+                self.permit.release()
             }
         }
     };
@@ -196,6 +333,18 @@ macro_rules! guard_methods {
 
 guard_methods!(ReadGuard);
 guard_methods!(WriteGuard);
+
+impl fmt::Debug for ReadGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ReadGuard").field(&self.permit).finish()
+    }
+}
+
+impl fmt::Debug for WriteGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("WriteGuard").field(&self.permit).finish()
+    }
+}
 
 impl fmt::Debug for RwLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

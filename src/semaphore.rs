@@ -11,7 +11,7 @@ use crate::config::validate_lease;
 use crate::error::{Error, Result};
 use crate::lock::{LeaseMode, Wait, WaitCanceller};
 use crate::permit::Permit;
-use crate::raw::{RawSemaphore, SemCapacity, SemKind, SemRelease, RW_CAPACITY};
+use crate::raw::{RawSemaphore, SemCapacity, SemKind, SemRelease, SemStatus, RW_CAPACITY};
 use crate::sem_attempt::PermitAttempt;
 use crate::status::{origin, Origin};
 
@@ -55,7 +55,8 @@ pub const MAX_CAPACITY: u64 = 1_000_000;
 ///   [`Permit::lost_signal`]).
 /// - **Capacity is part of the state**: while anyone holds or waits, the capacity is stored
 ///   with the name. A handle made with another capacity gets [`Error::CapacityMismatch`], never
-///   a silent mix; [`Semaphore::set_capacity`] changes it for everyone.
+///   a silent mix; [`Semaphore::set_capacity`] changes it for everyone, durably (for
+///   [`Config::fence_ttl`](crate::Config::fence_ttl), used or not).
 /// - **Late and repeated requests** (a lost reply, a request arriving after its sender gave
 ///   up, a retry) never act on another acquisition: every call names its attempt.
 ///
@@ -78,7 +79,9 @@ pub struct Semaphore {
 pub struct SemaphoreStatus {
     /// The name.
     pub name: String,
-    /// The capacity stored with the name (`None` when nobody holds or waits).
+    /// The capacity stored with the name (`None` when nothing is stored: nobody held or waited
+    /// for the last lease's length and no [`Semaphore::set_capacity`] within
+    /// [`Config::fence_ttl`](crate::Config::fence_ttl)).
     pub capacity: Option<u64>,
     /// Permits held now by live holds.
     pub permits_held: u64,
@@ -88,6 +91,43 @@ pub struct SemaphoreStatus {
     pub holders: Vec<PermitHolder>,
     /// Waiters in queue order (the first is served next).
     pub waiters: Vec<PermitWaiter>,
+}
+
+impl SemaphoreStatus {
+    /// The status of semaphore `name` from the status script's reply.
+    pub(crate) fn from_raw(name: &str, raw: SemStatus) -> SemaphoreStatus {
+        let now_us = (raw.server_ms.max(0) as u64).saturating_mul(1000);
+        SemaphoreStatus {
+            name: name.to_string(),
+            capacity: raw.capacity,
+            permits_held: raw.used,
+            fencing_counter: raw.last_token,
+            holders: raw
+                .holds
+                .into_iter()
+                .map(|h| {
+                    let owner = h.id.rsplit_once('#').map_or(h.id.as_str(), |(o, _)| o);
+                    PermitHolder {
+                        origin: origin(owner.to_string(), &h.meta),
+                        hold_id: h.id.clone(),
+                        permits: h.permits,
+                        fencing_token: h.token,
+                        lease_remaining: h.pttl,
+                        lease: h.lease,
+                    }
+                })
+                .collect(),
+            waiters: raw
+                .waiters
+                .into_iter()
+                .map(|w| PermitWaiter {
+                    origin: origin(w.owner, &w.meta),
+                    permits: w.permits,
+                    waiting_for: Duration::from_micros(now_us.saturating_sub(w.since_us)),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// One acquisition holding permits.
@@ -290,37 +330,7 @@ impl Semaphore {
     pub fn status(&self) -> Result<SemaphoreStatus> {
         let call = self.raw.status();
         let raw = self.client.with_conn(call.during(), |c| call.run(c))?;
-        let now_us = (raw.server_ms.max(0) as u64).saturating_mul(1000);
-        Ok(SemaphoreStatus {
-            name: self.name.to_string(),
-            capacity: raw.capacity,
-            permits_held: raw.used,
-            fencing_counter: raw.last_token,
-            holders: raw
-                .holds
-                .into_iter()
-                .map(|h| {
-                    let owner = h.id.rsplit_once('#').map_or(h.id.as_str(), |(o, _)| o);
-                    PermitHolder {
-                        origin: origin(owner.to_string(), &h.meta),
-                        hold_id: h.id.clone(),
-                        permits: h.permits,
-                        fencing_token: h.token,
-                        lease_remaining: h.pttl,
-                        lease: h.lease,
-                    }
-                })
-                .collect(),
-            waiters: raw
-                .waiters
-                .into_iter()
-                .map(|w| PermitWaiter {
-                    origin: origin(w.owner, &w.meta),
-                    permits: w.permits,
-                    waiting_for: Duration::from_micros(now_us.saturating_sub(w.since_us)),
-                })
-                .collect(),
-        })
+        Ok(SemaphoreStatus::from_raw(&self.name, raw))
     }
 
     /// Change the capacity stored with the name to `capacity`, for every client, and return a
@@ -329,10 +339,14 @@ impl Semaphore {
     /// holders above the new capacity keep their permits until they give them back or their
     /// lease ends, and no permit is granted until the permits held and the head's request fit.
     /// A waiter that wants more than the new capacity loses its place and gets
-    /// [`Error::CapacityMismatch`]; a granted or queued acquisition made through an old handle
-    /// keeps what it has. When nobody holds or waits, nothing is stored: the next acquisition
-    /// stores the capacity of its handle, and so does an old handle's once the name is idle
-    /// again (nobody holds or waits): change every user's capacity, not only the stored one.
+    /// [`Error::CapacityMismatch`], even if the holders give their permits back before its
+    /// retry runs; a granted or queued acquisition made through an old handle keeps what it
+    /// has. The capacity set is **durable**: it is stored whether or not anyone uses the name,
+    /// and every handle must agree with it, even when nobody holds or waits, until
+    /// [`Config::fence_ttl`](crate::Config::fence_ttl) (7 days by default) has passed since the last
+    /// `set_capacity` or another one changes it; then an idle name takes the capacity of the
+    /// next acquisition again. So change every user's capacity too, or their handles get
+    /// [`Error::CapacityMismatch`] meanwhile.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a capacity of 0 or above [`MAX_CAPACITY`], or on a
@@ -351,7 +365,7 @@ impl Semaphore {
         let raw = self.raw.with_capacity(capacity);
         let call = raw.set_capacity(capacity);
         match self.client.with_conn(call.during(), |c| call.run(c))? {
-            SemCapacity::Set { .. } | SemCapacity::Unset => Ok(Semaphore {
+            SemCapacity::Set { .. } => Ok(Semaphore {
                 raw: Arc::new(raw),
                 ..self.clone()
             }),

@@ -210,7 +210,13 @@ fn the_documented_acl_line_is_enough_for_every_call() {
     assert!(p.release().is_err());
     let rw = client.rw_lock("doc-rw").unwrap();
     let r = rw.read().unwrap();
-    assert!(rw.try_write().unwrap().is_none());
+    // (from another thread: this one is refused the write while it holds a read)
+    std::thread::scope(|s| {
+        assert!(s
+            .spawn(|| rw.try_write().unwrap().is_none())
+            .join()
+            .unwrap())
+    });
     r.unlock().unwrap();
     rw.write().unwrap().unlock().unwrap();
     // nothing was refused to the user on the way, not even what fairlock can do without

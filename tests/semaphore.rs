@@ -231,7 +231,11 @@ fn a_waiting_writer_blocks_later_readers_who_are_then_admitted_together() {
     let rw = client.rw_lock("catalog").unwrap();
     let r1 = rw.read().unwrap();
     let r2 = rw.try_read().unwrap().expect("readers share");
-    assert!(rw.try_write().unwrap().is_none());
+    // (another thread: this one is refused the write while it holds a read)
+    thread::scope(|s| {
+        let other = s.spawn(|| rw.try_write().unwrap().is_none());
+        assert!(other.join().unwrap());
+    });
     let (tx, rx) = mpsc::channel::<(&str, u64)>();
     let writer = {
         let (rw, tx) = (rw.clone(), tx.clone());
@@ -673,4 +677,184 @@ fn a_killed_waiter_is_passed_over_and_the_live_one_behind_it_gets_the_permit() {
     assert_eq!((st.holders.len(), st.waiters.len()), (1, 0), "{st:?}");
     release_live.send(()).unwrap();
     live.join().unwrap();
+}
+
+/// Review 4 (A1): a thread that holds the write of a read/write lock and asks for a read (a
+/// downgrade), or holds a read and asks for the write (an upgrade), or holds the write and asks
+/// for it again, would wait on its own hold for ever (the watchdog renews it): it is refused at
+/// once with Error::WouldDeadlock, by the waiting calls and the try ones. Once the guard is
+/// dropped (or unlocked) the same thread takes the other side; another thread is not refused
+/// and waits its turn as before.
+#[test]
+fn a_thread_asking_for_the_other_side_of_its_own_read_write_hold_is_refused_at_once() {
+    let server = RedisServer::start();
+    let client = client_for(&server);
+    let rw = client.rw_lock("self").unwrap();
+    // run on a thread of its own: before the fix the waiting calls never return
+    let (tx, rx) = mpsc::channel::<String>();
+    let (go, wait_go) = mpsc::channel::<()>();
+    let me = {
+        let rw = rw.clone();
+        thread::spawn(move || {
+            // (each call is bounded by the channel's timeout below, not timed here)
+            let check = |what: &str, r: Result<bool, Error>, held: &str, asked: &str| {
+                let line = match r {
+                    Err(e @ Error::WouldDeadlock { .. }) => {
+                        assert_eq!(e.kind(), fairlock::ErrorKind::InvalidInput);
+                        let text = e.to_string();
+                        assert!(text.contains("drop the") && text.contains("self"), "{text}");
+                        match e {
+                            Error::WouldDeadlock {
+                                held: h, asked: a, ..
+                            } => assert_eq!((h, a), (held, asked), "{what}"),
+                            _ => unreachable!(),
+                        }
+                        format!("{what}: refused")
+                    }
+                    other => format!("{what}: {other:?}"),
+                };
+                tx.send(line).unwrap();
+            };
+            let w = rw.write().unwrap();
+            check(
+                "w/try_read",
+                rw.try_read().map(|g| g.is_some()),
+                "write",
+                "read",
+            );
+            check(
+                "w/try_read_for",
+                rw.try_read_for(Duration::from_secs(3)).map(|g| g.is_some()),
+                "write",
+                "read",
+            );
+            check("w/read", rw.read().map(|_| true), "write", "read");
+            check(
+                "w/try_write",
+                rw.try_write().map(|g| g.is_some()),
+                "write",
+                "write",
+            );
+            check("w/write", rw.write().map(|_| true), "write", "write");
+            assert!(!w.is_lost());
+            // another thread's read waits behind the write meanwhile
+            wait_go.recv_timeout(SECS_30).unwrap();
+            drop(w);
+            let r = rw.read().expect("a read once the write is dropped");
+            check(
+                "r/try_write",
+                rw.try_write().map(|g| g.is_some()),
+                "read",
+                "write",
+            );
+            check(
+                "r/try_write_for",
+                rw.try_write_for(Duration::from_secs(3))
+                    .map(|g| g.is_some()),
+                "read",
+                "write",
+            );
+            check(
+                "r/try_write_until",
+                rw.try_write_until(Instant::now() + Duration::from_secs(3))
+                    .map(|g| g.is_some()),
+                "read",
+                "write",
+            );
+            check("r/write", rw.write().map(|_| true), "read", "write");
+            r.unlock().unwrap();
+            // (the other reader still holds: the write waits its turn, then comes)
+            let w = rw
+                .try_write_for(SECS_30)
+                .unwrap()
+                .expect("the write after the read");
+            w.unlock().unwrap();
+            tx.send("done".into()).unwrap();
+        })
+    };
+    let mut lines = Vec::new();
+    for _ in 0..5 {
+        lines.push(
+            rx.recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| {
+                    panic!("the thread waited on its own write; told so far: {lines:?}")
+                }),
+        );
+    }
+    assert_eq!(
+        lines,
+        [
+            "w/try_read: refused",
+            "w/try_read_for: refused",
+            "w/read: refused",
+            "w/try_write: refused",
+            "w/write: refused"
+        ]
+    );
+    // another thread is not refused: it waits for the write, fairly, and then reads
+    let (got, got_rx) = mpsc::channel::<u64>();
+    let (done, done_rx) = mpsc::channel::<()>();
+    let other = {
+        let rw = rw.clone();
+        thread::spawn(move || {
+            let r = rw.read().unwrap();
+            got.send(r.fencing_token()).unwrap();
+            let _ = done_rx.recv_timeout(SECS_30);
+            drop(r);
+        })
+    };
+    assert!(waiting(rw.as_semaphore(), 1));
+    assert!(got_rx.recv_timeout(Duration::from_millis(200)).is_err());
+    go.send(()).unwrap();
+    got_rx
+        .recv_timeout(SECS_30)
+        .expect("the other reader served");
+    for _ in 0..4 {
+        lines.push(
+            rx.recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| {
+                    panic!("the thread waited on its own read; told so far: {lines:?}")
+                }),
+        );
+    }
+    assert_eq!(
+        &lines[5..],
+        [
+            "r/try_write: refused",
+            "r/try_write_for: refused",
+            "r/try_write_until: refused",
+            "r/write: refused"
+        ]
+    );
+    done.send(()).unwrap();
+    assert_eq!(rx.recv_timeout(SECS_30).unwrap(), "done");
+    me.join().unwrap();
+    other.join().unwrap();
+}
+
+/// The record of a thread's read/write holds goes with the thread that took the guard: sent to
+/// another thread, the guard still makes its taker's requests refused until it is dropped
+/// (wherever that is), and then the taker asks again as anyone.
+#[test]
+fn a_read_write_guard_sent_to_another_thread_counts_for_its_taker_until_dropped() {
+    let server = RedisServer::start();
+    let client = client_for(&server);
+    let rw = client.rw_lock("sent").unwrap();
+    let w = rw.write().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let (drop_it, told) = mpsc::channel::<()>();
+    let keeper = thread::spawn(move || {
+        tx.send(()).unwrap();
+        let _ = told.recv_timeout(SECS_30);
+        drop(w);
+    });
+    rx.recv_timeout(SECS_30).unwrap();
+    assert!(matches!(
+        rw.try_read(),
+        Err(Error::WouldDeadlock { held: "write", .. })
+    ));
+    drop_it.send(()).unwrap();
+    keeper.join().unwrap();
+    let r = rw.try_read().unwrap().expect("the write was dropped");
+    r.unlock().unwrap();
 }

@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use std::thread;
 use std::time::Duration;
 
-use fairlock::raw::{Mode, RawSemaphore, SemAcquire, SemKind, SemRelease, Settings, RW_CAPACITY};
+use fairlock::raw::{
+    Mode, RawSemaphore, SemAcquire, SemCapacity, SemKind, SemRelease, Settings, RW_CAPACITY,
+};
 use support::RedisServer;
 
 const WAITER_TTL: u64 = 3_000;
@@ -701,4 +703,107 @@ fn a_late_copy_of_an_older_attempt_keeps_the_newer_attempts_hand_off() {
         s.pop_grant(&mut c, "t:1", 9).is_some(),
         "the late copy of attempt 4 dropped attempt 9's hand-off"
     );
+}
+
+/// The TTL of `key` in ms.
+fn pttl(c: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(c).unwrap()
+}
+
+/// Review 4 (A4): a cut to 2 tells a waiter that wants 4 (made with capacity 5) to retry. If
+/// the holders give their permits back before its retry runs, the name is idle for an instant:
+/// the retry must still be refused (CapacityMismatch, as `set_capacity` promises), not store
+/// capacity 5 again and take 4 permits. The capacity set stays stored (with the fence's TTL):
+/// an old handle's new attempt is refused too, the status shows 2, and the operator's handle
+/// takes 2 permits and no more.
+#[test]
+fn a_waiter_turned_away_by_a_capacity_cut_is_refused_even_if_the_holders_left_before_its_retry() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("cut", "sem", 5);
+    let a = granted(sem.acquire(&mut c, "a:1", 1, 5, 30_000, true));
+    assert_eq!(
+        sem.acquire(&mut c, "b:1", 2, 4, 30_000, true),
+        Reply::Queued
+    );
+    let two = RawSemaphore::new("fairlock", "cut", SemKind::Semaphore, 2, settings()).unwrap();
+    assert_eq!(
+        two.set_capacity(2).run(&mut c).unwrap(),
+        SemCapacity::Set { grants: 0 }
+    );
+    let told: Vec<String> = redis::cmd("LRANGE")
+        .arg(sem.raw.wake_key("b:1"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(told, ["1|r|2"], "b is told to retry");
+    assert!(sem.release(&mut c, "a:1", 1, a));
+    // b's client runs its acquire again (same attempt, its handle of capacity 5)
+    assert_eq!(
+        sem.acquire(&mut c, "b:1", 2, 4, 30_000, true),
+        Reply::Mismatch,
+        "the waiter the cut turned away took its permits with the old capacity"
+    );
+    // a repeat of that request (a lost reply) is refused the same
+    assert_eq!(
+        sem.acquire(&mut c, "b:1", 2, 4, 30_000, true),
+        Reply::Mismatch
+    );
+    // and so is a new attempt through an old handle, though nobody holds or waits
+    assert_eq!(
+        sem.acquire(&mut c, "n:1", 1, 1, 30_000, false),
+        Reply::Mismatch
+    );
+    let st = two.status().run(&mut c).unwrap();
+    assert_eq!(
+        (
+            st.kind.as_str(),
+            st.capacity,
+            st.used,
+            st.holds.len(),
+            st.waiters.len()
+        ),
+        ("sem", Some(2), 0, 0, 0)
+    );
+    // the operator's handle: 2 permits, no more
+    granted(sem.acquire_as(&mut c, "o:1", 1, 2, 30_000, false, 2));
+    assert_eq!(
+        sem.acquire_as(&mut c, "p:1", 1, 1, 30_000, false, 2),
+        Reply::Busy
+    );
+    // the stored capacity lives as long as the fence (fence_ttl: one hour here), no longer
+    let ttl = pttl(&mut c, &sem.keys[0]);
+    assert!(ttl > 3_500_000 && ttl <= 3_600_000, "{ttl}");
+}
+
+/// A capacity set on a name nobody uses is stored too (with the fence's TTL), so the next
+/// handle of another capacity or kind is refused, and one of that capacity is served.
+#[test]
+fn a_capacity_set_on_an_unused_name_is_stored_and_binds_the_next_handles() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let one = Sem::new("fresh", "sem", 1);
+    let three = RawSemaphore::new("fairlock", "fresh", SemKind::Semaphore, 3, settings()).unwrap();
+    assert_eq!(
+        three.set_capacity(3).run(&mut c).unwrap(),
+        SemCapacity::Set { grants: 0 }
+    );
+    let st = three.status().run(&mut c).unwrap();
+    assert_eq!(
+        (st.kind.as_str(), st.capacity, st.used),
+        ("sem", Some(3), 0)
+    );
+    assert_eq!(
+        one.acquire(&mut c, "a:1", 1, 1, 30_000, false),
+        Reply::Mismatch
+    );
+    let rw = Sem::new("fresh", "rw", RW_MAX);
+    assert_eq!(
+        rw.acquire(&mut c, "a:1", 2, 1, 30_000, false),
+        Reply::Mismatch
+    );
+    granted(one.acquire_as(&mut c, "a:1", 3, 3, 30_000, false, 3));
+    let ttl = pttl(&mut c, &one.keys[0]);
+    assert!(ttl > 3_500_000 && ttl <= 3_600_000, "{ttl}");
 }

@@ -115,8 +115,6 @@ pub enum SemCapacity {
         /// Waiters granted by the change.
         grants: u64,
     },
-    /// The name has no state: the next acquire stores the capacity it is made with.
-    Unset,
     /// The name is in use with another kind.
     Mismatch {
         /// The kind stored ("sem" or "rw").
@@ -498,7 +496,6 @@ fn parse_capacity(v: Value) -> Result<SemCapacity> {
         "set" => Ok(SemCapacity::Set {
             grants: num(v.get(1))?,
         }),
-        "unset" => Ok(SemCapacity::Unset),
         "mismatch" => Ok(SemCapacity::Mismatch {
             kind: text(v.get(1).unwrap_or(&Value::Nil))?,
             capacity: num(v.get(2))?,

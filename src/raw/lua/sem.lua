@@ -6,8 +6,9 @@
 -- -> the grantee's deadline, server ms).
 --
 -- The hash: ~kind ('sem' or 'rw'), ~cap, ~used (permits held), ~token (the last token given),
--- ~released (receipts: the last RECEIPTS tokens fully released), and one field per hold,
--- "<owner>#<attempt>" -> "token|permits|lease|meta".
+-- ~released (receipts: the last RECEIPTS tokens fully released), ~set ('1' once sem_capacity
+-- stored the capacity: it binds every acquisition, used or not, and the hash lives at least
+-- FENCE_TTL from then), and one field per hold, "<owner>#<attempt>" -> "token|permits|lease|meta".
 -- A waiter's entry (state.lua) carries the permits it wants in front of its meta: "k;meta".
 -- Network: a hold is named by owner and attempt, so a repeated acquire finds its own hold and a
 -- release or renewal acts only on the hold of its attempt and token; receipts answer a repeated
@@ -19,13 +20,13 @@ local S
 -- The semaphore's hash fields every script needs, read once; `leases` is KEYS[5].
 local function read_sem(keys)
   k.leases, k.handoffs = keys[5], keys[6]
-  local v = read(k.lock, 'HMGET', '~kind', '~cap', '~used', '~token', '~released')
+  local v = read(k.lock, 'HMGET', '~kind', '~cap', '~used', '~token', '~released', '~set')
   local fields = 0
-  for i = 1, 5 do
+  for i = 1, 6 do
     if v[i] then fields = fields + 1 end
   end
   S = { kind = v[1], cap = tonumber(v[2]), used = tonumber(v[3]) or 0, token = tonumber(v[4]),
-        released = v[5] or '', unread = not v[1], fields = fields }
+        released = v[5] or '', unread = not v[1], fields = fields, set = v[6] == '1' }
   if S.unread and redis.call('EXISTS', k.lock) == 1 then
     refuse(k.lock, "a hash without fairlock's semaphore fields")
   end

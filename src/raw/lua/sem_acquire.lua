@@ -19,9 +19,10 @@ return run(function()
   revoke_dead_grantees()
   local mismatch = false
   if S.kind and (S.kind ~= kind or S.cap ~= cap) then
-    -- capacity and kind bind while anyone holds or waits; a state nobody uses (the hash left
-    -- until the last lease's end, with the receipts) takes this caller's
-    if S.used > 0 or front()[1] then
+    -- capacity and kind bind while anyone holds or waits, and for FENCE_TTL after
+    -- sem_capacity stored them (~set: a waiter it turned away must not undo it); a state nobody
+    -- uses (the hash left until the last lease's end, with the receipts) takes this caller's
+    if S.used > 0 or front()[1] or S.set then
       mismatch = true
     else
       S.kind, S.cap = kind, cap

@@ -1,13 +1,16 @@
 -- sem_capacity.lua: change a semaphore's stored capacity.
 -- ARGV: [3] kind [4] new capacity
--- Returns {'set', grants made} | {'unset'} (no state: the next acquire stores its capacity)
---       | {'mismatch', stored kind, stored capacity}
+-- Returns {'set', grants made} | {'mismatch', stored kind, stored capacity}
+-- The capacity is stored with ~set (sem.lua), used or not (a name without state gets one): every
+-- acquisition must agree with it, not only while anyone holds or waits, and the hash lives at
+-- least FENCE_TTL from now. So a waiter turned away below cannot store its old capacity again
+-- by running its acquire when the name happens to be idle.
 -- A raise grants the heads that now fit at once. A cut revokes nothing: holders above the new
 -- capacity keep their permits until they release them or their lease ends, and no permit is
 -- granted until the permits held plus the head's fit. A queued waiter that wants more than the
 -- new capacity could never be served and would block everyone behind it: it is told to retry
 -- (its place goes), and its acquire, run again with the capacity it was made with, gets the
--- mismatch.
+-- mismatch (so does a late or repeated copy of it: ~set stays).
 -- Network: setting the same capacity twice is setting it once; a late copy that arrives after a
 -- newer change sets the older capacity again (a change is an operator's act: the last one sent
 -- is meant to win, and a lost reply is answered by running it again).
@@ -15,11 +18,11 @@ local kind, cap = ARGV[3], tonumber(ARGV[4])
 return run(function()
   read_sem(KEYS)
   if S.kind and S.kind ~= kind then return { 'mismatch', S.kind, fmt(S.cap) } end
-  if not S.cap then return { 'unset' } end
   expire_holds()
   revoke_dead_grantees()
-  S.cap = cap
-  redis.call('HSET', k.lock, '~cap', fmt(cap))
+  S.kind, S.cap = kind, cap
+  redis.call('HSET', k.lock, '~kind', kind, '~cap', fmt(cap), '~set', '1')
+  keep_sem(FENCE_TTL)
   local q = read(k.queue, 'ZRANGE', 0, -1)
   for _, owner in ipairs(q) do
     local w = waiter_entry(owner)
