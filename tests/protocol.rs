@@ -1507,3 +1507,40 @@ fn left_marks_older_than_the_queue_ttl_go_while_new_marks_keep_coming() {
         Acquire::Stale
     ));
 }
+
+/// Found by the fuzzer's wake-up judge: the operator force-unlocked a hand-off before its waiter
+/// popped it, and a stray copy of the waiter's acquire then took the free lock (no queue: the
+/// fast path) with a reply nobody read and no wake-up; the waiter slept until that hold's lease
+/// ran out. A heartbeat that finds a waiting attempt holding the lock with no wake-up pending
+/// tells it, so it learns within a heartbeat.
+#[test]
+fn a_heartbeat_tells_a_waiting_attempt_the_lock_its_own_repeat_took() {
+    let (_server, mut c, lock) = start("dup-fast");
+    let th = take(&mut c, &lock, "h:1", 1);
+    let copy = lock.acquire("t:1", 3, LEASE, Mode::Wait, "m");
+    queued(copy.run(&mut c).unwrap());
+    lock.release("h:1", th, 1).run(&mut c).unwrap();
+    let (_, handed) = holder(&mut c, &lock);
+    lock.force_unlock("t:1", handed.unwrap())
+        .run(&mut c)
+        .unwrap();
+    assert_eq!(
+        pop(&mut c, &lock, "t:1"),
+        None,
+        "the forced unlock kept the wake-up"
+    );
+    // the stray copy takes the free lock; its reply goes to no one
+    let token = granted(copy.run(&mut c).unwrap());
+    // told once, however many heartbeats come before the waker pops it
+    lock.heartbeat([("t:1", 3)]).run(&mut c).unwrap();
+    lock.heartbeat([("t:1", 3)]).run(&mut c).unwrap();
+    match pop(&mut c, &lock, "t:1") {
+        Some(Wake::Grant {
+            attempt: 3,
+            token: t,
+            ..
+        }) => assert_eq!(t, token),
+        other => panic!("the heartbeat did not tell the waiter of its hold: {other:?}"),
+    }
+    assert_eq!(pop(&mut c, &lock, "t:1"), None, "told twice");
+}

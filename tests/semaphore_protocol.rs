@@ -807,3 +807,32 @@ fn a_capacity_set_on_an_unused_name_is_stored_and_binds_the_next_handles() {
     let ttl = pttl(&mut c, &one.keys[0]);
     assert!(ttl > 3_500_000 && ttl <= 3_600_000, "{ttl}");
 }
+
+/// The semaphore's side of
+/// `protocol::a_heartbeat_tells_a_waiting_attempt_the_lock_its_own_repeat_took`: a waiting
+/// attempt that holds permits with no wake-up pending and no hand-off to confirm (a repeat of its
+/// acquire took them with a reply nobody read) is told by its client's next heartbeat.
+#[test]
+fn a_heartbeat_tells_a_waiting_attempt_the_permits_its_own_repeat_took() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let s = Sem::new("dup-fast", "sem", 1);
+    let th = granted(s.acquire(&mut c, "h:1", 1, 1, 60_000, true));
+    assert_eq!(s.acquire(&mut c, "t:1", 3, 1, 60_000, true), Reply::Queued);
+    assert!(s.release(&mut c, "h:1", 1, th));
+    // the repeat confirms the hand-off; its wake-up is then lost (an eviction of the list)
+    let token = granted(s.acquire(&mut c, "t:1", 3, 1, 60_000, true));
+    let _: () = redis::cmd("DEL")
+        .arg(s.raw.wake_key("t:1"))
+        .query(&mut c)
+        .unwrap();
+    // told once, however many heartbeats come before the waker pops it
+    s.heartbeat(&mut c, &[("t:1", 3)]);
+    s.heartbeat(&mut c, &[("t:1", 3)]);
+    assert_eq!(
+        s.pop_grant(&mut c, "t:1", 3),
+        Some(token),
+        "the heartbeat did not tell the waiter of its permits"
+    );
+    assert_eq!(s.pop_grant(&mut c, "t:1", 3), None, "told twice");
+}

@@ -613,6 +613,9 @@ impl World {
                 if let Some(w) = self.waiting(c, t).filter(|w| w.attempt == attempt) {
                     // the janitor renews every registered attempt's witness
                     w.witness.observe(LocalMs(s.sent_real), hb.last_token);
+                    if let Some(h) = &mut w.handoff {
+                        h.heartbeat_after = true;
+                    }
                     if hb.told_to_retry.contains(&owner) {
                         w.place = false;
                     } else {

@@ -382,6 +382,7 @@ impl World {
                         token: cur.token,
                         earliest_end: sent + w.lease_ms as f64,
                         wake_lost: false,
+                        heartbeat_after: false,
                     });
                 }
             }
@@ -482,6 +483,7 @@ impl World {
                         && cur.token == h.token
                         && live
                         && snap.fz < h.earliest_end
+                        && h.heartbeat_after
                         && !h.wake_lost
                         && !self.checker.is_exempt(w.lock, h.token)
                     {

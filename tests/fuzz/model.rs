@@ -314,6 +314,10 @@ pub struct Handoff {
     pub earliest_end: f64,
     /// Its client's wake list was evicted since the grant: the message may be gone with it.
     pub wake_lost: bool,
+    /// A heartbeat of its client on that lock or semaphore answered since the grant: by then
+    /// its wake-up must be in the wake list (a grant made by a repeat of the waiter's own
+    /// acquire, with a reply nobody read, is told by that heartbeat).
+    pub heartbeat_after: bool,
 }
 
 impl Wait {

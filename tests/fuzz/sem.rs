@@ -1137,6 +1137,9 @@ impl World {
             for (t, owner, attempt) in pairs {
                 if let Some(w) = self.sem_waiting(c, t).filter(|w| w.attempt == attempt) {
                     w.witness.observe(LocalMs(s.sent_real), hb.last_token);
+                    if let Some(h) = &mut w.handoff {
+                        h.heartbeat_after = true;
+                    }
                     if hb.told_to_retry.contains(&owner) {
                         w.place = false;
                     } else {
@@ -1486,6 +1489,7 @@ impl World {
                                 token: *token,
                                 earliest_end: lease_end(w),
                                 wake_lost: false,
+                                heartbeat_after: false,
                             });
                         }
                     }
@@ -1592,6 +1596,7 @@ impl World {
                     if cur.holds.get(&id).map(|x| x.0) == Some(h.token)
                         && live
                         && fz < h.earliest_end
+                        && h.heartbeat_after
                         && !h.wake_lost
                         && !self.sem_checker.exempt[w.lock].contains(&h.token)
                     {

@@ -4,7 +4,8 @@
 -- counts what 2. and 3. did (a hand-off revoked, a stranded lock granted: 0 to 2), for the
 -- client's metrics.
 -- 1. For each attempt: a queued one gets a new deadline; one whose hand-off waits unpopped keeps
---    it alive; any other (its entry was purged during a pause, its grant lapsed unseen, its
+--    it alive; one that holds the lock with no wake-up (a repeat of its acquire took it with a
+--    reply nobody read) is pushed its grant's wake-up, once; any other (its entry was purged during a pause, its grant lapsed unseen, its
 --    queue key was lost) is told "retry" through its wake list and queues again.
 -- 2. A hand-off whose grantee stopped refreshing it and never popped it is revoked.
 -- 3. Dead waiters at the head of the queue are purged; a stranded lock (free, waiters queued:
@@ -13,7 +14,8 @@
 -- client's `judge_handoff` (src/lease_estimate.rs)).
 -- Cost: O(this client's waiters + dead heads), never a scan of all waiters.
 -- Network: a retry refreshes again; a late heartbeat for an attempt that has moved on does
--- nothing (a newer attempt's entry) or pushes a "retry" for that old attempt, which its client's
+-- nothing (a newer attempt's entry) or pushes a "retry" for that old attempt, or a grant's
+-- wake-up to an attempt whose thread took its hold from the acquire's reply, which its client's
 -- waiting threads drop (no thread waits with that attempt); a repeated "retry" only makes its
 -- thread run acquire once more, which keeps its place.
 -- Undeclared keys (common.lua): wake lists (a told owner's is probed with can_wake before the
@@ -33,6 +35,12 @@ return run(function()
       if h.wdl then
         h.wdl = lock_now + WAITER_TTL
         redis.call('HSET', k.lock, 'wdl', fmt(h.wdl))
+      elseif can_wake(owner) and not handoff_pending(owner, attempt, h.token) then
+        -- a hold of a waiting attempt with no wake-up: a repeat or late copy of its acquire
+        -- took the lock with a reply that went to no one (or its wake-up was lost); told now,
+        -- with the hold's grant time, as a release would have told it
+        local since = redis.call('HGET', k.lock, 'since')
+        push_wakeup(owner, grant_message(attempt, h.token) .. (since or '0'), h.lease)
       end
     else
       local w = waiter_entry(owner)

@@ -5,7 +5,8 @@
 -- A hand-offs entry whose hold is gone (its hash evicted) is dropped, never taken for a grant.
 -- Network: refreshes only entries of the attempts named; a late copy refreshes a live entry a
 -- little early (its deadline is the copy's arrival + the waiter timeout), or tells an attempt
--- that has ended to retry, which its client drops.
+-- that has ended to retry, or one that holds its grant already (its thread saw the reply of
+-- its acquire) of that grant, which its client drops (no thread waits with that attempt).
 return run(function()
   read_sem(KEYS)
   local told = {}
@@ -20,9 +21,19 @@ return run(function()
       redis.call('ZREM', k.handoffs, id)
       handoff = nil
     end
+    local held = not handoff and parse_hold(redis.call('HGET', k.lock, id))
     if handoff then
       -- granted, its wake-up not popped yet, and its client alive: more time to pop it
       redis.call('ZADD', k.handoffs, fmt(now_ms() + WAITER_TTL), id)
+    elseif held then
+      -- a hold of a waiting attempt, confirmed, with no wake-up: a repeat or late copy of its
+      -- acquire took the permits with a reply that went to no one (or its wake-up was lost);
+      -- told now, once, with the grant time its lease end implies (a renewal only moves it on)
+      if can_wake(owner) and not handoff_pending(owner, attempt, held.token) then
+        local ends = tonumber(redis.call('ZSCORE', k.leases, id)) or now_ms()
+        push_wakeup(owner, grant_message(attempt, held.token) .. fmt(ends - held.lease),
+          held.lease)
+      end
     elseif w and w.attempt == attempt and read(k.queue, 'ZSCORE', owner) then
       write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
     elseif not (w and w.attempt > attempt) and
