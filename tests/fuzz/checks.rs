@@ -540,6 +540,74 @@ impl World {
         }
         self.checker.last = snap.locks;
         self.sem_step_checks();
+        self.left_marks_bounded();
+    }
+
+    /// 8'. The left marks' size (lock and semaphore): a mark lives the queue's TTL, and the mark
+    /// that finds the earliest one a tenth of that past its end drops every expired one
+    /// (state.lua, `mark_left`). So, as of the latest mark (the key's TTL tells when: it is
+    /// set to the queue's TTL by every mark), no field may belong to an owner whose last
+    /// request reached Redis more than 1.1 queue TTLs before it, however many marks keep
+    /// coming: a constant plus the owners that marked within that window (the live
+    /// participants and those that left lately). Allowed: 2 s for the fuzzer's reading of
+    /// the server's clock; nothing else. A field of an owner that never sent a request is
+    /// a violation too.
+    pub fn left_marks_bounded(&mut self) {
+        let queue_ttl = (2 * self.cfg.waiter_timeout_ms).max(600_000) as i64;
+        let mut keys: Vec<String> = self
+            .locks
+            .iter()
+            .map(|l| format!("{}:left", l.key_names()[0]))
+            .collect();
+        keys.extend(
+            self.sems
+                .iter()
+                .map(|s| format!("{}:left", s.key_names()[0])),
+        );
+        for key in keys {
+            let mut pipe = redis::pipe();
+            pipe.cmd("HKEYS")
+                .arg(&key)
+                .cmd("PTTL")
+                .arg(&key)
+                .cmd("TIME");
+            let Ok((fields, pttl, time)): Result<(Vec<String>, i64, (i64, i64)), _> =
+                pipe.query(&mut self.conns[0])
+            else {
+                continue;
+            };
+            if pttl <= 0 {
+                continue;
+            }
+            let now = time.0 * 1000 + time.1 / 1000;
+            let last_mark = now + pttl - queue_ttl;
+            let oldest_allowed = last_mark - queue_ttl - queue_ttl / 10 - 2_000;
+            let stale: Vec<String> = fields
+                .iter()
+                .filter(|f| *f != "~")
+                .filter(|f| {
+                    self.last_sent_server_ms
+                        .get(*f)
+                        .is_none_or(|sent| *sent < oldest_allowed)
+                })
+                .map(|f| {
+                    let age = self.last_sent_server_ms.get(f).map(|s| last_mark - s);
+                    format!("{f} (last request {age:?}ms before the latest mark)")
+                })
+                .collect();
+            if !stale.is_empty() {
+                self.violate(
+                    Check::KeySize,
+                    format!(
+                        "{key}: {} of {} left marks outlived 1.1 queue TTLs ({}ms): {}",
+                        stale.len(),
+                        fields.len().saturating_sub(1),
+                        queue_ttl + queue_ttl / 10,
+                        stale.join(", ")
+                    ),
+                );
+            }
+        }
     }
 
     /// Of the hand-offs `(wake list, message prefix, what)` that Redis still has for live

@@ -82,6 +82,7 @@ impl World {
         }
         let sent = self.clock.fz();
         let reply = last.resend(&mut self.conns[Self::conn_of(Some(who))]);
+        self.note_sent(last.owner());
         self.after_call(None, sent);
         self.say(format!(" -> {reply}"));
         self.stats.add("fault: stray duplicate", 1);
@@ -102,6 +103,7 @@ impl World {
         self.say(format!("late delivery of \"{}\"", r.label()));
         let sent = self.clock.fz();
         let reply = r.resend(&mut self.conns[0]);
+        self.note_sent(r.owner());
         self.after_call(None, sent);
         self.say(format!(" -> {reply}"));
         true
@@ -291,6 +293,28 @@ impl World {
         self.after_call(None, self.clock.fz());
         self.say("data loss: FLUSHALL + SCRIPT FLUSH + FUNCTION FLUSH");
         self.stats.add("fault: data loss", 1);
+        true
+    }
+
+    /// A forward jump of `ms` (minutes), then a heartbeat of every active client on every lock
+    /// and semaphore it waits on (`Step::LongClock`).
+    pub fn long_clock_step(&mut self, ms: i64) -> bool {
+        if !self.clock_step(ms) {
+            return false;
+        }
+        for c in 0..self.clients.len() {
+            if !self.active(c) {
+                continue;
+            }
+            for lock in 0..self.locks.len() {
+                self.say("; ");
+                self.heartbeat(c, lock, Fault::None);
+            }
+            for sem in 0..self.sems.len() {
+                self.say("; ");
+                self.sem_heartbeat(c, sem, Fault::None);
+            }
+        }
         true
     }
 

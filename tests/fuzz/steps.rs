@@ -175,6 +175,13 @@ pub enum Step {
     Clock {
         ms: i64,
     },
+    /// The server clock jumps minutes ahead (a VM resumed, an NTP correction after a long
+    /// drift), and every active client's janitor ticks right after it, as it would within a
+    /// third of the waiter timeout: keys that live the queue's TTL (10 minutes) see their
+    /// entries age past it while the lock stays in use (the left marks' bound).
+    LongClock {
+        ms: i64,
+    },
     /// A step of a semaphore's thread, client or operator, or a semaphore key's eviction.
     Sem(SemStep),
 }
@@ -201,6 +208,7 @@ impl Step {
             Step::Evict { .. } => "eviction",
             Step::DataLoss => "data loss",
             Step::Clock { .. } => "clock step",
+            Step::LongClock { .. } => "long clock step",
             Step::Sem(s) => s.kind(),
         }
     }
@@ -243,6 +251,7 @@ impl fmt::Display for Step {
             Step::Evict { lock, key } => write!(f, "evict lock={lock} {key:?}"),
             Step::DataLoss => write!(f, "data loss (FLUSHALL, SCRIPT FLUSH, FUNCTION FLUSH)"),
             Step::Clock { ms } => write!(f, "server clock steps {ms:+}ms"),
+            Step::LongClock { ms } => write!(f, "server clock jumps {ms:+}ms; janitors tick"),
             Step::Sem(s) => write!(f, "{s}"),
         }
     }
@@ -482,6 +491,9 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
         }
         Kind::DataLoss => Step::DataLoss,
         Kind::Sem => Step::Sem(sem.choose(w, rng)),
+        Kind::ClockStep if rng.below(10) == 0 => Step::LongClock {
+            ms: rng.range(360_000, 420_000) as i64,
+        },
         Kind::ClockStep => {
             let magnitude = match rng.below(10) {
                 0..=2 => rng.range(100, 900),

@@ -4,7 +4,7 @@
 //! per-call checks. The steps themselves are in `actions.rs` (threads and clients, reacting to
 //! replies the way the real client does) and `faults.rs` (operator, network, process, data).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::rc::Rc;
 use std::time::Duration;
@@ -36,6 +36,8 @@ impl Stats {
 /// A request that can be sent again (a stray duplicate, a late delivery) whatever it returns.
 pub trait Resend {
     fn label(&self) -> &str;
+    /// The thread (owner) that sent it, if a thread did.
+    fn owner(&self) -> Option<&str>;
     /// Send it and describe the reply.
     fn resend(&self, conn: &mut redis::Connection) -> String;
 }
@@ -43,11 +45,16 @@ pub trait Resend {
 struct Labeled<T> {
     call: Call<T>,
     label: String,
+    owner: Option<String>,
 }
 
 impl<T: fmt::Debug> Resend for Labeled<T> {
     fn label(&self) -> &str {
         &self.label
+    }
+
+    fn owner(&self) -> Option<&str> {
+        self.owner.as_deref()
     }
 
     fn resend(&self, conn: &mut redis::Connection) -> String {
@@ -122,6 +129,9 @@ pub struct World {
     pub stats: Stats,
     pub violation: Option<Violation>,
     pub max_offset_ms: i64,
+    /// Owner -> the server's clock (ms) just after the last request of that thread reached
+    /// Redis: no left mark of the owner can be younger (the left marks' bound).
+    pub last_sent_server_ms: HashMap<String, i64>,
     /// In a quiet phase without heartbeats (`Config::quiet_heartbeats` off): when it began
     /// (real ms), and per lock the hand-off to a dead waiter seen last (token, real ms seen).
     pub try_only_quiet: Option<TryOnlyQuiet>,
@@ -180,6 +190,7 @@ impl World {
             stats,
             violation: None,
             max_offset_ms: 0,
+            last_sent_server_ms: HashMap::new(),
             try_only_quiet: None,
         }
     }
@@ -195,6 +206,22 @@ impl World {
     }
 
     /// Not paused (a paused client does nothing at all).
+    /// Remember that a request of `owner` just reached Redis (`last_sent_server_ms`).
+    pub fn note_sent(&mut self, owner: Option<&str>) {
+        if let Some(owner) = owner {
+            let now = self.server_now_ms();
+            self.last_sent_server_ms.insert(owner.to_string(), now);
+        }
+    }
+
+    /// The server's wall clock now (ms), from the offset the fuzzer gave it: no round trip.
+    pub fn server_now_ms(&self) -> i64 {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        wall + self.server.offset_ms()
+    }
+
     pub fn active(&self, c: usize) -> bool {
         c < self.clients.len() && self.clients[c].paused_until <= self.clock.real()
     }
@@ -227,7 +254,11 @@ impl World {
         call: Call<T>,
         fault: Fault,
     ) -> Sent<T> {
-        let call = Rc::new(Labeled { call, label });
+        let owner = match who {
+            Some(Who::Thread(c, t)) => Some(self.owner(c, t)),
+            _ => None,
+        };
+        let call = Rc::new(Labeled { call, label, owner });
         match who {
             Some(Who::Thread(c, t)) => self.clients[c].threads[t].last = Some(call.clone()),
             Some(Who::Operator) => self.operator_last = Some(call.clone()),
@@ -242,6 +273,7 @@ impl World {
         let sent_real = self.clock.real();
         let send = |w: &mut World| {
             let r = call.call.run(&mut w.conns[conn]).map_err(|e| e.to_string());
+            w.note_sent(call.owner());
             w.after_call(actor, sent);
             r
         };
@@ -310,6 +342,7 @@ impl World {
             Step::Evict { lock, key } => self.evict(lock, key),
             Step::DataLoss => self.data_loss(),
             Step::Clock { ms } => self.clock_step(ms),
+            Step::LongClock { ms } => self.long_clock_step(ms),
             Step::Sem(ref s) => self.apply_sem(s),
         };
         if applied {
