@@ -836,3 +836,32 @@ fn a_heartbeat_tells_a_waiting_attempt_the_permits_its_own_repeat_took() {
     );
     assert_eq!(s.pop_grant(&mut c, "t:1", 3), None, "told twice");
 }
+
+/// Review 5, F1: an operator's forced release of a hold that was still a pending hand-off (its
+/// wake-up not popped yet) freed the permits and granted them on, but left the grant's wake-up in
+/// the grantee's list: popped later, it was judged a fresh grant, and two threads held the one
+/// permit by their own estimates. The mutex's force-unlock drops the owner's wake-ups; so does
+/// the semaphore's now.
+#[test]
+fn a_forced_release_of_a_pending_hand_off_takes_its_wake_up_too() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let s = Sem::new("force-pending", "sem", 1);
+    let ta = granted(s.acquire(&mut c, "a:1", 1, 1, 60_000, true));
+    assert_eq!(s.acquire(&mut c, "b:1", 1, 1, 60_000, true), Reply::Queued);
+    assert_eq!(s.acquire(&mut c, "c:1", 1, 1, 60_000, true), Reply::Queued);
+    assert!(s.release(&mut c, "a:1", 1, ta));
+    let (holds, _) = s.holds(&mut c);
+    assert!(holds.contains_key("b:1#1"), "{holds:?}");
+    let all: HashMap<String, String> = redis::cmd("HGETALL").arg(&s.keys[0]).query(&mut c).unwrap();
+    let tb: u64 = all["b:1#1"].split('|').next().unwrap().parse().unwrap();
+    let forced = s.raw.force_release("b:1", 1, tb).run(&mut c).unwrap();
+    assert!(matches!(forced, SemRelease::Released { .. }), "{forced:?}");
+    let (holds, _) = s.holds(&mut c);
+    assert!(holds.contains_key("c:1#1"), "{holds:?}");
+    assert_eq!(
+        s.pop_grant(&mut c, "b:1", 1),
+        None,
+        "b can still pop the grant the operator released"
+    );
+}

@@ -18,6 +18,10 @@ return run(function()
   local id = hold_id(owner, attempt)
   local h = parse_hold(redis.call('HGET', k.lock, id))
   if h and h.token_text == token then
+    -- forced, the hold may be a hand-off its grantee has not popped: its wake-up goes first
+    -- (the list is an undeclared key, touched before the release's first write), so it cannot
+    -- be popped as a grant after the permits went on, as the mutex's force-unlock does
+    if force then drop_attempt_wakeups(owner, attempt) end
     drop_hold(id, h)
     -- a forced release leaves no receipt: the holder's own release then finds its hold gone
     if not force then
