@@ -85,6 +85,9 @@ pub struct Checker {
     max_token: Vec<u64>,
     /// Tokens of holds that lost the guarantee by design (force-unlocked, data lost).
     exempt: Vec<HashSet<u64>>,
+    /// Tokens an operator released by force: their hand-offs may vanish (exempt from the
+    /// holders' checks only when `World::force_exemption` says so).
+    pub forced: Vec<HashSet<u64>>,
     /// The fence may be gone (evicted, data loss) since the last grant.
     pub fence_lost: Vec<bool>,
     /// The queue key was evicted while the waiters hash lived on: its entries may outlive their
@@ -98,6 +101,7 @@ impl Checker {
             last: vec![LockSnap::default(); locks],
             max_token: vec![0; locks],
             exempt: vec![HashSet::new(); locks],
+            forced: vec![HashSet::new(); locks],
             fence_lost: vec![false; locks],
             queue_lost: vec![false; locks],
         }
@@ -499,6 +503,7 @@ impl World {
                         if live
                             && snap.fz < h.earliest_end
                             && !self.checker.is_exempt(w.lock, h.token)
+                            && !self.checker.forced[w.lock].contains(&h.token)
                         {
                             found.push((
                                 Check::HandoffVanished,

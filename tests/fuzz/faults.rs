@@ -26,8 +26,15 @@ impl World {
             return true;
         };
         let (owner, token) = if !st.owner.is_empty() {
-            // the named hold loses the mutual exclusion guarantee from here on, by design
-            self.checker.exempt(lock, st.token);
+            // the named hold loses the mutual exclusion guarantee from here on, by design: its
+            // holder may count on it until its next renewal. Only a holder that has it in hand
+            // (or whose popped wake-up is on its way, or when the force may land later, after a
+            // pop): a hand-off nobody popped goes with its wake-up, and a grant popped after the
+            // force would be a second holder (`force_exemption`)
+            self.checker.forced[lock].insert(st.token);
+            if self.force_exemption(lock, None, st.token, fault) {
+                self.checker.exempt(lock, st.token);
+            }
             (st.owner.clone(), st.token)
         } else if !st.queue.is_empty() {
             (String::new(), 0)
@@ -189,6 +196,43 @@ impl World {
     // ---- data faults ------------------------------------------------------------------------
 
     /// Holds of `lock` that a lost hash or data loss takes from under their holders: exempt.
+    /// Whether an operator's forced release of the hold `token` of `lock` (or of semaphore
+    /// `sem`) exempts it from the checks: its holder has it in hand (it counts on it until its
+    /// next renewal finds it gone), its wake-up was popped and is on its way, or the force may
+    /// land late (after a pop). A pending hand-off is not exempt: the force takes its wake-up,
+    /// so nobody may hold it after. Counted either way.
+    pub fn force_exemption(
+        &mut self,
+        lock: usize,
+        sem: Option<usize>,
+        token: u64,
+        fault: Fault,
+    ) -> bool {
+        let in_hand = self.clients.iter().any(|cl| {
+            cl.threads.iter().any(|th| {
+                let state = if sem.is_some() { &th.sem } else { &th.state };
+                matches!(state, State::Holding(h) if h.lock == lock && h.token == token)
+            })
+        });
+        let pop_index = sem.map_or(lock, |s| crate::sem::SEM_POP + s);
+        let needle = format!("|{token}|");
+        let on_its_way = self
+            .late_pops
+            .iter()
+            .any(|(_, l, m)| *l == pop_index && m.contains(&needle));
+        let late = matches!(fault, Fault::Late | Fault::SlowFirst);
+        let exempt = in_hand || on_its_way || late;
+        self.stats.add(
+            if exempt {
+                "exempt: a forced release's hold (in hand, popped on its way, or forced late)"
+            } else {
+                "not exempt: a forced release of a hand-off nobody popped"
+            },
+            1,
+        );
+        exempt
+    }
+
     pub fn exempt_current_holds(&mut self, lock: usize) {
         let hash_token = self.checker.last[lock].token;
         if hash_token != 0 {

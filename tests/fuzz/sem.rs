@@ -425,6 +425,8 @@ pub struct SemChecker {
     pub last: Vec<SemSnap>,
     pub max_token: Vec<u64>,
     pub exempt: Vec<HashSet<u64>>,
+    /// Tokens an operator released by force: their hand-offs may vanish.
+    pub forced: Vec<HashSet<u64>>,
     pub fence_lost: Vec<bool>,
     pub queue_lost: Vec<bool>,
 }
@@ -435,6 +437,7 @@ impl SemChecker {
             last: vec![SemSnap::default(); n],
             max_token: vec![0; n],
             exempt: vec![HashSet::new(); n],
+            forced: vec![HashSet::new(); n],
             fence_lost: vec![false; n],
             queue_lost: vec![false; n],
         }
@@ -1196,7 +1199,10 @@ impl World {
         };
         let (owner, attempt) = split_id(&h.id);
         let (owner, attempt, token) = (owner.to_string(), attempt, h.token);
-        self.sem_checker.exempt[sem].insert(token);
+        self.sem_checker.forced[sem].insert(token);
+        if self.force_exemption(sem, Some(sem), token, fault) {
+            self.sem_checker.exempt[sem].insert(token);
+        }
         self.say(format!(" -> hold {} token={token}; force_release", h.id));
         let label = format!("operator sem force_release {owner:?} token={token}");
         let call = self.sems[sem].force_release(&owner, attempt, token);
@@ -1612,6 +1618,7 @@ impl World {
                         if live
                             && fz < h.earliest_end
                             && !self.sem_checker.exempt[w.lock].contains(&h.token)
+                            && !self.sem_checker.forced[w.lock].contains(&h.token)
                         {
                             if w.grant_forward.is_some_and(|g| g < forward_now) {
                                 // the hand-off deadline is on the server clock
