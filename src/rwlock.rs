@@ -4,6 +4,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -48,11 +49,20 @@ use crate::semaphore::{Semaphore, SemaphoreStatus, WRITE_PERMITS};
 /// drop (or [`unlock`](WriteGuard::unlock)) the guard first, then ask for the other side. The
 /// check is local and covers the holds the calling thread took through the same
 /// [`LockClient`] (any handle of the name); it is not made through
-/// [`as_semaphore`](RwLock::as_semaphore). A guard counts for the thread that took it until it
-/// is dropped, wherever: sent to another thread, it still makes its taker's requests refused
-/// (the taker may be about to wait for that thread), and the thread it was sent to is not
-/// refused (it waits like anyone else, so it must not ask for the other side while it keeps
-/// the guard).
+/// [`as_semaphore`](RwLock::as_semaphore). The guards are not `Send` (as `std`'s and
+/// [`LockGuard`](crate::LockGuard)), so a guard stays on the thread that took it and the check
+/// is exact: a guard moved to another thread could not be seen by that thread's calls, which
+/// would wait on it for ever.
+///
+/// ```compile_fail
+/// fn assert_send<T: Send>() {}
+/// assert_send::<fairlock::ReadGuard>();
+/// ```
+///
+/// ```compile_fail
+/// fn assert_send<T: Send>() {}
+/// assert_send::<fairlock::WriteGuard>();
+/// ```
 ///
 /// # Re-entrant reads: not offered
 /// A thread that holds a read and asks for another read is served as anyone (not refused), but
@@ -94,9 +104,11 @@ impl Side {
     }
 }
 
-/// A guard's entry in its taker's record (see `TAKEN`): alive as long as the guard.
+/// A guard's entry in its taker's record (see `TAKEN`): alive as long as the guard. It makes
+/// the guards `!Send`: the record is the taking thread's, so the guard must stay there.
 struct Taken {
     _alive: Arc<()>,
+    _not_send: PhantomData<*const ()>,
 }
 
 /// A thread's guards of one read/write lock: one weak entry per guard, dead once the guard is
@@ -137,7 +149,10 @@ fn record(key: HoldKey, side: Side) -> Taken {
         entries.retain(|(alive, _)| alive.strong_count() > 0);
         entries.push((Arc::downgrade(&alive), side));
     });
-    Taken { _alive: alive }
+    Taken {
+        _alive: alive,
+        _not_send: PhantomData,
+    }
 }
 
 impl LockClient {

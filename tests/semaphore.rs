@@ -831,30 +831,3 @@ fn a_thread_asking_for_the_other_side_of_its_own_read_write_hold_is_refused_at_o
     me.join().unwrap();
     other.join().unwrap();
 }
-
-/// The record of a thread's read/write holds goes with the thread that took the guard: sent to
-/// another thread, the guard still makes its taker's requests refused until it is dropped
-/// (wherever that is), and then the taker asks again as anyone.
-#[test]
-fn a_read_write_guard_sent_to_another_thread_counts_for_its_taker_until_dropped() {
-    let server = RedisServer::start();
-    let client = client_for(&server);
-    let rw = client.rw_lock("sent").unwrap();
-    let w = rw.write().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let (drop_it, told) = mpsc::channel::<()>();
-    let keeper = thread::spawn(move || {
-        tx.send(()).unwrap();
-        let _ = told.recv_timeout(SECS_30);
-        drop(w);
-    });
-    rx.recv_timeout(SECS_30).unwrap();
-    assert!(matches!(
-        rw.try_read(),
-        Err(Error::WouldDeadlock { held: "write", .. })
-    ));
-    drop_it.send(()).unwrap();
-    keeper.join().unwrap();
-    let r = rw.try_read().unwrap().expect("the write was dropped");
-    r.unlock().unwrap();
-}
