@@ -665,7 +665,8 @@ impl World {
         let behind = self.max_offset_ms - self.server.offset_ms();
         for (key, pttl) in &snap.keys {
             let ok = if key.ends_with(":fence") {
-                *pttl > 0
+                // every grant sets the fence's TTL to `fence_ttl` (1 h here, world.rs)
+                *pttl > 0 && *pttl <= 3_600_000 + behind
             } else if key.ends_with("}:sem")
                 || key.ends_with("}:sem:leases")
                 || key.ends_with("}:sem:handoffs")
