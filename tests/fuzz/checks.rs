@@ -93,6 +93,8 @@ pub struct Checker {
     /// The queue key was evicted while the waiters hash lived on: its entries may outlive their
     /// places until the hash goes (heartbeats tell their owners to retry).
     pub queue_lost: Vec<bool>,
+    /// 4'''. The order the `Queued` replies were seen in (`fuzz/fifo.rs`).
+    pub reply_order: crate::fifo::ReplyOrder,
 }
 
 impl Checker {
@@ -104,6 +106,7 @@ impl Checker {
             forced: vec![HashSet::new(); locks],
             fence_lost: vec![false; locks],
             queue_lost: vec![false; locks],
+            reply_order: crate::fifo::ReplyOrder::new(locks),
         }
     }
 
@@ -251,11 +254,14 @@ impl World {
     /// sent it, whose model reacts only after this): look for a grant, check it.
     pub fn after_call(&mut self, actor: Option<(usize, usize)>, sent: f64) {
         let snap = self.snapshot(false);
+        self.fifo_mark_unsure(snap.real);
         for (l, cur) in snap.locks.iter().enumerate() {
             let prev = self.checker.last[l].clone();
             if cur.token == 0 || cur.token == prev.token {
                 continue;
             }
+            // 4'''. no live waiter overtaken, by the order the Queued replies were seen in
+            self.fifo_by_replies(l, cur, actor, snap.real);
             // 2. tokens strictly rise
             if cur.token <= self.checker.max_token[l] {
                 let behind = self.server.offset_ms() < self.max_offset_ms;
@@ -399,6 +405,7 @@ impl World {
     /// hand-offs, key TTLs.
     pub fn step_checks(&mut self) {
         let snap = self.snapshot(true);
+        self.fifo_mark_unsure(snap.real);
         // 3. key hygiene
         let bad: Vec<&(String, i64)> = snap.keys.iter().filter(|(_, p)| *p == -1).collect();
         if !bad.is_empty() {
@@ -663,7 +670,8 @@ impl World {
         let behind = self.max_offset_ms - self.server.offset_ms();
         for (key, pttl) in &snap.keys {
             let ok = if key.ends_with(":fence") {
-                *pttl > 0
+                // every grant sets the fence's TTL to `fence_ttl` (1 h here, world.rs)
+                *pttl > 0 && *pttl <= 3_600_000 + behind
             } else if key.ends_with("}:sem")
                 || key.ends_with("}:sem:leases")
                 || key.ends_with("}:sem:handoffs")

@@ -89,6 +89,9 @@ impl World {
         }
         let sent = self.clock.fz();
         let reply = last.resend(&mut self.conns[Self::conn_of(Some(who))]);
+        if let (Some(owner), Some((lock, attempt))) = (last.owner(), acquire_of(last.label())) {
+            self.fifo_copy_arrived(owner, lock, attempt);
+        }
         self.note_sent(last.owner());
         self.after_call(None, sent);
         self.say(format!(" -> {reply}"));
@@ -110,6 +113,9 @@ impl World {
         self.say(format!("late delivery of \"{}\"", r.label()));
         let sent = self.clock.fz();
         let reply = r.resend(&mut self.conns[0]);
+        if let (Some(owner), Some((lock, attempt))) = (r.owner(), acquire_of(r.label())) {
+            self.fifo_copy_arrived(owner, lock, attempt);
+        }
         self.note_sent(r.owner());
         self.after_call(None, sent);
         self.say(format!(" -> {reply}"));

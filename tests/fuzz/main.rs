@@ -51,6 +51,10 @@
 //!    could have run out. *Live*: queued (its `Queued` reply seen, no fault took its place since),
 //!    its client neither crashed nor paused, heartbeated within the waiter timeout (less a
 //!    third of it per forward clock step, which the virtual clock may absorb), not yet granted.
+//!    Who is ahead is read twice: from Redis's queue, and (`fuzz/fifo.rs`) from the order the
+//!    clients saw their `Queued` replies, which a script that queues in the wrong place cannot
+//!    fool; a waiter whose place Redis may have dropped (found dead once, place lost, an unread
+//!    copy of its acquire) is not judged by the second, counted by reason.
 //! 5. **Liveness**: at the end faults stop and every client behaves; within 20 s every thread
 //!    must have held the lock, and every lock must be free with nothing left but the fence, the
 //!    release receipts, wake lists that expire within the waiter timeout and left marks that
@@ -142,6 +146,7 @@ use support::{faketime, rng};
 mod actions;
 mod checks;
 mod faults;
+mod fifo;
 mod model;
 mod runner;
 mod sem;

@@ -1137,7 +1137,32 @@ impl World {
         let s = self.exec(None, format!("c{c} sem heartbeat"), call, fault);
         self.say(format!(" -> {}", describe(&s.reply)));
         if let Ok(hb) = s.reply {
+            let now = self.clock.real();
             for (t, owner, attempt) in pairs {
+                // a waiter told to retry has lost its place: Redis may do that to a dead waiter,
+                // to one whose place a counted event took (eviction, data loss) or that was
+                // granted since, never to a live one (checked here, as the model then no longer
+                // counts it live)
+                let robbed = hb.told_to_retry.contains(&owner)
+                    && (match &self.clients[c].threads[t].sem {
+                        State::Waiting(w) => Some(w),
+                        _ => None,
+                    })
+                    .is_some_and(|w| {
+                        w.attempt == attempt
+                            && w.place
+                            && !w.granted_seen
+                            && w.handoff.is_none()
+                            && w.live(&self.cfg, now)
+                    });
+                if robbed {
+                    self.violate(
+                        Check::WaiterLost,
+                        format!(
+                            "live waiter c{c}:t{t} ({owner} attempt {attempt}) was told to retry by a heartbeat of sem {sem}: its place was dropped"
+                        ),
+                    );
+                }
                 if let Some(w) = self.sem_waiting(c, t).filter(|w| w.attempt == attempt) {
                     w.witness.observe(LocalMs(s.sent_real), hb.last_token);
                     if let Some(h) = &mut w.handoff {
