@@ -607,8 +607,33 @@ impl World {
         let attempts: Vec<String> = pairs.iter().map(|(t, _, a)| format!("t{t}={a}")).collect();
         self.say(format!("c{c} heartbeat lock={lock} {}", attempts.join(",")));
         let call = self.locks[lock].heartbeat(pairs.iter().map(|(_, o, a)| (o.as_str(), *a)));
+        let held_before = !self.checker.last[lock].owner.is_empty();
         let s = self.exec(None, format!("c{c} heartbeat"), call, fault);
         self.say(format!(" -> {}", describe(&s.reply)));
+        if let Ok(hb) = &s.reply {
+            // 5'. liveness with a bound of one heartbeat: a heartbeat grants a free lock to the
+            // live head of its queue (purging dead heads first), so it never leaves the lock
+            // free with anyone queued. A lock held before it (its hold may end just as the
+            // heartbeat runs: seen held, 0 ms left) is checked at the next heartbeat instead
+            if hb.pttl_ms == 0 && held_before {
+                self.stats
+                    .add("heartbeat as a hold ends: checked at the next", 1);
+            }
+            if hb.pttl_ms == 0 && !held_before {
+                let cur = self.snapshot(false).locks[lock].clone();
+                if !cur.queue.is_empty() {
+                    self.violate(
+                        Check::Liveness,
+                        format!(
+                            "lock {lock} left free by c{c}'s heartbeat ({hb:?}) with {:?} \
+                             queued (waiters {:?}, owner {:?}): a heartbeat grants a stranded \
+                             lock to its live head",
+                            cur.queue, cur.waiters, cur.owner
+                        ),
+                    );
+                }
+            }
+        }
         if let Ok(hb) = s.reply {
             let now = self.clock.real();
             for (t, owner, attempt) in pairs {

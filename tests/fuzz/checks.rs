@@ -223,7 +223,7 @@ impl World {
     }
 
     /// The thread whose owner id is `owner` (crashed clients' old ids have none).
-    fn thread_of(&self, owner: &str) -> Option<(usize, usize)> {
+    pub fn thread_of(&self, owner: &str) -> Option<(usize, usize)> {
         for (c, cl) in self.clients.iter().enumerate() {
             for (t, th) in cl.threads.iter().enumerate() {
                 if th.owner == owner {

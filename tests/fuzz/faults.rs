@@ -111,6 +111,7 @@ impl World {
         };
         let r = self.late.remove(i);
         self.say(format!("late delivery of \"{}\"", r.label()));
+        self.mark_may_have_expired(&*r);
         let sent = self.clock.fz();
         let reply = r.resend(&mut self.conns[0]);
         if let (Some(owner), Some((lock, attempt))) = (r.owner(), acquire_of(r.label())) {
@@ -120,6 +121,31 @@ impl World {
         self.after_call(None, sent);
         self.say(format!(" -> {reply}"));
         true
+    }
+
+    /// A copy of an acquire delivered more than the queue's TTL (the left marks' life, state.lua
+    /// `mark_left`) after it was sent, by the server's clock: a mark its attempt left with
+    /// may have expired, and the copy may queue or hold a place nobody refreshes (the
+    /// documented limit of requests that late). Exempt from the ghost-hold check and counted;
+    /// bound: only copies that late.
+    fn mark_may_have_expired(&mut self, r: &dyn crate::world::Resend) {
+        let queue_ttl = (2 * self.cfg.waiter_timeout_ms).max(600_000) as i64;
+        if self.server_now_ms() - r.sent_server_ms() <= queue_ttl {
+            return;
+        }
+        let Some((c, t)) = r.owner().and_then(|o| self.thread_of(o)) else {
+            return;
+        };
+        let th = &mut self.clients[c].threads[t];
+        if let Some(lock_attempt) = acquire_of(r.label()) {
+            th.unsure_end.insert(lock_attempt);
+        } else if let Some(sem_attempt) = crate::sem::sem_acquire_of(r.label()) {
+            th.sem_unsure_end.insert(sem_attempt);
+        } else {
+            return;
+        }
+        self.stats
+            .add("exempt: late acquire delivered after its mark's life", 1);
     }
 
     pub fn deliver_all_late(&mut self) {

@@ -1136,6 +1136,28 @@ impl World {
         let call = self.sems[sem].heartbeat(pairs.iter().map(|(_, o, a)| (o.as_str(), *a)));
         let s = self.exec(None, format!("c{c} sem heartbeat"), call, fault);
         self.say(format!(" -> {}", describe(&s.reply)));
+        if let Ok(hb) = &s.reply {
+            // 5'. liveness with a bound of one heartbeat: with no permit held, every head fits,
+            // and a heartbeat grants the live heads that fit (purging dead heads first). Not
+            // while the capacity is unknown (the hash was evicted or lost: the next
+            // acquisition stores it again), counted
+            if hb.used == 0 && hb.capacity.is_none() {
+                self.stats
+                    .add("sem heartbeat with the capacity unknown (hash lost)", 1);
+            }
+            if hb.used == 0 && hb.capacity.is_some() {
+                let queue = self.sem_snapshot()[sem].queue.clone();
+                if !queue.is_empty() {
+                    self.violate(
+                        Check::Liveness,
+                        format!(
+                            "sem {sem} left with no permit held by c{c}'s heartbeat and \
+                             {queue:?} queued (a heartbeat grants the heads that fit)"
+                        ),
+                    );
+                }
+            }
+        }
         if let Ok(hb) = s.reply {
             let now = self.clock.real();
             for (t, owner, attempt) in pairs {

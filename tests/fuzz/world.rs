@@ -38,6 +38,8 @@ pub trait Resend {
     fn label(&self) -> &str;
     /// The thread (owner) that sent it, if a thread did.
     fn owner(&self) -> Option<&str>;
+    /// The server's clock (ms) when it was first sent.
+    fn sent_server_ms(&self) -> i64;
     /// Send it and describe the reply.
     fn resend(&self, conn: &mut redis::Connection) -> String;
 }
@@ -46,6 +48,7 @@ struct Labeled<T> {
     call: Call<T>,
     label: String,
     owner: Option<String>,
+    sent_server_ms: i64,
 }
 
 impl<T: fmt::Debug> Resend for Labeled<T> {
@@ -55,6 +58,10 @@ impl<T: fmt::Debug> Resend for Labeled<T> {
 
     fn owner(&self) -> Option<&str> {
         self.owner.as_deref()
+    }
+
+    fn sent_server_ms(&self) -> i64 {
+        self.sent_server_ms
     }
 
     fn resend(&self, conn: &mut redis::Connection) -> String {
@@ -258,7 +265,12 @@ impl World {
             Some(Who::Thread(c, t)) => Some(self.owner(c, t)),
             _ => None,
         };
-        let call = Rc::new(Labeled { call, label, owner });
+        let call = Rc::new(Labeled {
+            call,
+            label,
+            owner,
+            sent_server_ms: self.server_now_ms(),
+        });
         match who {
             Some(Who::Thread(c, t)) => self.clients[c].threads[t].last = Some(call.clone()),
             Some(Who::Operator) => self.operator_last = Some(call.clone()),
