@@ -108,14 +108,19 @@ fn proxied_client(proxy: &Proxy) -> fairlock::LockClient {
     client
 }
 
-/// The left marks of lock `name`: (owner, newest marked attempt), without the hash's marker.
+/// The left marks of lock `name`: (owner, newest marked attempt), without the hash's marker
+/// (a mark is "<attempt>|<expiry ms>").
 fn left_marks(c: &mut redis::Connection, name: &str) -> Vec<(String, u64)> {
     redis::cmd("HGETALL")
         .arg(format!("fairlock:{{{name}}}:left"))
-        .query::<Vec<(String, u64)>>(c)
+        .query::<Vec<(String, String)>>(c)
         .unwrap()
         .into_iter()
         .filter(|(field, _)| field != "~")
+        .map(|(owner, mark)| {
+            let attempt = mark.split('|').next().unwrap_or("").parse().unwrap();
+            (owner, attempt)
+        })
         .collect()
 }
 
