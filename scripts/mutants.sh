@@ -278,6 +278,8 @@ if [ "$baseline" = 1 ]; then
 fi
 
 results=$OUT/results.tsv
+# the last run's results stay in results.prev.tsv
+[ ! -s "$results" ] || mv "$results" "$OUT/results.prev.tsv"
 printf 'id\tsig\tfile\tline\toperator\toriginal\tmutated\toutcome\tkilled_by\tseconds\n' >"$results"
 echo "== $total mutants; results in $results"
 n=0
