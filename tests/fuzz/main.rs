@@ -135,7 +135,8 @@
 //!
 //! - `cargo test --test fuzz`: fixed seeds, about 40 s on 2 cores. `FAIRLOCK_FUZZ_SEED=N` runs
 //!   one seed; `FAIRLOCK_FUZZ_STEPS` / `FAIRLOCK_FUZZ_SECONDS` change the per-seed step limit
-//!   and the total time budget.
+//!   and the total time budget; `FAIRLOCK_FUZZ_FAIL_FAST=1` skips the shrinking and starts no
+//!   seed after a violation (`scripts/mutants.sh`, where only "fails or not" matters).
 //! - `scripts/fuzz.sh [STEPS]`: the long mode (`long`, ignored by default), 1,000,000 steps.
 
 #[path = "../support/mod.rs"]
@@ -175,6 +176,12 @@ fn env<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
+/// `FAIRLOCK_FUZZ_FAIL_FAST=1` (scripts/mutants.sh): a violation is reported without shrinking
+/// it, and no seed starts after it, so a failing run ends soon.
+fn fail_fast() -> bool {
+    env::<u8>("FAIRLOCK_FUZZ_FAIL_FAST").is_some_and(|v| v != 0)
+}
+
 #[derive(Default)]
 struct Totals {
     seeds: Vec<u64>,
@@ -203,8 +210,19 @@ fn fuzz_seed(seed: u64, max_steps: usize, max_time: Duration) -> (Outcome, Optio
         "=== VIOLATION seed {seed} ({cfg}) after {} steps: {v}\n",
         at + 1
     );
-    match shrink::shrink(&cfg, &out, SHRINK_BUDGET) {
-        Some(small) => {
+    let shrunk = if fail_fast() {
+        None
+    } else {
+        Some(shrink::shrink(&cfg, &out, SHRINK_BUDGET))
+    };
+    match shrunk {
+        None => {
+            report.push_str("not shrunk (FAIRLOCK_FUZZ_FAIL_FAST); log (last 40 lines):\n");
+            for line in out.log.iter().rev().take(40).rev() {
+                report.push_str(&format!("  {line}\n"));
+            }
+        }
+        Some(Some(small)) => {
             let (_, sv) = small.violation.clone().expect("a shrunk run fails");
             report.push_str(&format!(
                 "shrunk to {} steps ({sv}); replay log:\n",
@@ -214,7 +232,7 @@ fn fuzz_seed(seed: u64, max_steps: usize, max_time: Duration) -> (Outcome, Optio
                 report.push_str(&format!("  {line}\n"));
             }
         }
-        None => {
+        Some(None) => {
             report.push_str("did not reproduce on replay; original log (last 200 lines):\n");
             for line in out.log.iter().rev().take(200).rev() {
                 report.push_str(&format!("  {line}\n"));
@@ -250,6 +268,9 @@ fn fuzz_many(
                     t.reserved += steps as u64;
                     steps
                 };
+                if fail_fast() && !totals.lock().unwrap().failures.is_empty() {
+                    return;
+                }
                 let Some(seed) = (seeds.lock().unwrap())() else {
                     return;
                 };
