@@ -19,8 +19,21 @@ ensure_redis_server() {
   command -v redis-server >/dev/null 2>&1 || { echo "could not install redis-server" >&2; return 1; }
 }
 
+# Remove libfaketime's shared memory and semaphores of processes that are gone (a killed
+# process never removes its own): left behind, they make the `faketime` command fail with
+# "sem_open: File exists" when it gets one of their pids.
+clean_faketime_leftovers() {
+  local f pid
+  for f in /dev/shm/faketime_shm_* /dev/shm/sem.faketime_sem_*; do
+    [ -e "$f" ] || continue
+    pid=${f##*_}
+    if ! kill -0 "$pid" 2>/dev/null; then rm -f "$f"; fi
+  done
+}
+
 # Install libfaketime (the protocol tests step redis-server's clock with it) when missing.
 ensure_faketime() {
+  clean_faketime_leftovers
   if ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
     return 0
   fi

@@ -28,6 +28,21 @@ pub struct FakeClockRedis {
     child: Option<Child>,
 }
 
+/// libfaketime makes a shared memory segment and a semaphore per process and removes them at
+/// exit, which a killed server never reaches: they are removed here. Left behind, they pile up
+/// in /dev/shm, and the `faketime` command (tests/support/tls.rs) fails with "sem_open: File
+/// exists" when it gets the pid of one of them.
+pub fn remove_shared_memory(pid: u32) {
+    let _ = std::fs::remove_file(format!("/dev/shm/faketime_shm_{pid}"));
+    let _ = std::fs::remove_file(format!("/dev/shm/sem.faketime_sem_{pid}"));
+}
+
+/// libfaketime (`LD_PRELOAD`), for a command run at a faked time without the `faketime`
+/// wrapper (which needs a fresh semaphore named after its pid).
+pub fn libfaketime() -> Option<PathBuf> {
+    find_lib("FAIRLOCK_LIBFAKETIME", "faketime/libfaketime.so.1")
+}
+
 /// The first existing file among `<dir>/<name>` and `<dir>/*/<name>` for the usual library dirs.
 fn find_lib(env: &str, name: &str) -> Option<PathBuf> {
     if let Ok(p) = std::env::var(env) {
@@ -205,8 +220,10 @@ impl FakeClockRedis {
 
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
+            let pid = c.id();
             let _ = c.kill();
             let _ = c.wait();
+            remove_shared_memory(pid);
         }
     }
 }

@@ -87,11 +87,18 @@ fn signed(dir: &Path, ca: &str, name: &str, san: &str, at: Option<&str>) -> (Pat
     ];
     match at {
         None => openssl(dir, &sign),
-        Some(at) => run(Command::new("faketime")
-            .arg(at)
-            .arg("openssl")
-            .args(sign)
-            .current_dir(dir)),
+        Some(at) => {
+            // libfaketime preloaded, not the `faketime` wrapper: the wrapper needs a fresh
+            // semaphore named after its pid, which a stale one of a killed process can hold
+            let lib = crate::support::faketime::libfaketime()
+                .expect("libfaketime (Debian's faketime package) must be installed");
+            let mut cmd = Command::new("openssl");
+            cmd.args(sign)
+                .current_dir(dir)
+                .env("LD_PRELOAD", lib)
+                .env("FAKETIME", format!("@{at}"));
+            run(&mut cmd);
+        }
     }
     (dir.join(crt), dir.join(key))
 }
