@@ -114,8 +114,8 @@ pub enum LateAcquire {
     /// One went unanswered (an error, a connection that failed under it) or was sent again: it
     /// may still arrive. The leave leaves a *left mark* (`leave.lua`), which makes it do
     /// nothing, instead of queueing a waiter nobody refreshes; the mark costs a field of the
-    /// lock's key `<prefix>:{name}:left`, which lives the queue's TTL (10 minutes) after the
-    /// last mark.
+    /// lock's key `<prefix>:{name}:left` for the queue's TTL (10 minutes; a later mark drops
+    /// it within a tenth more).
     Possible,
 }
 
