@@ -69,7 +69,21 @@
 //!    `try_lock` callers come by. A hand-off to a dead waiter later than a waiter timeout and two
 //!    thirds of one into that phase, or one still holding two waiter timeouts after it was made,
 //!    is a violation.
-//! 8. **Key sizes**: waiters entries only for queued owners (but after a queue key's eviction).
+//! 8. **Key sizes**: waiters entries only for queued owners (but after a queue key's eviction);
+//!    the left marks (locks and semaphores) hold only owners whose last request reached Redis
+//!    within 1.1 queue TTLs of the latest mark (`left_marks_bounded`; `Step::LongClock` jumps the
+//!    server clock minutes ahead so that marks age that far within a run).
+//! 9. **Wake-ups** (`WakeupLost`, locks and semaphores): a live waiter's hand-off that Redis
+//!    still has keeps its wake-up in the wake list until its client's waker pops it, from the
+//!    first heartbeat of its client after the grant on (a repeat of its own acquire may take
+//!    the lock with a reply nobody reads; that heartbeat tells it); allowed: an evicted list.
+//! 10. **Liveness within a heartbeat**: a heartbeat's reply never leaves a free lock (a
+//!    semaphore with no permit held and its capacity known) with anyone queued; a lock held
+//!    just before is checked at the next heartbeat.
+//!
+//! An operator's forced release exempts its hold from checks 1 and 4 only when its holder has it
+//! in hand, its popped wake-up is on its way, or the force may land late; a hand-off nobody
+//! popped is not exempt (the force must take its wake-up), counted both ways.
 //!
 //! The semaphores' checks: (1) **never more than capacity**: the permits of the holds their
 //! holders count on by their own conservative estimate (send time of the granting request + the
