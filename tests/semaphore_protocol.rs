@@ -865,3 +865,129 @@ fn a_forced_release_of_a_pending_hand_off_takes_its_wake_up_too() {
         "b can still pop the grant the operator released"
     );
 }
+
+/// The lock's foreign-data generator (`protocol::foreign_data_of_any_kind_...`) for the
+/// semaphore's scripts, which had none: every script, in every state of a semaphore, against
+/// another program's data of another type, or of fairlock's own type but not fairlock's, at each
+/// of the semaphore's keys that the state leaves unused. A script either refuses (`ForeignData`)
+/// or succeeds, and the foreign key is left exactly as it was (its value and that it has no
+/// TTL).
+#[test]
+fn foreign_data_at_any_semaphore_key_in_any_state_is_refused_or_left_untouched() {
+    use fairlock::Error;
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    type Foreign = (&'static str, &'static [&'static str]);
+    let hash: Foreign = ("hash", &["HSET", "user", "alice"]);
+    let string: Foreign = ("string", &["SET", "x"]);
+    let zset: Foreign = ("zset", &["ZADD", "1", "job-a"]);
+    let list: Foreign = ("list", &["RPUSH", "hello"]);
+    // (key index in key_names, or 6: the caller's wake list, 7: the waiter's, 8: the left marks)
+    let kinds: [(usize, Vec<Foreign>); 9] = [
+        (0, vec![hash, string]),
+        (1, vec![("1e20", &["SET", "1e20"]), hash]),
+        (2, vec![zset, list]),
+        (3, vec![hash, string]),
+        (4, vec![zset, hash]),
+        (5, vec![zset, string]),
+        (6, vec![list, string]),
+        (7, vec![list, hash]),
+        (8, vec![hash, zset]),
+    ];
+    let states = ["free", "held", "queued", "handed-off"];
+    let mut runs = 0;
+    for (s, state) in states.iter().enumerate() {
+        for (k, values) in &kinds {
+            for (v, (what, write)) in values.iter().enumerate() {
+                for call in 0..11 {
+                    let sem = Sem::new(&format!("sfd-{s}-{k}-{v}-{call}"), "sem", 1);
+                    let mut th = 0;
+                    if *state != "free" {
+                        th = granted(sem.acquire(&mut c, "h:1", 1, 1, 60_000, true));
+                    }
+                    if matches!(*state, "queued" | "handed-off") {
+                        assert_eq!(
+                            sem.acquire(&mut c, "w:1", 2, 1, 60_000, true),
+                            Reply::Queued
+                        );
+                    }
+                    if *state == "handed-off" {
+                        assert!(sem.release(&mut c, "h:1", 1, th));
+                    }
+                    let key = match *k {
+                        6 => sem.raw.wake_key("me:1"),
+                        7 => sem.raw.wake_key("w:1"),
+                        8 => format!("{}:left", sem.keys[0]),
+                        i => sem.keys[i].clone(),
+                    };
+                    let exists: bool = redis::cmd("EXISTS").arg(&key).query(&mut c).unwrap();
+                    if exists {
+                        continue; // fairlock's own key in this state
+                    }
+                    let _: () = redis::cmd(write[0])
+                        .arg(&key)
+                        .arg(&write[1..])
+                        .query(&mut c)
+                        .unwrap();
+                    let before: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut c).unwrap();
+                    let lease = Duration::from_secs(60);
+                    let raw = &sem.raw;
+                    let r: Result<String, Error> = match call {
+                        0 => raw
+                            .acquire("me:1", 5, 1, lease, Mode::Try, "m")
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        1 => raw
+                            .acquire("me:1", 5, 1, lease, Mode::Wait, "m")
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        2 => raw
+                            .release("h:1", 1, th, false)
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        3 => raw
+                            .release("h:1", 1, th, true)
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        4 => raw
+                            .renew("h:1", 1, th, lease)
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        5 => raw
+                            .leave("w:1", 2, true, true)
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        6 => raw
+                            .leave("w:1", 2, true, false)
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        7 => raw
+                            .heartbeat([("w:1", 2), ("me:1", 5)])
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        8 => raw
+                            .force_release("h:1", 1, th)
+                            .run(&mut c)
+                            .map(|r| format!("{r:?}")),
+                        9 => raw.status().run(&mut c).map(|r| format!("{r:?}")),
+                        _ => raw.set_capacity(2).run(&mut c).map(|r| format!("{r:?}")),
+                    };
+                    runs += 1;
+                    let context = format!("state {state}, {what} at {key}, call {call}: {r:?}");
+                    assert!(
+                        matches!(r, Ok(_) | Err(Error::ForeignData { .. })),
+                        "{context}"
+                    );
+                    let after: Vec<u8> = redis::cmd("DUMP")
+                        .arg(&key)
+                        .query(&mut c)
+                        .unwrap_or_default();
+                    assert_eq!(before, after, "the foreign data changed: {context}");
+                    let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c).unwrap();
+                    assert_eq!(ttl, -1, "the foreign data got a TTL: {context}");
+                }
+            }
+        }
+    }
+    assert!(runs > 300, "{runs} runs");
+}

@@ -14,8 +14,29 @@
 -- release or renewal acts only on the hold of its attempt and token; receipts answer a repeated
 -- release. Expiry is by the leases zset, on the server clock (as the mutex's TTLs); a hold whose
 -- entry there was lost (the zset evicted) gets its whole lease again from the next script.
+-- Foreign data (common.lua): the hash is recognized by its ~kind field, the leases and
+-- hand-offs zsets by their members being hold ids (`zset_ours`: checked before a script's first
+-- write to one, and before any write at all on a semaphore nobody uses), every due member read
+-- for expiry or revocation too; other programs' data there is refused, never written to.
 
 local S
+
+local FOREIGN_ZSET = 'a sorted set of members fairlock did not write'
+
+-- Whether `id` is a hold's id, "<client>:<thread>#<attempt>" (the leases' and hand-offs'
+-- members).
+local function is_hold_id(id)
+  return string.match(id, '^.+:[^:#]*#%d+$') ~= nil
+end
+
+-- Refuse the leases or hand-offs zset `key` unless it is absent or its first member is a hold's
+-- id (another program's sorted set is never written to). Once per key and run.
+local function zset_ours(key)
+  if S.ours[key] then return end
+  S.ours[key] = true
+  local first = read(key, 'ZRANGE', 0, 0)[1]
+  if first and not is_hold_id(first) then refuse(key, FOREIGN_ZSET) end
+end
 
 -- The semaphore's hash fields every script needs, read once; `leases` is KEYS[5].
 local function read_sem(keys)
@@ -26,9 +47,15 @@ local function read_sem(keys)
     if v[i] then fields = fields + 1 end
   end
   S = { kind = v[1], cap = tonumber(v[2]), used = tonumber(v[3]) or 0, token = tonumber(v[4]),
-        released = v[5] or '', unread = not v[1], fields = fields, set = v[6] == '1' }
-  if S.unread and redis.call('EXISTS', k.lock) == 1 then
-    refuse(k.lock, "a hash without fairlock's semaphore fields")
+        released = v[5] or '', unread = not v[1], fields = fields, set = v[6] == '1', ours = {} }
+  if S.unread then
+    if redis.call('EXISTS', k.lock) == 1 then
+      refuse(k.lock, "a hash without fairlock's semaphore fields")
+    end
+    -- a semaphore nobody uses: its zsets are checked before any write (in use, before each
+    -- script's first write to them: zset_ours)
+    zset_ours(k.leases)
+    zset_ours(k.handoffs)
   end
   return S
 end
@@ -58,6 +85,7 @@ end
 local function keep_sem(ttl)
   if redis.call('PTTL', k.lock) < ttl then redis.call('PEXPIRE', k.lock, ttl) end
   local hash_ttl = redis.call('PTTL', k.lock)
+  zset_ours(k.leases)
   if hash_ttl > 0 and redis.call('PTTL', k.leases) < hash_ttl then
     redis.call('PEXPIRE', k.leases, hash_ttl)
   end
@@ -102,6 +130,9 @@ end
 local function revoke_dead_grantees()
   local due = read(k.handoffs, 'ZRANGEBYSCORE', '-inf', now_ms())
   for _, id in ipairs(due) do
+    if not is_hold_id(id) then refuse(k.handoffs, FOREIGN_ZSET) end
+  end
+  for _, id in ipairs(due) do
     local owner, attempt = string.match(id, '^(.*)#(%d+)$')
     local h = parse_hold(redis.call('HGET', k.lock, id))
     if h and owner and handoff_pending(owner, tonumber(attempt), h.token) then
@@ -121,10 +152,11 @@ local function repair_leases()
   if S.used == 0 then return end
   local holds = redis.call('HLEN', k.lock) - S.fields
   if holds <= read(k.leases, 'ZCARD') then return end
+  zset_ours(k.leases)
   local all, longest = redis.call('HGETALL', k.lock), 0
   for i = 1, #all, 2 do
     local id = all[i]
-    if string.sub(id, 1, 1) ~= '~' and not redis.call('ZSCORE', k.leases, id) then
+    if string.sub(id, 1, 1) ~= '~' and not read(k.leases, 'ZSCORE', id) then
       local h = parse_hold(all[i + 1])
       if h then
         redis.call('ZADD', k.leases, fmt(now_ms() + h.lease), id)
@@ -139,6 +171,9 @@ end
 local function expire_holds()
   repair_leases()
   local gone = read(k.leases, 'ZRANGEBYSCORE', '-inf', now_ms())
+  for _, id in ipairs(gone) do
+    if not is_hold_id(id) then refuse(k.leases, FOREIGN_ZSET) end
+  end
   for _, id in ipairs(gone) do
     local h = parse_hold(redis.call('HGET', k.lock, id))
     if h then
@@ -175,6 +210,7 @@ local function take_permits(owner, attempt, permits, lease, meta, kind, cap)
   S.kind, S.cap, S.unread = kind or S.kind, cap or S.cap, false
   redis.call('HSET', k.lock, id, fmt(token) .. '|' .. fmt(permits) .. '|' .. fmt(lease) .. '|' ..
     meta, '~used', fmt(S.used), '~token', fmt(token), '~kind', S.kind, '~cap', fmt(S.cap))
+  zset_ours(k.leases)
   redis.call('ZADD', k.leases, fmt(now_ms() + lease), id)
   keep_sem(lease)
   return token
@@ -208,6 +244,7 @@ local function grant_heads()
     end
     -- the grantee must pop it within what is left of its waiter deadline, as the mutex's
     local left = math.max(w.deadline - waiters_now(), 0)
+    zset_ours(k.handoffs)
     redis.call('ZADD', k.handoffs, fmt(now + left), hold_id(head, w.attempt))
     if redis.call('PTTL', k.handoffs) < w.lease then redis.call('PEXPIRE', k.handoffs, w.lease) end
     dequeue(head)

@@ -38,7 +38,7 @@ return run(function()
   if mine_hold then
     -- granted (its reply or its wake-up lost, or granted just now): its wake-ups and any queue
     -- place of this attempt go
-    local pttl = tonumber(redis.call('ZSCORE', k.leases, id)) or 0
+    local pttl = tonumber(read(k.leases, 'ZSCORE', id)) or 0
     pttl = math.min(math.max(pttl - now_ms(), 0), mine_hold.lease)
     -- A hand-off of it still waiting in the wake list stays for the waiter to pop: nobody may
     -- read this reply (a repeat whose first copy was answered, a late copy), and the waker

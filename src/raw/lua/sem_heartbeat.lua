@@ -14,7 +14,7 @@ return run(function()
     local owner, attempt = ARGV[i], tonumber(ARGV[i + 1])
     local w = waiter_entry(owner)
     local id = hold_id(owner, attempt)
-    local handoff = redis.call('ZSCORE', k.handoffs, id)
+    local handoff = read(k.handoffs, 'ZSCORE', id)
     if handoff and not redis.call('HGET', k.lock, id) then
       -- the hold went with an evicted hash: the entry is stale (the attempt may have queued
       -- again, and its place must be refreshed below, not mistaken for a hand-off)
@@ -24,13 +24,14 @@ return run(function()
     local held = not handoff and parse_hold(redis.call('HGET', k.lock, id))
     if handoff then
       -- granted, its wake-up not popped yet, and its client alive: more time to pop it
+      zset_ours(k.handoffs)
       redis.call('ZADD', k.handoffs, fmt(now_ms() + WAITER_TTL), id)
     elseif held then
       -- a hold of a waiting attempt, confirmed, with no wake-up: a repeat or late copy of its
       -- acquire took the permits with a reply that went to no one (or its wake-up was lost);
       -- told now, once, with the grant time its lease end implies (a renewal only moves it on)
       if can_wake(owner) and not handoff_pending(owner, attempt, held.token) then
-        local ends = tonumber(redis.call('ZSCORE', k.leases, id)) or now_ms()
+        local ends = tonumber(read(k.leases, 'ZSCORE', id)) or now_ms()
         push_wakeup(owner, grant_message(attempt, held.token) .. fmt(ends - held.lease),
           held.lease)
       end

@@ -23,7 +23,7 @@ return run(function()
     drop_attempt_wakeups(owner, attempt)
     redis.call('ZREM', k.handoffs, id)
     if mine and mine.attempt == attempt then forget_attempt(owner, mine) end
-    local pttl = tonumber(redis.call('ZSCORE', k.leases, id)) or 0
+    local pttl = tonumber(read(k.leases, 'ZSCORE', id)) or 0
     pttl = math.min(math.max(pttl - now_ms(), 0), h.lease)
     return { 'granted', h.token_text, now_ms(), pttl }
   end

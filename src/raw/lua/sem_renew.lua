@@ -13,7 +13,8 @@ return run(function()
   -- its holder renews it, so it has it: a hand-off of it is confirmed
   redis.call('ZREM', k.handoffs, id)
   local until_ms = now_ms() + lease
-  if (tonumber(redis.call('ZSCORE', k.leases, id)) or 0) < until_ms then
+  zset_ours(k.leases)
+  if (tonumber(read(k.leases, 'ZSCORE', id)) or 0) < until_ms then
     redis.call('ZADD', k.leases, fmt(until_ms), id)
   end
   keep_sem(lease)
