@@ -1544,3 +1544,112 @@ fn a_heartbeat_tells_a_waiting_attempt_the_lock_its_own_repeat_took() {
     }
     assert_eq!(pop(&mut c, &lock, "t:1"), None, "told twice");
 }
+
+/// A connection as a user whose ACL allows only the four keys each script declares of lock
+/// `name` (`~` patterns): the wake lists and the left marks, which the scripts name inside,
+/// are refused, as while a Cluster slot migrates or under a serverless offering that checks
+/// declared keys.
+fn declared_keys_only(server: &RedisServer, name: &str, extra: &[&str]) -> redis::Connection {
+    let mut admin = server.conn();
+    let base = format!("fairlock:{{{name}}}");
+    let mut acl = redis::cmd("ACL");
+    acl.arg("SETUSER")
+        .arg("declared")
+        .arg("on")
+        .arg(">pw")
+        .arg("+@all");
+    for suffix in ["", ":fence", ":queue", ":waiters"].iter().chain(extra) {
+        acl.arg(format!("~{base}{suffix}"));
+    }
+    let _: () = acl.query(&mut admin).unwrap();
+    let url = format!("redis://declared:pw@127.0.0.1:{}/", server.port);
+    redis::Client::open(url).unwrap().get_connection().unwrap()
+}
+
+/// The generator review 3 asked for beyond the one Cluster test: every script that may grant,
+/// run by a user refused the undeclared keys (the grantee's wake list, the left marks). A grant
+/// pushes the grantee's wake-up first, so a refused push leaves no half grant: either the
+/// script hands the lock on with the wake-up in place, or the lock stays free with its queue
+/// (stranded), which a heartbeat with the keys reachable then grants to the head.
+#[test]
+fn with_the_undeclared_keys_refused_no_script_leaves_half_a_grant() {
+    let server = RedisServer::start();
+    let mut admin = server.conn();
+    let calls = [
+        "release",
+        "release marking",
+        "leave pass",
+        "force unlock",
+        "heartbeat",
+    ];
+    for (i, call) in calls.iter().enumerate() {
+        let name = format!("undeclared-{i}");
+        let lock = raw_lock(&mut admin, &name);
+        let th = take(&mut admin, &lock, "h:1", 1);
+        enqueue(&mut admin, &lock, "x:1", 2);
+        enqueue(&mut admin, &lock, "w:1", 3);
+        if *call == "leave pass" || *call == "heartbeat" {
+            // the holder's lease runs out: a stranded lock for the call to hand on
+            expire_hold(&mut admin, &lock);
+        }
+        let mut c = declared_keys_only(&server, &name, &[]);
+        let r = match *call {
+            "release" => lock
+                .release("h:1", th, 1)
+                .run(&mut c)
+                .map(|r| format!("{r:?}")),
+            "release marking" => lock
+                .release_marking("h:1", th, 1, 1)
+                .run(&mut c)
+                .map(|r| format!("{r:?}")),
+            "leave pass" => lock
+                .leave("x:1", 2, LeaveMode::Pass, LateAcquire::Possible)
+                .run(&mut c)
+                .map(|r| format!("{r:?}")),
+            "force unlock" => lock
+                .force_unlock("h:1", th)
+                .run(&mut c)
+                .map(|r| format!("{r:?}")),
+            _ => lock
+                .heartbeat([("x:1", 2), ("w:1", 3)])
+                .run(&mut c)
+                .map(|r| format!("{r:?}")),
+        };
+        let (owner, _) = holder(&mut admin, &lock);
+        let context = format!(
+            "{call}: {r:?}, owner {owner:?}, queue {:?}",
+            queue(&mut admin, &lock)
+        );
+        match owner.as_deref() {
+            None => {
+                assert!(
+                    !queue(&mut admin, &lock).is_empty(),
+                    "the queue was lost: {context}"
+                );
+                // stranded: a heartbeat that reaches the wake lists grants the head
+                lock.heartbeat([("x:1", 2), ("w:1", 3)])
+                    .run(&mut admin)
+                    .unwrap();
+                let (next, token) = holder(&mut admin, &lock);
+                let next = next.unwrap_or_else(|| panic!("still stranded: {context}"));
+                assert!(
+                    wake_messages(&mut admin, &lock, &next)
+                        .iter()
+                        .any(|m| m.contains(&format!("|g|"))
+                            && m.contains(&token.unwrap().to_string())),
+                    "{next} was granted without its wake-up after the repair: {context}"
+                );
+            }
+            Some("h:1") => assert!(r.is_err(), "the holder kept the lock: {context}"),
+            Some(grantee) => {
+                let (_, token) = holder(&mut admin, &lock);
+                assert!(
+                    wake_messages(&mut admin, &lock, grantee)
+                        .iter()
+                        .any(|m| m.contains(&token.unwrap().to_string())),
+                    "{grantee} holds without its wake-up: {context}"
+                );
+            }
+        }
+    }
+}

@@ -991,3 +991,105 @@ fn foreign_data_at_any_semaphore_key_in_any_state_is_refused_or_left_untouched()
     }
     assert!(runs > 300, "{runs} runs");
 }
+
+/// The semaphore's side of `protocol::with_the_undeclared_keys_refused_no_script_leaves_half_a_grant`:
+/// run by a user allowed only the six keys the scripts declare (the wake lists and the left
+/// marks refused), the grant loop's push of the head's wake-up is refused, and the permits stay
+/// free with the queue (no hold without its wake-up); a heartbeat that reaches the lists then
+/// grants the head.
+#[test]
+fn with_the_undeclared_keys_refused_the_grant_loop_leaves_no_half_grant() {
+    let server = RedisServer::start();
+    let mut admin = server.conn();
+    for (i, call) in [
+        "release",
+        "release marking",
+        "force release",
+        "leave pass",
+        "heartbeat",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let s = Sem::new(&format!("undeclared-{i}"), "sem", 1);
+        let th = granted(s.acquire(&mut admin, "h:1", 1, 1, 60_000, true));
+        assert_eq!(
+            s.acquire(&mut admin, "x:1", 2, 1, 60_000, true),
+            Reply::Queued
+        );
+        assert_eq!(
+            s.acquire(&mut admin, "w:1", 3, 1, 60_000, true),
+            Reply::Queued
+        );
+        let mut acl = redis::cmd("ACL");
+        acl.arg("SETUSER")
+            .arg(format!("declared{i}"))
+            .arg("on")
+            .arg(">pw")
+            .arg("+@all");
+        for key in &s.keys {
+            acl.arg(format!("~{key}"));
+        }
+        let _: () = acl.query(&mut admin).unwrap();
+        let url = format!("redis://declared{i}:pw@127.0.0.1:{}/", server.port);
+        let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let r = match *call {
+            "release" => s
+                .raw
+                .release("h:1", 1, th, false)
+                .run(&mut c)
+                .map(|r| format!("{r:?}")),
+            "release marking" => s
+                .raw
+                .release("h:1", 1, th, true)
+                .run(&mut c)
+                .map(|r| format!("{r:?}")),
+            "force release" => s
+                .raw
+                .force_release("h:1", 1, th)
+                .run(&mut c)
+                .map(|r| format!("{r:?}")),
+            "leave pass" => {
+                // the holder gives back with the keys reachable; x leaves, passing on to w
+                assert!(s.release(&mut admin, "h:1", 1, th));
+                s.raw
+                    .leave("x:1", 2, true, false)
+                    .run(&mut c)
+                    .map(|r| format!("{r:?}"))
+            }
+            _ => {
+                let _: () = redis::cmd("ZADD")
+                    .arg(&s.keys[4])
+                    .arg(1)
+                    .arg("h:1#1")
+                    .query(&mut admin)
+                    .unwrap(); // h's lease runs out: the heartbeat's grant loop serves x
+                s.raw
+                    .heartbeat([("x:1", 2), ("w:1", 3)])
+                    .run(&mut c)
+                    .map(|r| format!("{r:?}"))
+            }
+        };
+        let (holds, _) = s.holds(&mut admin);
+        let context = format!("{call}: {r:?}, holds {holds:?}");
+        for id in holds.keys().filter(|id| !id.starts_with("h:1#")) {
+            let (owner, attempt) = id.split_once('#').unwrap();
+            let all: Vec<String> = redis::cmd("LRANGE")
+                .arg(s.raw.wake_key(owner))
+                .arg(0)
+                .arg(-1)
+                .query(&mut admin)
+                .unwrap();
+            let thread = owner.rsplit_once(':').unwrap().1;
+            assert!(
+                all.iter()
+                    .any(|m| m.starts_with(&format!("{thread}|g|{attempt}|"))),
+                "{id} holds without its wake-up: {context}"
+            );
+        }
+        // with the lists reachable, a heartbeat serves whoever waits
+        s.heartbeat(&mut admin, &[("x:1", 2), ("w:1", 3)]);
+        let (holds, used) = s.holds(&mut admin);
+        assert_eq!(used, 1, "{context}; then {holds:?}");
+    }
+}
