@@ -78,8 +78,8 @@
 //!    first heartbeat of its client after the grant on (a repeat of its own acquire may take
 //!    the lock with a reply nobody reads; that heartbeat tells it); allowed: an evicted list.
 //! 10. **Liveness within a heartbeat**: a heartbeat's reply never leaves a free lock (a
-//!    semaphore with no permit held and its capacity known) with anyone queued; a lock held
-//!    just before is checked at the next heartbeat.
+//!     semaphore with no permit held and its capacity known) with anyone queued; a lock held
+//!     just before is checked at the next heartbeat.
 //!
 //! An operator's forced release exempts its hold from checks 1 and 4 only when its holder has it
 //! in hand, its popped wake-up is on its way, or the force may land late; a hand-off nobody
