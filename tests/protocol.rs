@@ -1635,8 +1635,7 @@ fn with_the_undeclared_keys_refused_no_script_leaves_half_a_grant() {
                 assert!(
                     wake_messages(&mut admin, &lock, &next)
                         .iter()
-                        .any(|m| m.contains(&format!("|g|"))
-                            && m.contains(&token.unwrap().to_string())),
+                        .any(|m| m.contains("|g|") && m.contains(&token.unwrap().to_string())),
                     "{next} was granted without its wake-up after the repair: {context}"
                 );
             }
