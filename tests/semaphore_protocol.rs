@@ -865,3 +865,109 @@ fn a_forced_release_of_a_pending_hand_off_takes_its_wake_up_too() {
         "b can still pop the grant the operator released"
     );
 }
+
+/// The server's clock (ms).
+fn server_ms(c: &mut redis::Connection) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(c).unwrap();
+    s * 1000 + us / 1000
+}
+
+impl Sem {
+    /// The lease end stored for `owner`'s `attempt` (server ms), if any.
+    fn lease_end(&self, c: &mut redis::Connection, owner: &str, attempt: u64) -> Option<i64> {
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&self.keys[4])
+            .arg(format!("{owner}#{attempt}"))
+            .query(c)
+            .unwrap();
+        score.map(|s| s as i64)
+    }
+}
+
+/// sem_renew.lua: the live hold's renewal answers 1 and moves its lease end to the lease from
+/// now; one with another token or another attempt answers 0 and leaves the lease end alone.
+#[test]
+fn a_renewal_extends_only_the_hold_it_names() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("renew", "sem", 2);
+    let t = granted(sem.acquire(&mut c, "a:1", 1, 1, 30_000, true));
+    let end = sem.lease_end(&mut c, "a:1", 1).unwrap();
+    assert!(!sem.renew(&mut c, "a:1", 1, t + 1));
+    assert!(!sem.renew(&mut c, "a:1", 2, t));
+    assert!(!sem.renew(&mut c, "b:1", 1, t));
+    assert_eq!(sem.lease_end(&mut c, "a:1", 1), Some(end));
+    assert!(sem.renew(&mut c, "a:1", 1, t));
+    let left = sem.lease_end(&mut c, "a:1", 1).unwrap() - server_ms(&mut c);
+    assert!(
+        left > 50_000 && left <= 60_000,
+        "the renewal left {left} ms of a 60 s lease"
+    );
+}
+
+/// sem_renew.lua: a renewal never shortens a lease: after a backward step of the server clock
+/// the hold's lease end is further away than the lease, and a renewal leaves it so.
+#[test]
+fn a_renewal_after_a_backward_clock_step_keeps_the_later_lease_end() {
+    let mut server = support::faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let sem = Sem::new("renew-stepped", "sem", 1);
+    let t = granted(sem.acquire(&mut c, "a:1", 1, 1, 50_000, true));
+    let end = sem.lease_end(&mut c, "a:1", 1).unwrap();
+    server.set_offset_ms(-40_000);
+    assert!(sem.renew(&mut c, "a:1", 1, t));
+    assert_eq!(sem.lease_end(&mut c, "a:1", 1), Some(end));
+}
+
+/// sem_acquire.lua: a new attempt of a thread forgets the thread's older queue place: it queues
+/// anew, behind the waiters that came between.
+#[test]
+fn a_newer_attempt_of_a_queued_thread_queues_behind_later_waiters() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("newer-attempt", "sem", 1);
+    let th = granted(sem.acquire(&mut c, "h:1", 1, 1, 30_000, true));
+    assert_eq!(
+        sem.acquire(&mut c, "t:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert_eq!(
+        sem.acquire(&mut c, "u:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert_eq!(
+        sem.acquire(&mut c, "t:1", 2, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert!(sem.release(&mut c, "h:1", 1, th));
+    assert!(
+        sem.pop_grant(&mut c, "u:1", 1).is_some(),
+        "u, queued before t's newer attempt, was not served first"
+    );
+    assert_eq!(sem.pop_grant(&mut c, "t:1", 2), None);
+    assert_eq!(sem.pop_grant(&mut c, "t:1", 1), None);
+    let (holds, _) = sem.holds(&mut c);
+    assert_eq!(holds.keys().collect::<Vec<_>>(), ["u:1#1"]);
+}
+
+/// sem_release.lua: a release first expires lapsed holds, so their permits go to the head in
+/// that very release (no heartbeat in between), with the releaser's.
+#[test]
+fn a_release_gives_a_lapsed_holds_permits_to_the_head_at_once() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("release-lapsed", "sem", 2);
+    granted(sem.acquire(&mut c, "dead:1", 1, 1, 200, true));
+    let tb = granted(sem.acquire(&mut c, "b:1", 1, 1, 30_000, true));
+    // the head wants more than the releaser's permits
+    assert_eq!(
+        sem.acquire(&mut c, "w:1", 1, 2, 30_000, true),
+        Reply::Queued
+    );
+    thread::sleep(Duration::from_millis(350));
+    let r = sem.raw.release("b:1", 1, tb, false).run(&mut c).unwrap();
+    assert_eq!(r, SemRelease::Released { grants: 1 });
+    assert!(sem.pop_grant(&mut c, "w:1", 1).is_some());
+    let (holds, used) = sem.holds(&mut c);
+    assert_eq!((holds.len(), used), (1, 2), "{holds:?}");
+}
