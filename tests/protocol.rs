@@ -1703,3 +1703,48 @@ fn a_foreign_keys_refusal_names_the_type_fairlock_expects() {
         }
     }
 }
+
+/// heartbeat.lua, 3.: with no queue (its key lost) the waiters hash goes too, even when the
+/// heartbeat names none of its waiters.
+#[test]
+fn a_heartbeat_drops_the_waiters_hash_of_a_lost_queue() {
+    let (_server, mut c, lock) = start("orphaned-waiters");
+    take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "w:1", 2);
+    enqueue(&mut c, &lock, "x:1", 3);
+    let [_, _, queue_key, waiters_key] = lock.key_names();
+    let _: () = redis::cmd("DEL").arg(queue_key).query(&mut c).unwrap();
+    let hb = lock
+        .heartbeat(std::iter::empty::<(&str, u64)>())
+        .run(&mut c)
+        .unwrap();
+    assert!(hb.told_to_retry.is_empty());
+    let left: i64 = redis::cmd("EXISTS").arg(waiters_key).query(&mut c).unwrap();
+    assert_eq!(left, 0, "the waiters hash outlived its queue");
+}
+
+/// status.lua: a free lock (here a released one, whose hash keeps its last token for the
+/// fence) is reported with no holder: no owner, count, token, lease left, start, meta or lease;
+/// only the fence names the last token.
+#[test]
+fn the_status_of_a_released_lock_reports_no_holder() {
+    let (_server, mut c, lock) = start("status-free");
+    let t = take(&mut c, &lock, "h:1", 1);
+    lock.release("h:1", t, 1).run(&mut c).unwrap();
+    let s = lock.status().run(&mut c).unwrap();
+    assert_eq!(
+        (
+            s.owner.as_str(),
+            s.count,
+            s.token,
+            s.pttl_ms,
+            s.since_ms,
+            s.meta.as_str(),
+            s.lease_ms
+        ),
+        ("", 0, 0, 0, 0, "", 0),
+        "{s:?}"
+    );
+    assert_eq!(s.fence, t);
+    assert!(s.queue.is_empty());
+}
