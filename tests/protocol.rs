@@ -1652,3 +1652,207 @@ fn with_the_undeclared_keys_refused_no_script_leaves_half_a_grant() {
         }
     }
 }
+
+/// The lock's time to live in ms.
+fn pttl(c: &mut redis::Connection, lock: &RawLock) -> i64 {
+    redis::cmd("PTTL")
+        .arg(lock.key_names()[0])
+        .query(c)
+        .unwrap()
+}
+
+/// renew.lua: the live hold's renewal answers 1 and sets the TTL to the lease from now; one with
+/// another hold's token or another owner answers 0 and leaves the TTL alone.
+#[test]
+fn a_renewal_extends_only_the_hold_it_names() {
+    let (_server, mut c, lock) = start("renew");
+    let t = take(&mut c, &lock, "h:1", 1);
+    let longer = Duration::from_secs(90);
+    assert!(!lock.renew("h:1", t + 1, longer).run(&mut c).unwrap());
+    assert!(!lock.renew("x:1", t, longer).run(&mut c).unwrap());
+    let left = pttl(&mut c, &lock);
+    assert!(
+        left > 0 && left <= LEASE.as_millis() as i64,
+        "a refused renewal changed the TTL: {left} ms"
+    );
+    assert!(lock.renew("h:1", t, longer).run(&mut c).unwrap());
+    let left = pttl(&mut c, &lock);
+    assert!(
+        left > 80_000 && left <= 90_000,
+        "the renewal set the TTL to {left} ms, not the 90 s lease"
+    );
+    assert_eq!(holder(&mut c, &lock), (Some("h:1".into()), Some(t)));
+}
+
+/// renew.lua: a renewal only ever lengthens the TTL: after a backward step of the server clock
+/// the lock's TTL is longer than the lease, and a renewal leaves it so.
+#[test]
+fn a_renewal_after_a_backward_clock_step_keeps_the_longer_ttl() {
+    let mut server = faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let lock = raw_lock(&mut c, "renew-stepped");
+    let t = take(&mut c, &lock, "h:1", 1);
+    server.set_offset_ms(-40_000);
+    let before = pttl(&mut c, &lock);
+    assert!(before > 60_000, "the step made the TTL {before} ms");
+    assert!(lock.renew("h:1", t, LEASE).run(&mut c).unwrap());
+    let after = pttl(&mut c, &lock);
+    assert!(
+        after > 60_000,
+        "a renewal shortened a {before} ms TTL to {after} ms"
+    );
+}
+
+/// heartbeat.lua, 1.: a grantee whose hand-off waits unpopped keeps it alive with its heartbeats
+/// past the waiter timeout: it stays the holder, is never told to retry, and another waiter's
+/// heartbeats do not revoke it (the mutex's twin of semaphore_protocol's test).
+#[test]
+fn a_grantee_that_heartbeats_keeps_its_hand_off() {
+    let (_server, mut c, lock) = start("grantee-heartbeats");
+    let th = take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "w:1", 2);
+    enqueue(&mut c, &lock, "x:1", 3);
+    assert_eq!(
+        lock.release("h:1", th, 1).run(&mut c).unwrap(),
+        Release::Released {
+            next: Some("w:1".into())
+        }
+    );
+    let (_, tw) = holder(&mut c, &lock);
+    let start = Instant::now();
+    while start.elapsed() < WAITER_TIMEOUT * 2 {
+        let hb = lock.heartbeat([("w:1", 2)]).run(&mut c).unwrap();
+        assert!(hb.told_to_retry.is_empty(), "the grantee was told to retry");
+        // another client's heartbeat: it revokes a hand-off whose deadline passed
+        let hb = lock.heartbeat([("x:1", 3)]).run(&mut c).unwrap();
+        assert_eq!(hb.repairs, 0, "a live grantee's hand-off revoked");
+        thread::sleep(WAITER_TIMEOUT / 6);
+    }
+    assert_eq!(holder(&mut c, &lock), (Some("w:1".into()), tw));
+    assert_eq!(
+        wake_messages(&mut c, &lock, "w:1").len(),
+        1,
+        "{:?}",
+        wake_messages(&mut c, &lock, "w:1")
+    );
+    match pop(&mut c, &lock, "w:1") {
+        Some(Wake::Grant {
+            attempt: 2, token, ..
+        }) => assert_eq!(Some(token), tw),
+        other => panic!("expected the grant, got {other:?}"),
+    }
+}
+
+/// status.lua: the queue listing has every waiter in arrival order, with its arrival time and
+/// its meta.
+#[test]
+fn the_status_lists_the_queue_in_order_with_owners_times_and_metas() {
+    let (_server, mut c, lock) = start("status-queue");
+    take(&mut c, &lock, "h:1", 1);
+    for (owner, attempt, meta) in [
+        ("a:1", 2, "ha|1|a"),
+        ("b:1", 3, "hb|2|b"),
+        ("c:1", 4, "hc|3|c"),
+    ] {
+        queued(
+            lock.acquire(owner, attempt, LEASE, Mode::Wait, meta)
+                .run(&mut c)
+                .unwrap(),
+        );
+        thread::sleep(Duration::from_millis(2));
+    }
+    let s = lock.status().run(&mut c).unwrap();
+    assert_eq!(s.owner, "h:1");
+    let listed: Vec<(&str, &str)> = s
+        .queue
+        .iter()
+        .map(|(o, _, m)| (o.as_str(), m.as_str()))
+        .collect();
+    assert_eq!(
+        listed,
+        [("a:1", "ha|1|a"), ("b:1", "hb|2|b"), ("c:1", "hc|3|c")]
+    );
+    let times: Vec<i64> = s.queue.iter().map(|(_, t, _)| *t).collect();
+    assert!(
+        times[0] > 0 && times[0] < times[1] && times[1] < times[2],
+        "arrival times {times:?}"
+    );
+    assert!(
+        (times[0] / 1000 - s.server_ms).abs() < 60_000,
+        "an arrival time in us near the server's clock: {times:?}, {} ms",
+        s.server_ms
+    );
+}
+
+/// common.lua, expected_type: another program's data of another type at one of the lock's keys
+/// is refused with a message naming the type fairlock keeps there.
+#[test]
+fn a_foreign_keys_refusal_names_the_type_fairlock_expects() {
+    for (i, expects) in [(0, "a hash"), (1, "a string"), (2, "a zset"), (3, "a hash")] {
+        let (_server, mut c, lock) = start(&format!("foreign-type-{i}"));
+        let key = lock.key_names()[i];
+        if i >= 2 {
+            // the queue and waiters are read once someone waits
+            take(&mut c, &lock, "h:1", 1);
+        }
+        // a list where fairlock keeps a string; a string elsewhere
+        if i == 1 {
+            let _: () = redis::cmd("RPUSH").arg(key).arg("x").query(&mut c).unwrap();
+        } else {
+            let _: () = redis::cmd("SET").arg(key).arg("x").query(&mut c).unwrap();
+        }
+        let r = lock.acquire("a:1", 2, LEASE, Mode::Wait, "m").run(&mut c);
+        match r {
+            Err(Error::ForeignData { detail, .. }) => assert!(
+                detail.contains(&format!("fairlock expects {expects}")),
+                "key {i}: {detail}"
+            ),
+            other => panic!("key {i}: expected a refusal, got {other:?}"),
+        }
+    }
+}
+
+/// heartbeat.lua, 3.: with no queue (its key lost) the waiters hash goes too, even when the
+/// heartbeat names none of its waiters.
+#[test]
+fn a_heartbeat_drops_the_waiters_hash_of_a_lost_queue() {
+    let (_server, mut c, lock) = start("orphaned-waiters");
+    take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "w:1", 2);
+    enqueue(&mut c, &lock, "x:1", 3);
+    let [_, _, queue_key, waiters_key] = lock.key_names();
+    let _: () = redis::cmd("DEL").arg(queue_key).query(&mut c).unwrap();
+    let hb = lock
+        .heartbeat(std::iter::empty::<(&str, u64)>())
+        .run(&mut c)
+        .unwrap();
+    assert!(hb.told_to_retry.is_empty());
+    let left: i64 = redis::cmd("EXISTS").arg(waiters_key).query(&mut c).unwrap();
+    assert_eq!(left, 0, "the waiters hash outlived its queue");
+}
+
+/// status.lua: a free lock (here a released one, whose hash keeps its last token for the
+/// fence) is reported with no holder: no owner, count, token, lease left, start, meta or lease;
+/// only the fence names the last token.
+#[test]
+fn the_status_of_a_released_lock_reports_no_holder() {
+    let (_server, mut c, lock) = start("status-free");
+    let t = take(&mut c, &lock, "h:1", 1);
+    lock.release("h:1", t, 1).run(&mut c).unwrap();
+    let s = lock.status().run(&mut c).unwrap();
+    assert_eq!(
+        (
+            s.owner.as_str(),
+            s.count,
+            s.token,
+            s.pttl_ms,
+            s.since_ms,
+            s.meta.as_str(),
+            s.lease_ms
+        ),
+        ("", 0, 0, 0, 0, "", 0),
+        "{s:?}"
+    );
+    assert_eq!(s.fence, t);
+    assert!(s.queue.is_empty());
+}

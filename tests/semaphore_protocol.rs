@@ -1093,3 +1093,232 @@ fn with_the_undeclared_keys_refused_the_grant_loop_leaves_no_half_grant() {
         assert_eq!(used, 1, "{context}; then {holds:?}");
     }
 }
+
+/// The server's clock (ms).
+fn server_ms(c: &mut redis::Connection) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(c).unwrap();
+    s * 1000 + us / 1000
+}
+
+impl Sem {
+    /// The lease end stored for `owner`'s `attempt` (server ms), if any.
+    fn lease_end(&self, c: &mut redis::Connection, owner: &str, attempt: u64) -> Option<i64> {
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&self.keys[4])
+            .arg(format!("{owner}#{attempt}"))
+            .query(c)
+            .unwrap();
+        score.map(|s| s as i64)
+    }
+}
+
+/// sem_renew.lua: the live hold's renewal answers 1 and moves its lease end to the lease from
+/// now; one with another token or another attempt answers 0 and leaves the lease end alone.
+#[test]
+fn a_renewal_extends_only_the_hold_it_names() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("renew", "sem", 2);
+    let t = granted(sem.acquire(&mut c, "a:1", 1, 1, 30_000, true));
+    let end = sem.lease_end(&mut c, "a:1", 1).unwrap();
+    assert!(!sem.renew(&mut c, "a:1", 1, t + 1));
+    assert!(!sem.renew(&mut c, "a:1", 2, t));
+    assert!(!sem.renew(&mut c, "b:1", 1, t));
+    assert_eq!(sem.lease_end(&mut c, "a:1", 1), Some(end));
+    assert!(sem.renew(&mut c, "a:1", 1, t));
+    let left = sem.lease_end(&mut c, "a:1", 1).unwrap() - server_ms(&mut c);
+    assert!(
+        left > 50_000 && left <= 60_000,
+        "the renewal left {left} ms of a 60 s lease"
+    );
+}
+
+/// sem_renew.lua: a renewal never shortens a lease: after a backward step of the server clock
+/// the hold's lease end is further away than the lease, and a renewal leaves it so.
+#[test]
+fn a_renewal_after_a_backward_clock_step_keeps_the_later_lease_end() {
+    let mut server = support::faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let sem = Sem::new("renew-stepped", "sem", 1);
+    let t = granted(sem.acquire(&mut c, "a:1", 1, 1, 50_000, true));
+    let end = sem.lease_end(&mut c, "a:1", 1).unwrap();
+    server.set_offset_ms(-40_000);
+    assert!(sem.renew(&mut c, "a:1", 1, t));
+    assert_eq!(sem.lease_end(&mut c, "a:1", 1), Some(end));
+}
+
+/// sem_acquire.lua: a new attempt of a thread forgets the thread's older queue place: it queues
+/// anew, behind the waiters that came between.
+#[test]
+fn a_newer_attempt_of_a_queued_thread_queues_behind_later_waiters() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("newer-attempt", "sem", 1);
+    let th = granted(sem.acquire(&mut c, "h:1", 1, 1, 30_000, true));
+    assert_eq!(
+        sem.acquire(&mut c, "t:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert_eq!(
+        sem.acquire(&mut c, "u:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert_eq!(
+        sem.acquire(&mut c, "t:1", 2, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert!(sem.release(&mut c, "h:1", 1, th));
+    assert!(
+        sem.pop_grant(&mut c, "u:1", 1).is_some(),
+        "u, queued before t's newer attempt, was not served first"
+    );
+    assert_eq!(sem.pop_grant(&mut c, "t:1", 2), None);
+    assert_eq!(sem.pop_grant(&mut c, "t:1", 1), None);
+    let (holds, _) = sem.holds(&mut c);
+    assert_eq!(holds.keys().collect::<Vec<_>>(), ["u:1#1"]);
+}
+
+/// sem_release.lua: a release first expires lapsed holds, so their permits go to the head in
+/// that very release (no heartbeat in between), with the releaser's.
+#[test]
+fn a_release_gives_a_lapsed_holds_permits_to_the_head_at_once() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("release-lapsed", "sem", 2);
+    granted(sem.acquire(&mut c, "dead:1", 1, 1, 200, true));
+    let tb = granted(sem.acquire(&mut c, "b:1", 1, 1, 30_000, true));
+    // the head wants more than the releaser's permits
+    assert_eq!(
+        sem.acquire(&mut c, "w:1", 1, 2, 30_000, true),
+        Reply::Queued
+    );
+    thread::sleep(Duration::from_millis(350));
+    let r = sem.raw.release("b:1", 1, tb, false).run(&mut c).unwrap();
+    assert_eq!(r, SemRelease::Released { grants: 1 });
+    assert!(sem.pop_grant(&mut c, "w:1", 1).is_some());
+    let (holds, used) = sem.holds(&mut c);
+    assert_eq!((holds.len(), used), (1, 2), "{holds:?}");
+}
+
+/// sem.lua, read_sem: another program's hash at the semaphore's key (no `~` fields of
+/// fairlock's) is refused and left as it was.
+#[test]
+fn another_programs_hash_at_the_semaphores_key_is_refused_and_left_untouched() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("foreign-hash", "sem", 2);
+    let _: () = redis::cmd("HSET")
+        .arg(&sem.keys[0])
+        .arg("user")
+        .arg("alice")
+        .query(&mut c)
+        .unwrap();
+    let r = sem
+        .raw
+        .acquire("a:1", 1, 1, Duration::from_secs(30), Mode::Wait, "m")
+        .run(&mut c);
+    assert!(
+        matches!(r, Err(fairlock::Error::ForeignData { .. })),
+        "{r:?}"
+    );
+    let all: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(&sem.keys[0])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(
+        all,
+        HashMap::from([("user".to_string(), "alice".to_string())])
+    );
+}
+
+/// sem_acquire.lua: a late copy of a held attempt's acquire (answered with its hold) leaves the
+/// thread's newer queue place as it is: the newer attempt is still served first.
+#[test]
+fn a_late_copy_of_a_held_attempts_acquire_keeps_the_threads_newer_queue_place() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("newer-place", "sem", 1);
+    let t1 = granted(sem.acquire(&mut c, "t:1", 1, 1, 30_000, true));
+    assert_eq!(
+        sem.acquire(&mut c, "t:1", 2, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert_eq!(
+        sem.acquire(&mut c, "u:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    // the late copy of attempt 1
+    assert_eq!(
+        sem.acquire(&mut c, "t:1", 1, 1, 30_000, true),
+        Reply::Granted(t1)
+    );
+    assert!(sem.release(&mut c, "t:1", 1, t1));
+    assert!(
+        sem.pop_grant(&mut c, "t:1", 2).is_some(),
+        "the thread's newer place was lost"
+    );
+    assert_eq!(sem.pop_grant(&mut c, "u:1", 1), None);
+}
+
+/// sem_heartbeat.lua: a heartbeat keeps the waiters hash as long as the queue (both for the
+/// queue's time to live from now), so a waiter that heartbeats keeps its place however long it
+/// waits: here across forward steps of the server clock past that time to live (10 minutes)
+/// counted from its queueing.
+#[test]
+fn a_heartbeating_waiter_keeps_its_place_past_the_queues_time_to_live() {
+    let mut server = support::faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let sem = Sem::new("long-wait", "sem", 1);
+    let th = granted(sem.acquire(&mut c, "h:1", 1, 1, 3_600_000, true));
+    assert_eq!(
+        sem.acquire(&mut c, "w:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    for offset in [300_000, 700_000] {
+        server.set_offset_ms(offset);
+        let hb = sem.raw.heartbeat([("w:1", 1)]).run(&mut c).unwrap();
+        assert!(
+            hb.told_to_retry.is_empty(),
+            "at +{offset} ms the waiter lost its place"
+        );
+    }
+    assert!(sem.release(&mut c, "h:1", 1, th));
+    assert!(sem.pop_grant(&mut c, "w:1", 1).is_some());
+}
+
+/// sem_status.lua: the waiters are listed in arrival order with their arrival times (server us),
+/// the permits each wants and its meta.
+#[test]
+fn the_status_lists_the_waiters_in_order_with_times_permits_and_metas() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("status-waiters", "sem", 3);
+    granted(sem.acquire(&mut c, "h:1", 1, 3, 30_000, true));
+    for (owner, permits) in [("a:1", 1), ("b:1", 3), ("c:1", 2)] {
+        assert_eq!(
+            sem.acquire(&mut c, owner, 1, permits, 30_000, true),
+            Reply::Queued
+        );
+        thread::sleep(Duration::from_millis(2));
+    }
+    let s = sem.raw.status().run(&mut c).unwrap();
+    let listed: Vec<(&str, u64, &str)> = s
+        .waiters
+        .iter()
+        .map(|w| (w.owner.as_str(), w.permits, w.meta.as_str()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("a:1", 1, "host|1|t"),
+            ("b:1", 3, "host|1|t"),
+            ("c:1", 2, "host|1|t")
+        ]
+    );
+    let times: Vec<u64> = s.waiters.iter().map(|w| w.since_us).collect();
+    let now_us = s.server_ms as u64 * 1000;
+    assert!(
+        times[0] < times[1] && times[1] < times[2] && now_us - times[0] < 60_000_000,
+        "arrival times {times:?} at {now_us} us"
+    );
+}
