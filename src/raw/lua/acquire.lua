@@ -15,8 +15,9 @@
 -- popped) is revoked here too, so no one has to heartbeat the lock for that (heartbeat.lua).
 -- Network: a retry of the same attempt (reply lost, or a hand-off whose pop was lost) keeps the
 -- queue place or returns the grant (and leaves a hand-off message nobody popped yet for the
--- waiter, which may be the one that reads it: a repeat's reply may go to no one); a request that arrives late, after a newer attempt of its
--- owner reached Redis, finds that attempt and does nothing; one that arrives after its attempt
+-- waiter, since a repeat's reply may go to no one; the head of a free lock is told both ways
+-- too); a request that arrives late, after a newer attempt of its owner reached Redis, finds
+-- that attempt and does nothing; one that arrives after its attempt
 -- ended (a leave, or a release of the hold it got) finds the left mark the client asked for and
 -- does nothing (a client that saw no reply to a request, or sent it twice, asks its leave or
 -- release for one). Only one that arrives later than QUEUE_TTL after the mark, or after a hold

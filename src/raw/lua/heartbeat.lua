@@ -5,8 +5,9 @@
 -- client's metrics.
 -- 1. For each attempt: a queued one gets a new deadline; one whose hand-off waits unpopped keeps
 --    it alive; one that holds the lock with no wake-up (a repeat of its acquire took it with a
---    reply nobody read) is pushed its grant's wake-up, once; any other (its entry was purged during a pause, its grant lapsed unseen, its
---    queue key was lost) is told "retry" through its wake list and queues again.
+--    reply nobody read) is pushed its grant's wake-up, once; any other (its entry was purged
+--    during a pause, its grant lapsed unseen, its queue key was lost) is told "retry" through
+--    its wake list and queues again.
 -- 2. A hand-off whose grantee stopped refreshing it and never popped it is revoked.
 -- 3. Dead waiters at the head of the queue are purged; a stranded lock (free, waiters queued:
 --    the holder died, or a grant's wake list could not be reached) goes to the live head.

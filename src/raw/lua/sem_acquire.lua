@@ -36,8 +36,8 @@ return run(function()
   local id = hold_id(owner, attempt)
   local mine_hold = parse_hold(redis.call('HGET', k.lock, id))
   if mine_hold then
-    -- granted (its reply or its wake-up lost, or granted just now): its wake-ups and any queue
-    -- place of this attempt go
+    -- granted (its reply or its wake-up lost, or granted just now): any queue place of this
+    -- attempt goes (an older attempt's messages with it)
     local pttl = tonumber(read(k.leases, 'ZSCORE', id)) or 0
     pttl = math.min(math.max(pttl - now_ms(), 0), mine_hold.lease)
     -- A hand-off of it still waiting in the wake list stays for the waiter to pop: nobody may
