@@ -15,8 +15,8 @@
 --   P:{N}:queue       ZSET    owner -> arrival time (server us)                 TTL = QUEUE_TTL
 --   P:{N}:waiters     HASH    owner -> "attempt|deadline|lease|meta",           TTL = QUEUE_TTL
 --                             ~clock (virtual clock), ~tail (last score given)
---   P:{N}:left        HASH    owner -> "<newest attempt that left with a mark>|<its expiry ms>",
---                             ~ (when the next prune of expired marks is due)  TTL = QUEUE_TTL
+--   P:{N}:left        HASH    owner -> "<newest attempt that left with a mark>|<expiry ms>",
+--                             ~ (when the next prune of expired marks is due)   TTL = QUEUE_TTL
 --   P:{N}:wake:<client> LIST  the wake-ups of one client's waiting threads     TTL >= lease / waiter ttl
 --
 -- An owner is "<client id>:<thread number>". Each call of a thread that may take the lock is an
