@@ -1856,3 +1856,45 @@ fn the_status_of_a_released_lock_reports_no_holder() {
     assert_eq!(s.fence, t);
     assert!(s.queue.is_empty());
 }
+
+/// A wake list of another type is refused by name too, as a list (common.lua's
+/// `expected_type` falls through to the wake lists, which are named after their client).
+#[test]
+fn a_foreign_wake_list_is_refused_as_a_list() {
+    let (_server, mut c, lock) = start("foreign-wake-type");
+    take(&mut c, &lock, "h:1", 1);
+    let _: () = redis::cmd("SET")
+        .arg(lock.wake_key("a:1"))
+        .arg("x")
+        .query(&mut c)
+        .unwrap();
+    match lock.acquire("a:1", 2, LEASE, Mode::Wait, "m").run(&mut c) {
+        Err(Error::ForeignData { detail, .. }) => {
+            assert!(detail.contains("fairlock expects a list"), "{detail}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// leave.lua: a leave that asks for no mark (every acquire request of the attempt was
+/// answered) leaves none, even when it passes on a hand-off it was granted: the marks are
+/// written only when a copy may still arrive (docs/design.md's key table).
+#[test]
+fn a_leave_that_asks_no_mark_leaves_none() {
+    let (_server, mut c, lock) = start("no-mark");
+    let th = take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "t:1", 2);
+    enqueue(&mut c, &lock, "x:1", 3);
+    lock.release("h:1", th, 1).run(&mut c).unwrap();
+    assert_eq!(holder(&mut c, &lock).0.as_deref(), Some("t:1"));
+    // t gives up before popping its hand-off: passed on to x, no mark asked
+    lock.leave("t:1", 2, LeaveMode::Pass, LateAcquire::Impossible)
+        .run(&mut c)
+        .unwrap();
+    assert_eq!(holder(&mut c, &lock).0.as_deref(), Some("x:1"));
+    let marks: bool = redis::cmd("EXISTS")
+        .arg(format!("{}:left", lock.key_names()[0]))
+        .query(&mut c)
+        .unwrap();
+    assert!(!marks, "a leave that asked for no mark left one");
+}
