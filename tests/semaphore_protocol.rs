@@ -1322,3 +1322,26 @@ fn the_status_lists_the_waiters_in_order_with_times_permits_and_metas() {
         "arrival times {times:?} at {now_us} us"
     );
 }
+
+/// sem_acquire.lua: a capacity stored by a first use (not by `set_capacity`) binds only while
+/// anyone holds or waits; a name nobody uses any more takes the capacity of its next
+/// acquisition (docs/semaphores.md, "Capacity").
+#[test]
+fn an_unused_name_takes_the_capacity_of_its_next_acquisition() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let two = Sem::new("next-capacity", "sem", 2);
+    let t = granted(two.acquire(&mut c, "a:1", 1, 2, 60_000, false));
+    // in use: another capacity is refused
+    assert_eq!(
+        two.acquire_as(&mut c, "b:1", 1, 1, 60_000, false, 3),
+        Reply::Mismatch
+    );
+    assert!(two.release(&mut c, "a:1", 1, t));
+    // unused now: the next acquisition's capacity is taken, and binds in its turn
+    granted(two.acquire_as(&mut c, "b:1", 2, 3, 60_000, false, 3));
+    assert_eq!(
+        two.acquire(&mut c, "c:1", 1, 1, 60_000, false),
+        Reply::Mismatch
+    );
+}
