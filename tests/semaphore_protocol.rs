@@ -1345,3 +1345,21 @@ fn an_unused_name_takes_the_capacity_of_its_next_acquisition() {
         Reply::Mismatch
     );
 }
+
+/// sem_renew.lua: a renewal keeps the semaphore's hash (and leases) for the renewed lease, or
+/// the hash, with every hold in it, would run out at the first lease's end while its holders
+/// count on their renewals.
+#[test]
+fn a_renewal_keeps_the_semaphores_hash_for_the_renewed_lease() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let s = Sem::new("renew-keeps-hash", "sem", 2);
+    let t = granted(s.acquire(&mut c, "a:1", 1, 1, 1_500, false));
+    thread::sleep(Duration::from_millis(800));
+    assert!(s.renew(&mut c, "a:1", 1, t));
+    // renewed for 60 s (`Sem::renew`): the hash and the leases live at least that long
+    for key in [&s.keys[0], &s.keys[4]] {
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut c).unwrap();
+        assert!(ttl > 50_000, "{key} lives {ttl} ms after a 60 s renewal");
+    }
+}
