@@ -985,6 +985,14 @@ fn foreign_data_at_any_semaphore_key_in_any_state_is_refused_or_left_untouched()
                     assert_eq!(before, after, "the foreign data changed: {context}");
                     let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c).unwrap();
                     assert_eq!(ttl, -1, "the foreign data got a TTL: {context}");
+                    if *state == "free" && r.is_err() && *k != 0 {
+                        // on a semaphore nobody uses, the refusal comes before any write
+                        let hash: bool = redis::cmd("EXISTS")
+                            .arg(&sem.keys[0])
+                            .query(&mut c)
+                            .unwrap();
+                        assert!(!hash, "a refused script wrote the hash first: {context}");
+                    }
                 }
             }
         }
@@ -1361,5 +1369,31 @@ fn a_renewal_keeps_the_semaphores_hash_for_the_renewed_lease() {
     for key in [&s.keys[0], &s.keys[4]] {
         let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut c).unwrap();
         assert!(ttl > 50_000, "{key} lives {ttl} ms after a 60 s renewal");
+    }
+}
+
+/// sem_status.lua: every hold is listed with its id, token, permits, lease left, lease and meta.
+#[test]
+fn the_status_lists_every_hold_with_its_token_permits_and_lease() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let s = Sem::new("status-holds", "sem", 4);
+    let ta = granted(s.acquire(&mut c, "a:1", 1, 1, 30_000, false));
+    let tb = granted(s.acquire(&mut c, "b:1", 2, 3, 60_000, false));
+    let st = s.raw.status().run(&mut c).unwrap();
+    assert_eq!(st.used, 4);
+    let mut holds: Vec<(String, u64, u64)> = st
+        .holds
+        .iter()
+        .map(|h| (h.id.clone(), h.token, h.permits))
+        .collect();
+    holds.sort();
+    assert_eq!(
+        holds,
+        [("a:1#1".to_string(), ta, 1), ("b:1#2".to_string(), tb, 3)]
+    );
+    for h in &st.holds {
+        assert!(h.pttl > Duration::from_secs(25), "{h:?}");
+        assert!(h.lease == Duration::from_secs(30) || h.lease == Duration::from_secs(60));
     }
 }

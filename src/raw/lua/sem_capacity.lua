@@ -20,10 +20,16 @@ return run(function()
   if S.kind and S.kind ~= kind then return { 'mismatch', S.kind, fmt(S.cap) } end
   expire_holds()
   revoke_dead_grantees()
+  -- the queue and the waiters are looked at before the capacity is written: on a name nobody
+  -- uses, another program's data there is refused before any write
+  local q = read(k.queue, 'ZRANGE', 0, -1)
+  for _, owner in ipairs(q) do
+    if not is_owner(owner) then refuse(k.queue, 'a zset whose members are not fairlock owners') end
+  end
+  if not W.now then waiter_entry('~clock') end
   S.kind, S.cap = kind, cap
   redis.call('HSET', k.lock, '~kind', kind, '~cap', fmt(cap), '~set', '1')
   keep_sem(FENCE_TTL)
-  local q = read(k.queue, 'ZRANGE', 0, -1)
   for _, owner in ipairs(q) do
     local w = waiter_entry(owner)
     if w and wanted(w) > cap then
