@@ -882,14 +882,16 @@ fn foreign_data_at_any_semaphore_key_in_any_state_is_refused_or_left_untouched()
     let string: Foreign = ("string", &["SET", "x"]);
     let zset: Foreign = ("zset", &["ZADD", "1", "job-a"]);
     let list: Foreign = ("list", &["RPUSH", "hello"]);
+    // a zset whose members are not due yet (expiry, which checks the due ones, does not see it)
+    let later: Foreign = ("zset due later", &["ZADD", "99999999999999", "job-b"]);
     // (key index in key_names, or 6: the caller's wake list, 7: the waiter's, 8: the left marks)
     let kinds: [(usize, Vec<Foreign>); 9] = [
         (0, vec![hash, string]),
         (1, vec![("1e20", &["SET", "1e20"]), hash]),
         (2, vec![zset, list]),
         (3, vec![hash, string]),
-        (4, vec![zset, hash]),
-        (5, vec![zset, string]),
+        (4, vec![zset, later, hash]),
+        (5, vec![zset, later, string]),
         (6, vec![list, string]),
         (7, vec![list, hash]),
         (8, vec![hash, zset]),
