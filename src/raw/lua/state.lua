@@ -54,23 +54,10 @@ end
 
 local FOREIGN_LIST = 'a list of messages fairlock did not write'
 
--- Remove every message to `owner` (whatever attempt it is for) from its client's wake list.
--- Its first call touches the list (undeclared, see "Undeclared keys"): callers make it before
--- their first write of a unit of work.
-local function drop_wakeups(owner)
-  local wk, prefix = wake_of(owner)
-  local msgs = read(wk, 'LRANGE', 0, -1)
-  for _, msg in ipairs(msgs) do
-    if not is_wakeup(msg) then refuse(wk, FOREIGN_LIST) end
-  end
-  for _, msg in ipairs(msgs) do
-    if msg:sub(1, #prefix) == prefix then redis.call('LREM', wk, 1, msg) end
-  end
-end
-
 -- Remove `owner`'s messages about `attempt` and older ones, never those of a newer attempt of
 -- the thread (a late copy of an old request must not take the wake-up of the thread's newer
--- grant). Touches the list first, as drop_wakeups.
+-- grant). Its first call touches the list (undeclared, see "Undeclared keys"): callers make it
+-- before their first write of a unit of work.
 local function drop_wakeups_upto(owner, attempt)
   local wk, prefix = wake_of(owner)
   local msgs = read(wk, 'LRANGE', 0, -1)
@@ -83,6 +70,11 @@ local function drop_wakeups_upto(owner, attempt)
       if not a or a <= attempt then redis.call('LREM', wk, 1, msg) end
     end
   end
+end
+
+-- Remove every message to `owner`, whatever attempt it is for (as drop_wakeups_upto).
+local function drop_wakeups(owner)
+  drop_wakeups_upto(owner, math.huge)
 end
 
 -- Whether a wake-up can be pushed to `owner` now. The wake list is a key the script does not
