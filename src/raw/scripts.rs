@@ -15,6 +15,42 @@ const STATE: &str = include_str!("lua/state.lua");
 /// Helpers of the semaphore's scripts (after `STATE`; see docs/semaphores.md).
 const SEM: &str = include_str!("lua/sem.lua");
 
+/// A script file's text: the compiled-in one. Built with `--cfg fairlock_mutants` (only
+/// scripts/mutants.sh does, in its own target directory), the file of that name in
+/// `$FAIRLOCK_LUA_DIR` when the variable is set: the mutation score then runs each mutant's
+/// checks without rebuilding the crate and its test binaries.
+#[cfg(not(fairlock_mutants))]
+fn text(_file: &str, compiled: &'static str) -> &'static str {
+    compiled
+}
+
+#[cfg(fairlock_mutants)]
+fn text(file: &str, compiled: &'static str) -> &'static str {
+    match std::env::var_os("FAIRLOCK_LUA_DIR") {
+        None => compiled,
+        Some(dir) => {
+            let path = std::path::Path::new(&dir).join(file);
+            let code = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+                panic!("FAIRLOCK_LUA_DIR: cannot read {}: {e}", path.display())
+            });
+            // read once per script (the callers keep it in a LazyLock): a bounded leak
+            Box::leak(code.into_boxed_str())
+        }
+    }
+}
+
+fn common() -> &'static str {
+    text("common.lua", COMMON)
+}
+
+fn state() -> &'static str {
+    text("state.lua", STATE)
+}
+
+fn sem() -> &'static str {
+    text("sem.lua", SEM)
+}
+
 /// A transition's source: its file in `lua/`, and whether it uses `state.lua`'s helpers.
 struct Source {
     name: &'static str,
@@ -73,6 +109,11 @@ const SOURCES: [&Source; 15] = [
 ];
 
 impl Source {
+    /// The transition's own file.
+    fn body(&self) -> &'static str {
+        text(&format!("{}.lua", self.name), self.body)
+    }
+
     /// What a run does first: set the run's keys and settings (and state.lua's per-run state).
     fn reset(&self) -> &'static str {
         if self.state {
@@ -91,11 +132,11 @@ struct Library {
 }
 
 static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
-    let helpers = format!("{COMMON}\n{STATE}\n{SEM}\n");
+    let helpers = format!("{}\n{}\n{}\n", common(), state(), sem());
     let mut hashed = helpers.clone();
     for s in SOURCES {
         hashed.push_str(s.reset());
-        hashed.push_str(s.body);
+        hashed.push_str(s.body());
     }
     let name = format!("fairlock_{}", &redis::Script::new(&hashed).get_hash()[..12]);
     let mut code = format!("#!lua name={name}\n{helpers}");
@@ -104,7 +145,7 @@ static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
             "\nredis.register_function('{name}_{}', function(KEYS, ARGV)\n{}{}\nend)\n",
             s.name,
             s.reset(),
-            s.body,
+            s.body(),
         ));
     }
     Library { name, code }
@@ -158,12 +199,13 @@ impl fmt::Debug for Script {
 
 impl Script {
     fn new(source: &Source) -> Script {
-        let state = if source.state { STATE } else { "" };
-        let sem = if source.sem { SEM } else { "" };
+        let state = if source.state { state() } else { "" };
+        let sem = if source.sem { sem() } else { "" };
         let code = format!(
-            "{COMMON}\n{state}\n{sem}\n{reset}{body}",
+            "{common}\n{state}\n{sem}\n{reset}{body}",
+            common = common(),
             reset = source.reset(),
-            body = source.body
+            body = source.body()
         );
         let sha = redis::Script::new(&code).get_hash().to_string();
         let function = format!("{}_{}", LIBRARY.name, source.name);
