@@ -74,9 +74,32 @@ pub struct Snapshot {
     pub locks: Vec<LockSnap>,
     /// Every key with its PTTL, when asked for.
     pub keys: Vec<(String, i64)>,
+    /// Every key's entries and longest entry in bytes, when asked for (as `keys`).
+    pub sizes: Vec<KeySize>,
+    /// The server's clock (ms) at the snapshot.
+    pub server_ms: i64,
     /// Fuzzer and real time when the reply arrived (after the snapshot was taken).
     pub fz: f64,
     pub real: f64,
+}
+
+/// The size judge's bounds (8'', `World::keys_bounded`): a key's entries beyond those a
+/// participant brings (a lock's or a semaphore's hash fields, a fence), per participant (a
+/// queue place, a waiters entry, a hold and its lease and hand-off, a wake-up in each wake
+/// list: a wake-up of its current attempt, and one of an older attempt not yet dropped), and
+/// an entry's bytes (a receipts field: eight tokens of 20 digits; an owner id with
+/// its attempt and meta).
+pub const KEY_ENTRIES_FIXED: i64 = 16;
+pub const KEY_ENTRIES_PER_PARTICIPANT: i64 = 2;
+pub const KEY_ENTRY_BYTES: i64 = 256;
+
+/// A key's size: its entries (fields, members, elements; 1 for a string) and its longest field,
+/// value, member or element in bytes.
+#[derive(Clone, Debug)]
+pub struct KeySize {
+    pub key: String,
+    pub entries: i64,
+    pub longest: i64,
 }
 
 /// What the checks remember between snapshots.
@@ -134,14 +157,35 @@ for i = 0, #KEYS / 4 - 1 do
                     redis.call('HGETALL', KEYS[4 * i + 3]),
                     redis.call('GET', KEYS[4 * i + 4]) or '0' }
 end
+-- every key: name, PTTL, entries (fields, members, elements; 1 for a string) and the
+-- longest field, value, member or element in bytes
+local function size(k)
+  local t = redis.call('TYPE', k).ok
+  local items
+  if t == 'string' then return 1, redis.call('STRLEN', k)
+  elseif t == 'hash' then items = redis.call('HGETALL', k)
+  elseif t == 'zset' then items = redis.call('ZRANGE', k, 0, -1)
+  elseif t == 'list' then items = redis.call('LRANGE', k, 0, -1)
+  elseif t == 'set' then items = redis.call('SMEMBERS', k)
+  else return 0, 0 end
+  local longest = 0
+  for _, v in ipairs(items) do longest = math.max(longest, #v) end
+  if t == 'hash' then return #items / 2, longest end
+  return #items, longest
+end
 local keys = {}
 if ARGV[1] == '1' then
   for _, k in ipairs(redis.call('KEYS', '*')) do
+    local entries, longest = size(k)
     keys[#keys + 1] = k
     keys[#keys + 1] = redis.call('PTTL', k)
+    keys[#keys + 1] = entries
+    keys[#keys + 1] = longest
   end
 end
 out[#out + 1] = keys
+local now = redis.call('TIME')
+out[#out + 1] = now[1] * 1000 + math.floor(now[2] / 1000)
 return out
 ",
     )
@@ -210,13 +254,21 @@ impl World {
         let all = items(&v);
         let n = self.locks.len();
         let locks = all[..n].iter().map(parse_lock).collect();
-        let keys = items(&all[n])
-            .chunks(2)
-            .map(|p| (text(&p[0]), text(&p[1]).parse().unwrap_or(-3)))
+        let int = |v: &Value| text(v).parse().unwrap_or(-3);
+        let rows = items(&all[n]).chunks(4);
+        let keys = rows.clone().map(|p| (text(&p[0]), int(&p[1]))).collect();
+        let sizes = rows
+            .map(|p| KeySize {
+                key: text(&p[0]),
+                entries: int(&p[2]),
+                longest: int(&p[3]),
+            })
             .collect();
         Snapshot {
             locks,
             keys,
+            sizes,
+            server_ms: all.get(n + 1).map_or(0, int),
             fz: self.clock.fz(),
             real: self.clock.real(),
         }
@@ -550,9 +602,65 @@ impl World {
         for (check, msg) in found {
             self.violate(check, msg);
         }
+        self.keys_bounded(&snap);
         self.checker.last = snap.locks;
         self.sem_step_checks();
         self.left_marks_bounded();
+    }
+
+    /// 8''. Every key's size (locks and semaphores: hashes, queues, waiters, leases, hand-offs,
+    /// wake lists, fences, receipts): at most `KEY_ENTRIES_FIXED` entries plus
+    /// `KEY_ENTRIES_PER_PARTICIPANT` for each participant, and no entry longer than
+    /// `KEY_ENTRY_BYTES`. The participants: the owners whose last request reached Redis
+    /// within 1.1 queue TTLs (and 2 s) of the snapshot, the longest anything of a departed
+    /// owner may stay (a queue place, a waiters entry, a wake list, an expired hold's field
+    /// are all gone by then). So a key that grows with the attempts, the requests or the time
+    /// rather than with the participants fails, however slowly. Not counted here: the left
+    /// marks, whose count follows the attempts that ended within a queue TTL (8' bounds each
+    /// mark's age instead); their entries' length is bounded here like every key's.
+    pub fn keys_bounded(&mut self, snap: &Snapshot) {
+        let queue_ttl = (2 * self.cfg.waiter_timeout_ms).max(600_000) as i64;
+        let since = snap.server_ms - queue_ttl - queue_ttl / 10 - 2_000;
+        let participants = self
+            .last_sent_server_ms
+            .values()
+            .filter(|sent| **sent >= since)
+            .count() as i64;
+        let most = KEY_ENTRIES_FIXED + KEY_ENTRIES_PER_PARTICIPANT * participants;
+        let mut wrong = vec![];
+        for k in &snap.sizes {
+            let counted = !k.key.ends_with(":left");
+            if counted && k.entries > most {
+                wrong.push(format!(
+                    "{} has {} entries (at most {most} for {participants} participants)",
+                    k.key, k.entries
+                ));
+            }
+            if k.longest > KEY_ENTRY_BYTES {
+                wrong.push(format!(
+                    "{} has an entry of {} bytes (at most {KEY_ENTRY_BYTES})",
+                    k.key, k.longest
+                ));
+            }
+            if counted && participants > 0 {
+                let per = (k.entries - KEY_ENTRIES_FIXED).max(0) as f64 / participants as f64;
+                self.stats
+                    .max("key entries per participant (x100)", (per * 100.0) as u64);
+            }
+            let role = k.key.rsplit_once('}').map_or("", |(_, r)| r);
+            let role = if role.contains(":wake:") {
+                ":wake:*"
+            } else {
+                role
+            };
+            self.stats
+                .max(&format!("key entries {role:?}"), k.entries.max(0) as u64);
+            self.stats.max("participants", participants as u64);
+            self.stats.max("key entry bytes", k.longest.max(0) as u64);
+        }
+        if !wrong.is_empty() {
+            self.violate(Check::KeySize, wrong.join("; "));
+        }
     }
 
     /// 8'. The left marks' size (lock and semaphore): a mark lives the queue's TTL, and the mark

@@ -17,7 +17,7 @@ use crate::model::{Client, Clock, Config, State, Wait};
 use crate::sem::{make_sems, SemChecker};
 use crate::steps::{Fault, Step, Who};
 
-/// Counters by name: steps by kind, faults by kind, exemptions.
+/// Counters by name: steps by kind, faults by kind, exemptions; and maxima (named "max ...").
 #[derive(Clone, Default)]
 pub struct Stats(pub BTreeMap<String, u64>);
 
@@ -26,9 +26,20 @@ impl Stats {
         *self.0.entry(key.to_string()).or_default() += n;
     }
 
+    /// Keep the largest `n` seen under "max `key`".
+    pub fn max(&mut self, key: &str, n: u64) {
+        let v = self.0.entry(format!("max {key}")).or_default();
+        *v = (*v).max(n);
+    }
+
     pub fn merge(&mut self, other: &Stats) {
         for (k, v) in &other.0 {
-            self.add(k, *v);
+            if k.starts_with("max ") {
+                let mine = self.0.entry(k.clone()).or_default();
+                *mine = (*mine).max(*v);
+            } else {
+                self.add(k, *v);
+            }
         }
     }
 }
