@@ -1898,3 +1898,30 @@ fn a_leave_that_asks_no_mark_leaves_none() {
         .unwrap();
     assert!(!marks, "a leave that asked for no mark left one");
 }
+
+/// A late copy of an acquire whose attempt already left (its mark says so), arriving while
+/// the thread still has an older hold nobody keeps: the copy does nothing for its own attempt,
+/// but the orphaned hold is passed on at once to the queue's head, with its wake-up, not left
+/// free for the next heartbeat to notice.
+#[test]
+fn a_stale_acquire_passes_the_threads_orphaned_hold_to_the_head_at_once() {
+    let (_server, mut c, lock) = start("stale-orphan");
+    take(&mut c, &lock, "job:1", 1);
+    enqueue(&mut c, &lock, "other:1", 2);
+    // attempt 3 of job:1 left (with a mark) before its acquire arrived
+    lock.leave("job:1", 3, LeaveMode::Pass, LateAcquire::Possible)
+        .run(&mut c)
+        .unwrap();
+    assert_eq!(holder(&mut c, &lock).0.as_deref(), Some("job:1"));
+    let late = lock
+        .acquire("job:1", 3, LEASE, Mode::Wait, "m")
+        .run(&mut c)
+        .unwrap();
+    assert!(matches!(late, Acquire::Stale), "{late:?}");
+    assert_eq!(holder(&mut c, &lock).0.as_deref(), Some("other:1"));
+    assert!(queue(&mut c, &lock).is_empty());
+    assert!(
+        matches!(pop(&mut c, &lock, "other:1"), Some(Wake::Grant { .. })),
+        "the head is told of its grant"
+    );
+}
