@@ -636,6 +636,12 @@ impl World {
         }
         if let Ok(hb) = s.reply {
             let now = self.clock.real();
+            // a heartbeat drops the waiters entry of each owner it names that has no place
+            if let Some(excused) = &mut self.checker.queue_lost[lock] {
+                for (_, owner, _) in &pairs {
+                    excused.remove(owner);
+                }
+            }
             for (t, owner, attempt) in pairs {
                 // a waiter told to retry has lost its place: Redis may do that to a dead waiter,
                 // to one whose place a counted event took (eviction, data loss) or that was

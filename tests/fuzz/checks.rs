@@ -113,9 +113,10 @@ pub struct Checker {
     pub forced: Vec<HashSet<u64>>,
     /// The fence may be gone (evicted, data loss) since the last grant.
     pub fence_lost: Vec<bool>,
-    /// The queue key was evicted while the waiters hash lived on: its entries may outlive their
-    /// places until the hash goes (heartbeats tell their owners to retry).
-    pub queue_lost: Vec<bool>,
+    /// The queue key was evicted while the waiters hash lived on: the owners whose entries may
+    /// outlive their places (those the hash had at the eviction), each until a heartbeat that
+    /// names it is answered (it tells the owner to retry and drops the entry) or the hash goes.
+    pub queue_lost: Vec<Option<HashSet<String>>>,
     /// 4'''. The order the `Queued` replies were seen in (`fuzz/fifo.rs`).
     pub reply_order: crate::fifo::ReplyOrder,
 }
@@ -128,7 +129,7 @@ impl Checker {
             exempt: vec![HashSet::new(); locks],
             forced: vec![HashSet::new(); locks],
             fence_lost: vec![false; locks],
-            queue_lost: vec![false; locks],
+            queue_lost: vec![None; locks],
             reply_order: crate::fifo::ReplyOrder::new(locks),
         }
     }
@@ -466,13 +467,17 @@ impl World {
         for (l, cur) in snap.locks.iter().enumerate() {
             // 8. key sizes: a waiters entry exists only for a queued owner, so the waiters
             //    hash never outgrows the queue (each entry is a participant's place)
+            //    (after a queue eviction: only the owners the hash had then, each until a
+            //    heartbeat naming it was answered; F13)
             if cur.waiters.is_empty() {
-                self.checker.queue_lost[l] = false;
-            } else if !self.checker.queue_lost[l] {
+                self.checker.queue_lost[l] = None;
+            } else {
+                let excused = self.checker.queue_lost[l].as_ref();
                 let extra: Vec<&String> = cur
                     .waiters
                     .keys()
                     .filter(|o| !cur.queue.iter().any(|(q, _)| q == *o))
+                    .filter(|o| !excused.is_some_and(|e| e.contains(*o)))
                     .collect();
                 if !extra.is_empty() {
                     self.violate(

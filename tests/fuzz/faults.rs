@@ -1,6 +1,7 @@
 //! The operator's force-unlock and the faults: stray duplicates and late deliveries, crashes,
 //! pauses, time passing, evictions, data loss and server clock steps.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::faketime::server_time_us;
@@ -296,6 +297,14 @@ impl World {
         }
     }
 
+    /// The owners with an entry in the waiters hash `key` now.
+    pub fn waiters_owners(&mut self, key: &str) -> Vec<String> {
+        redis::cmd("HKEYS")
+            .arg(key)
+            .query(&mut self.conns[0])
+            .unwrap_or_default()
+    }
+
     pub fn evict(&mut self, lock: usize, key: EvictKey) -> bool {
         if lock >= self.locks.len() {
             return false;
@@ -313,7 +322,10 @@ impl World {
             EvictKey::Queue | EvictKey::Waiters => {
                 self.places_lost(lock);
                 if key == EvictKey::Queue {
-                    self.checker.queue_lost[lock] = true;
+                    let owners = self.waiters_owners(&names[3]);
+                    self.checker.queue_lost[lock]
+                        .get_or_insert_with(HashSet::new)
+                        .extend(owners);
                 }
                 names[if key == EvictKey::Queue { 2 } else { 3 }].clone()
             }

@@ -428,7 +428,9 @@ pub struct SemChecker {
     /// Tokens an operator released by force: their hand-offs may vanish.
     pub forced: Vec<HashSet<u64>>,
     pub fence_lost: Vec<bool>,
-    pub queue_lost: Vec<bool>,
+    /// As the lock's (`Checker::queue_lost`): the owners whose waiters entries may outlive
+    /// their places after a queue eviction, each until a heartbeat naming it is answered.
+    pub queue_lost: Vec<Option<HashSet<String>>>,
 }
 
 impl SemChecker {
@@ -439,7 +441,7 @@ impl SemChecker {
             exempt: vec![HashSet::new(); n],
             forced: vec![HashSet::new(); n],
             fence_lost: vec![false; n],
-            queue_lost: vec![false; n],
+            queue_lost: vec![None; n],
         }
     }
 }
@@ -1160,6 +1162,11 @@ impl World {
         }
         if let Ok(hb) = s.reply {
             let now = self.clock.real();
+            if let Some(excused) = &mut self.sem_checker.queue_lost[sem] {
+                for (_, owner, _) in &pairs {
+                    excused.remove(owner);
+                }
+            }
             for (t, owner, attempt) in pairs {
                 // a waiter told to retry has lost its place: Redis may do that to a dead waiter,
                 // to one whose place a counted event took (eviction, data loss) or that was
@@ -1315,7 +1322,10 @@ impl World {
             SemKey::Queue | SemKey::Waiters => {
                 self.sem_places_lost(sem);
                 if key == SemKey::Queue {
-                    self.sem_checker.queue_lost[sem] = true;
+                    let owners = self.waiters_owners(&names[3]);
+                    self.sem_checker.queue_lost[sem]
+                        .get_or_insert_with(HashSet::new)
+                        .extend(owners);
                     names[2].clone()
                 } else {
                     names[3].clone()
@@ -1565,12 +1575,14 @@ impl World {
             let cap = self.cfg.sems[s].cap;
             // 8. waiters entries only for queued owners
             if cur.waiters.is_empty() {
-                self.sem_checker.queue_lost[s] = false;
-            } else if !self.sem_checker.queue_lost[s] {
+                self.sem_checker.queue_lost[s] = None;
+            } else {
+                let excused = self.sem_checker.queue_lost[s].as_ref();
                 let extra: Vec<&String> = cur
                     .waiters
                     .keys()
                     .filter(|o| !cur.queue.iter().any(|(q, _)| q == *o))
+                    .filter(|o| !excused.is_some_and(|e| e.contains(*o)))
                     .collect();
                 if !extra.is_empty() {
                     found.push((
