@@ -1669,7 +1669,12 @@ impl World {
                         let prefix = grant_prefix(&th.owner, w.attempt, h.token);
                         if !popped.iter().any(|m| m.starts_with(&prefix)) {
                             let key = self.sems[w.lock].wake_key(&th.owner);
-                            unpopped.push((key, prefix, format!("sem {} to c{c}:t{t}", w.lock)));
+                            unpopped.push((
+                                key,
+                                prefix,
+                                format!("sem {} to c{c}:t{t}", w.lock),
+                                h.earliest_end,
+                            ));
                         }
                     }
                     if cur.holds.get(&id).map(|x| x.0) != Some(h.token) {
