@@ -549,8 +549,8 @@ impl<'a> Attempt<'a> {
 mod tests {
     use super::*;
 
-    /// Review 3, fault 12: the failure count was never reset, so three isolated hiccups in an
-    /// hours-long wait ended it.
+    /// Failures further apart than the window start the count again. Before, the failure count was
+    /// never reset, so three isolated hiccups in an hours-long wait ended it.
     #[test]
     fn failures_further_apart_than_the_window_start_the_count_again() {
         let s = Streak::default();
@@ -567,8 +567,8 @@ mod tests {
         assert_eq!(s.add_at(t1 + FAILURE_WINDOW * 2), 1);
     }
 
-    /// Review 3, fault 12: a read interrupted by a signal (a Ctrl-Z and `fg`) counted as a
-    /// failure of the server; it is re-checked like a dropped connection now.
+    /// A read interrupted by a signal (a Ctrl-Z and `fg`) is no failure of the server: it is
+    /// re-checked like a dropped connection. Before, it counted as a failure.
     #[test]
     fn a_read_interrupted_by_a_signal_is_recognised() {
         use crate::connection::is_interrupted;

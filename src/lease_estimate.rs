@@ -126,9 +126,9 @@ mod tests {
         }
     }
 
-    /// The review's two-owner case: queued at local 0 (last token 100), the server clock steps
-    /// +20 s, the grant (token 101) is made at local 1000 and delivered 5 s late, at 6000. The
-    /// server's lease ends at 1000 + 3000 = 4000; the old formula (server interval capped by
+    /// A case that gave two owners at once: queued at local 0 (last token 100), the server clock
+    /// steps +20 s, the grant (token 101) is made at local 1000 and delivered 5 s late, at 6000.
+    /// The server's lease ends at 1000 + 3000 = 4000; the old formula (server interval capped by
     /// the elapsed time at processing) put it at 9000.
     #[test]
     fn a_late_delivered_grant_after_a_forward_server_clock_step_is_never_taken_as_fresh() {

@@ -163,8 +163,8 @@ mod tests {
         }
     }
 
-    /// Review 4, X1: the user info was taken to end at the first `/`, `?` or `#`, so a password
-    /// with one of them had no `@` before it and was shown whole.
+    /// The user info ends at the last `@` before the host. Before, it was taken to end at the first
+    /// `/`, `?` or `#`, so a password with one of them had no `@` before it and was shown whole.
     #[test]
     fn a_password_with_reserved_characters_is_hidden_to_the_last_at() {
         for (url, redacted) in [

@@ -1,6 +1,6 @@
-//! Restricted Redis users (issue 24): the ACL line docs/deployments.md gives is enough for
-//! everything a client does, and with less a client either works with a logged degradation or
-//! fails with an error that names the missing permission, never "check the host and port".
+//! Restricted Redis users: the ACL line docs/deployments.md gives is enough for everything a client
+//! does, and with less a client either works with a logged degradation or fails with an error that
+//! names the missing permission, never "check the host and port".
 //!
 //! Every test makes its user on its own throwaway server; the servers' default user stays the
 //! test's admin.
@@ -260,10 +260,10 @@ fn a_user_without_dangerous_commands_connects_and_is_served_promptly() {
     );
 }
 
-/// Review 4, A5: a user refused `INFO` connected to an evicting server with the eviction check
-/// skipped and only a log line to say so. `CONFIG GET maxmemory-policy`, often allowed
-/// separately, is asked instead, at connect and by the periodic check; only when it is refused
-/// too is the check skipped, and the client says so (`LockClient::skipped_checks`).
+/// Before, a user refused `INFO` connected to an evicting server with the eviction check skipped
+/// and only a log line to say so. `CONFIG GET maxmemory-policy`, often allowed separately, is asked
+/// instead, at connect and by the periodic check; only when it is refused too is the check skipped,
+/// and the client says so (`LockClient::skipped_checks`).
 #[test]
 fn a_user_refused_info_is_checked_with_config_get_or_told_what_was_skipped() {
     let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);

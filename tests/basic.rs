@@ -480,10 +480,10 @@ fn a_client_built_from_a_config_uses_all_of_its_settings() {
     guard.unlock().unwrap();
 }
 
-/// Review 3, fault 7, the documented scheduled-job pattern (fixed lease + `leak()`): the same
-/// thread's next `try_lock` within the period re-took its own leaked hold, so the job ran again
-/// on every tick, ahead of a worker queued on another server. Now the leaked hold counts like
-/// anyone's until its lease runs out.
+/// The documented scheduled-job pattern (fixed lease + `leak()`). Before, the same thread's next
+/// `try_lock` within the period re-took its own leaked hold, so the job ran again on every tick,
+/// ahead of a worker queued on another server. Now the leaked hold counts like anyone's until its
+/// lease runs out.
 #[test]
 fn a_leaked_fixed_lease_job_does_not_run_again_within_its_period() {
     let server = RedisServer::start();
@@ -529,10 +529,10 @@ fn a_leaked_fixed_lease_job_does_not_run_again_within_its_period() {
     worker.join().unwrap();
 }
 
-/// Review 3, fault 13: `leak()` of a nested guard only lowered the local depth: the outer
-/// guard's release then freed the lock, and a leaked outer guard stayed renewed while an inner
-/// one lived. A leak gives up the whole hold now: the lock stays held until its lease runs out
-/// and is not renewed; the thread's other guards release nothing.
+/// Before, `leak()` of a nested guard only lowered the local depth: the outer guard's release then
+/// freed the lock, and a leaked outer guard stayed renewed while an inner one lived. A leak gives
+/// up the whole hold now: the lock stays held until its lease runs out and is not renewed; the
+/// thread's other guards release nothing.
 #[test]
 fn leaking_a_nested_guard_keeps_the_lock_until_its_lease_and_stops_renewal() {
     let server = RedisServer::start();
@@ -563,11 +563,11 @@ fn leaking_a_nested_guard_keeps_the_lock_until_its_lease_and_stops_renewal() {
     drop(inner);
 }
 
-/// Found by the fresh review of issue 23: `WaitCanceller::abandon` racing a grant. The waiting
-/// thread popped its hand-off and returned a guard, and the canceller's leave, sent a moment
-/// later, passed that very hold on: two owners, the guard saying `is_lost() == false`. Now the
-/// thread and the canceller take one entry and whoever is first wins: a thread that returns a
-/// guard holds the lock, and one given up returns `Error::Abandoned`.
+/// `WaitCanceller::abandon` racing a grant. Before, the waiting thread popped its hand-off and
+/// returned a guard, and the canceller's leave, sent a moment later, passed that very hold on: two
+/// owners, the guard saying `is_lost() == false`. Now the thread and the canceller take one entry
+/// and whoever is first wins: a thread that returns a guard holds the lock, and one given up
+/// returns `Error::Abandoned`.
 #[test]
 fn abandon_racing_a_grant_never_leaves_a_guard_whose_lock_was_passed_on() {
     let server = RedisServer::start();

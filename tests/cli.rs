@@ -557,9 +557,9 @@ fn the_password_in_the_url_is_never_printed() {
     }
 }
 
-/// Review 4, X1: a password with reserved characters typed as they are (`/`, `?`, `#`, `@`,
-/// `%`...) made the URL unparsable, and every command printed it whole in the error. Every URL
-/// form, the review's passwords and generated ones: neither stdout nor stderr shows any of it.
+/// Before, a password with reserved characters typed as they are (`/`, `?`, `#`, `@`, `%`...) made
+/// the URL unparsable, and every command printed it whole in the error. Every URL form, the fixed
+/// passwords and generated ones: neither stdout nor stderr shows any of it.
 #[test]
 fn a_password_with_reserved_characters_is_never_printed_by_the_cli() {
     use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -586,10 +586,10 @@ fn a_password_with_reserved_characters_is_never_printed_by_the_cli() {
     runner.run(&passwords::passwords(), try_one).unwrap();
 }
 
-/// Review 3, fault 12: each stop and continue of a waiting process (Ctrl-Z and `fg`, a
-/// debugger, a cgroup freeze) makes its blocked read fail with EINTR, and the wait gave up at
-/// the third such hiccup in its whole life (the failure count was never reset), dropping the
-/// queue place. A signal is no failure now, and isolated failures do not add up.
+/// Each stop and continue of a waiting process (Ctrl-Z and `fg`, a debugger, a cgroup freeze) makes
+/// its blocked read fail with EINTR. Before, the wait gave up at the third such hiccup in its whole
+/// life (the failure count was never reset), dropping the queue place. A signal is no failure now,
+/// and isolated failures do not add up.
 #[test]
 fn a_waiting_run_survives_being_stopped_and_continued_again_and_again() {
     let server = RedisServer::start();
@@ -683,9 +683,9 @@ fn the_password_file_is_read_and_a_refused_password_exits_77_without_showing_it(
     assert!(!out.stderr.contains("stale-token"), "{}", out.stderr);
 }
 
-/// Review 4, A2: with `--password-file` the user name was cut out of the URL still
-/// percent-encoded, so `ops%40team` was sent for the user `ops@team` and refused, where the same
-/// URL with the password in it logs in.
+/// Before, with `--password-file` the user name was cut out of the URL still percent-encoded, so
+/// `ops%40team` was sent for the user `ops@team` and refused, where the same URL with the password
+/// in it logs in.
 #[test]
 fn the_password_file_logs_in_a_user_whose_name_is_percent_encoded_in_the_url() {
     let server = RedisServer::start();
@@ -735,10 +735,10 @@ fn the_password_file_logs_in_a_user_whose_name_is_percent_encoded_in_the_url() {
     );
 }
 
-/// Review 4, A5: a user refused `INFO` ran on an `allkeys-lru` server silently (exit 0) where
-/// the default user is refused (exit 78): the check was skipped with a log line the tool never
-/// showed. Now `CONFIG GET maxmemory-policy` checks it (exit 78); when that is refused too, the
-/// tool runs and says on stderr what it could not check.
+/// Before, a user refused `INFO` ran on an `allkeys-lru` server silently (exit 0) where the default
+/// user is refused (exit 78): the check was skipped with a log line the tool never showed. Now
+/// `CONFIG GET maxmemory-policy` checks it (exit 78); when that is refused too, the tool runs and
+/// says on stderr what it could not check.
 #[test]
 fn a_user_refused_info_is_refused_an_evicting_server_or_warned_on_stderr() {
     let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);

@@ -435,8 +435,8 @@ fn a_graceful_failover_under_load_loses_no_update() {
     graceful_failover_under_load(&cluster, clients);
 }
 
-/// The same over TLS (issue 24): the nodes' client ports, cluster bus and replication all TLS,
-/// the client starting from two TLS ports and trusting the test CA.
+/// The same over TLS: the nodes' client ports, cluster bus and replication all TLS, the client
+/// starting from two TLS ports and trusting the test CA.
 #[cfg(feature = "tls")]
 #[test]
 fn over_tls_a_graceful_failover_under_load_loses_no_update() {
@@ -799,12 +799,12 @@ fn a_password_protected_cluster_takes_the_urls_credentials() {
     }
 }
 
-/// Review 3, fault 6: during a slot migration a release that hands off aborted half-way: the
-/// grant wrote the new owner, then Redis refused the grantee's wake list (a key the script does
-/// not declare, missing on the migrating node), so the head waited a lease for a message never
-/// pushed. A grant now touches the wake list before it writes anything: refused, the release
-/// leaves the lock free with its queue, and the waiter's heartbeat grants it once the slot has
-/// moved. A queueing acquire refused there adds no queue entry either.
+/// Before, during a slot migration a release that hands off aborted half-way: the grant wrote the
+/// new owner, then Redis refused the grantee's wake list (a key the script does not declare,
+/// missing on the migrating node), so the head waited a lease for a message never pushed. A grant
+/// now touches the wake list before it writes anything: refused, the release leaves the lock free
+/// with its queue, and the waiter's heartbeat grants it once the slot has moved. A queueing acquire
+/// refused there adds no queue entry either.
 #[test]
 fn a_release_during_a_slot_migration_never_leaves_half_a_hand_off() {
     use fairlock::raw::{self, Acquire, Mode, RawLock, Release, Settings};
@@ -920,12 +920,11 @@ fn a_release_sent_while_its_slot_migrates_ends_soon_after_the_migration() {
     });
 }
 
-/// Review (issue 24): a shard added to the cluster has no function library (it was loaded on
-/// the masters of the time). While a held lock's slot migrates there, its keys moved and the
-/// slot not yet assigned, calls reach the new master by `ASK`, answered "Function not found";
-/// loading the library again goes to the masters the client's slot map knows, which do not
-/// include the new one, so the release failed. It must be served there, and after the migration
-/// too.
+/// A shard added to the cluster has no function library (it was loaded on the masters of the time).
+/// While a held lock's slot migrates there, its keys moved and the slot not yet assigned, calls
+/// reach the new master by `ASK`, answered "Function not found"; loading the library again goes to
+/// the masters the client's slot map knows, which do not include the new one, so the release
+/// failed. It must be served there, and after the migration too.
 #[test]
 fn a_lock_whose_slot_moves_to_a_new_shard_is_served_there_during_and_after_the_migration() {
     let mut cluster = RedisCluster::start();

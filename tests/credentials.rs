@@ -1,7 +1,7 @@
-//! Credentials that rotate (issue 24): the password is changed on the server while threads hold
-//! and wait, and every connection is cut; a client whose credentials come from a provider goes
-//! on with the new password (nothing lost, one holder at a time, tokens rising), while a client
-//! that has only its URL's password cannot connect again.
+//! Credentials that rotate: the password is changed on the server while threads hold and wait, and
+//! every connection is cut; a client whose credentials come from a provider goes on with the new
+//! password (nothing lost, one holder at a time, tokens rising), while a client that has only its
+//! URL's password cannot connect again.
 
 mod support;
 

@@ -1,9 +1,9 @@
-//! Leader election with `fairlock run --wait forever` (issue 26): three instances of a service
-//! that writes to a fenced resource while it leads. The first leads; the other two wait in
-//! FIFO order. The leader's fairlock is SIGKILLed: its service stops and the first standby leads.
-//! That leader's fairlock is SIGSTOPped (its service runs on, a zombie leader): when its lease
-//! ends the last standby leads, the zombie's writes are refused by the fencing token, and once
-//! continued its fairlock learns of the loss at once, stops the service and exits 79.
+//! Leader election with `fairlock run --wait forever`: three instances of a service that writes to
+//! a fenced resource while it leads. The first leads; the other two wait in FIFO order. The
+//! leader's fairlock is SIGKILLed: its service stops and the first standby leads. That leader's
+//! fairlock is SIGSTOPped (its service runs on, a zombie leader): when its lease ends the last
+//! standby leads, the zombie's writes are refused by the fencing token, and once continued its
+//! fairlock learns of the loss at once, stops the service and exits 79.
 
 mod support;
 

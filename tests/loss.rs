@@ -1,8 +1,7 @@
-//! Lost holds are pushed to the holder (issue 26): the guard's `lost_signal` and the client's
-//! `on_lost` callback hear a force-release, Redis stopped past the lease, Redis frozen (SIGSTOP)
-//! past the lease (for a lock and for a permit), and the holder's own process stopped (SIGSTOP)
-//! past its lease, once each, within a renewal interval; a hold released normally is never
-//! reported.
+//! Lost holds are pushed to the holder: the guard's `lost_signal` and the client's `on_lost`
+//! callback hear a force-release, Redis stopped past the lease, Redis frozen (SIGSTOP) past the
+//! lease (for a lock and for a permit), and the holder's own process stopped (SIGSTOP) past its
+//! lease, once each, within a renewal interval; a hold released normally is never reported.
 
 mod support;
 
@@ -381,9 +380,9 @@ fn force_the_only_hold(sem: &fairlock::Semaphore, lost: &Receiver<LostHold>) -> 
     lost.recv_timeout(TOLD_WITHIN).expect("told of the loss")
 }
 
-/// A lost hold says what it held (review 4, A3): a lock, permits of a semaphore, or the read or
-/// the write of a read/write lock, so that an `on_lost` callback can tell apart a lock and a
-/// semaphore of one name; so does its text.
+/// A lost hold says what it held: a lock, permits of a semaphore, or the read or the write of a
+/// read/write lock, so that an `on_lost` callback can tell apart a lock and a semaphore of one
+/// name; so does its text.
 #[test]
 fn a_lost_hold_says_whether_it_was_a_lock_permits_a_read_or_a_write() {
     let server = RedisServer::start();

@@ -337,11 +337,11 @@ fn a_waiter_whose_acquire_was_sent_twice_leaves_a_mark_when_it_gives_up() {
     holder.unlock().unwrap();
 }
 
-/// Review 3, fault 2, with the real client: its acquire's reply is lost, the client sends it
-/// again and gets the lock, uses it and releases it; then a copy of that very request arrives
-/// late (as a copy held up on the abandoned connection would). It used to take the lock for a
-/// thread that holds no guard, refusing everyone else for a whole lease; the release now leaves
-/// a left mark (the client knew a copy could still come), and the copy does nothing.
+/// An acquire sent twice, with the real client: its acquire's reply is lost, the client sends it
+/// again and gets the lock, uses it and releases it; then a copy of that very request arrives late
+/// (as a copy held up on the abandoned connection would). It used to take the lock for a thread
+/// that holds no guard, refusing everyone else for a whole lease; the release now leaves a left
+/// mark (the client knew a copy could still come), and the copy does nothing.
 #[test]
 fn a_late_copy_of_a_repeated_acquire_after_the_release_takes_nothing() {
     use fairlock::raw::{Acquire, Mode, RawLock, Settings};

@@ -1,6 +1,6 @@
-//! Metrics (issue 26, feature `metrics`): a scripted workload against a real Redis, then the exact
-//! values the `metrics` facade received, read from `metrics-util`'s debugging recorder (one test:
-//! the recorder is global to this binary).
+//! Metrics (feature `metrics`): a scripted workload against a real Redis, then the exact values the
+//! `metrics` facade received, read from `metrics-util`'s debugging recorder (one test: the recorder
+//! is global to this binary).
 
 mod support;
 

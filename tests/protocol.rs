@@ -1,7 +1,7 @@
-//! The protocol at its edges, one test per fault found by review: late requests from abandoned
-//! connections, lost replies to force-unlock, lapsed grants, eviction, clock steps, data loss,
-//! forks. Most drive the raw protocol layer (`fairlock::raw`) directly against a real
-//! redis-server, as a client whose replies were lost or whose requests arrived late would.
+//! The protocol at its edges, one test per fault: late requests from abandoned connections, lost
+//! replies to force-unlock, lapsed grants, eviction, clock steps, data loss, forks. Most drive the
+//! raw protocol layer (`fairlock::raw`) directly against a real redis-server, as a client whose
+//! replies were lost or whose requests arrived late would.
 
 mod support;
 
@@ -127,9 +127,9 @@ fn queue(conn: &mut redis::Connection, lock: &RawLock) -> Vec<String> {
         .unwrap()
 }
 
-/// Fault 1: a waiter learns of its grant late (a slow reply, a pause before its BLPOP) and the
-/// grant lapses unseen. Before, its waiters entry survived, every heartbeat refreshed it and
-/// never said "retry": the waiter hung while newcomers took the free lock.
+/// A waiter learns of its grant late (a slow reply, a pause before its BLPOP) and the grant lapses
+/// unseen. Before, its waiters entry survived, every heartbeat refreshed it and never said "retry":
+/// the waiter hung while newcomers took the free lock.
 #[test]
 fn an_attempt_whose_grant_lapsed_unseen_is_told_to_retry() {
     let (_server, mut c, lock) = start("lapsed");
@@ -157,7 +157,8 @@ fn an_attempt_whose_grant_lapsed_unseen_is_told_to_retry() {
     take(&mut c, &lock, "w:1", 7);
 }
 
-/// Fault 1, second way in: the queue key is lost (evicted) while the waiters entry stays.
+/// A lapsed grant, the second way in: the queue key is lost (evicted) while the waiters entry
+/// stays.
 #[test]
 fn a_waiter_whose_queue_key_vanished_is_told_to_retry() {
     let (_server, mut c, lock) = start("evicted-queue");
@@ -172,8 +173,8 @@ fn a_waiter_whose_queue_key_vanished_is_told_to_retry() {
     assert_eq!(pop(&mut c, &lock, "w:1"), Some(Wake::Retry { attempt: 2 }));
 }
 
-/// Fault 2: a force-unlock whose reply was lost is sent again. Before, the second run released
-/// whoever held the lock, i.e. the waiter it had just been granted to.
+/// A force-unlock whose reply was lost is sent again. Before, the second run released whoever held
+/// the lock, i.e. the waiter it had just been granted to.
 #[test]
 fn a_retried_force_unlock_never_releases_the_next_holder() {
     let (_server, mut c, lock) = start("forced");
@@ -198,9 +199,9 @@ fn a_retried_force_unlock_never_releases_the_next_holder() {
     assert_eq!(holder(&mut c, &lock), (Some("b:1".into()), t2));
 }
 
-/// Fault 3: after a read timeout the request may still reach Redis later. An abandoned
-/// attempt's late `leave` used to match on the owner alone and release the thread's newer
-/// hold; a late `acquire` reset a deep re-entry count to 1.
+/// After a read timeout the request may still reach Redis later. An abandoned attempt's late
+/// `leave` used to match on the owner alone and release the thread's newer hold; a late `acquire`
+/// reset a deep re-entry count to 1.
 #[test]
 fn late_requests_of_an_abandoned_attempt_change_nothing() {
     let (_server, mut c, lock) = start("late");
@@ -237,12 +238,12 @@ fn late_requests_of_an_abandoned_attempt_change_nothing() {
     assert_eq!(count, 3);
 }
 
-/// Fault 3, the other order: the attempt's `leave` arrives first (or its acquire arrives twice,
-/// the second copy after the leave), and the thread moves on, maybe to another lock. The late
-/// acquire used to queue a waiter nobody heartbeats, or take the free lock for a thread that
-/// holds no guard: found by the fuzzer's long run (seed 20261977), where nothing touched that
-/// lock again and its queue keys stayed for their 10-minute TTL. A leave whose attempt had a
-/// request unanswered now leaves a mark that such an acquire finds.
+/// Late requests in the other order: the attempt's `leave` arrives first (or its acquire arrives
+/// twice, the second copy after the leave), and the thread moves on, maybe to another lock. The
+/// late acquire used to queue a waiter nobody heartbeats, or take the free lock for a thread that
+/// holds no guard: found by the fuzzer's long run (seed 20261977), where nothing touched that lock
+/// again and its queue keys stayed for their 10-minute TTL. A leave whose attempt had a request
+/// unanswered now leaves a mark that such an acquire finds.
 #[test]
 fn an_acquire_that_arrives_after_its_attempts_leave_does_nothing() {
     let (_server, mut c, lock) = start("left-first");
@@ -306,10 +307,10 @@ fn an_acquire_that_arrives_after_its_attempts_leave_does_nothing() {
     );
 }
 
-/// Fault 4: a release that timed out unapplied, then a new acquire by the same thread. The new
-/// hold used to get the old token, so the late release matched it and freed the new hold.
-/// (Since review 3 the new attempt passes the old hold on as a release would, and takes the
-/// lock as a newcomer: here nobody waits, so it takes it at once, with a new token.)
+/// A release that timed out unapplied, then a new acquire by the same thread. The new hold used to
+/// get the old token, so the late release matched it and freed the new hold. (The new attempt
+/// passes the old hold on as a release would, and takes the lock as a newcomer: here nobody waits,
+/// so it takes it at once, with a new token.)
 #[test]
 fn a_new_hold_of_the_same_thread_gets_a_new_token_a_late_release_cannot_free() {
     let (_server, mut c, lock) = start("retaken");
@@ -326,9 +327,9 @@ fn a_new_hold_of_the_same_thread_gets_a_new_token_a_late_release_cannot_free() {
     assert_eq!(holder(&mut c, &lock), (Some("w:1".into()), Some(t2)));
 }
 
-/// Fault 5: the only waiter is granted the lock and dies before popping it; nobody heartbeats,
-/// the waiters hash goes. A newcomer's heartbeats used to never see the dead grantee, so the
-/// lock stayed with it for the grant's whole lease (30 s here) instead of a few waiter timeouts.
+/// The only waiter is granted the lock and dies before popping it; nobody heartbeats, the waiters
+/// hash goes. A newcomer's heartbeats used to never see the dead grantee, so the lock stayed with
+/// it for the grant's whole lease (30 s here) instead of a few waiter timeouts.
 #[test]
 fn a_dead_grantee_is_revoked_within_waiter_timeouts_not_its_lease() {
     let (_server, mut c, lock) = start("dead-grantee");
@@ -368,9 +369,9 @@ fn a_dead_grantee_is_revoked_within_waiter_timeouts_not_its_lease() {
     );
 }
 
-/// Fault 8: a re-entry applied with its reply lost leaves the server's count above the thread's
-/// depth. The outermost release used to see count 2, answer "held", and leave the lock held
-/// until its lease ran out.
+/// A re-entry applied with its reply lost leaves the server's count above the thread's depth. The
+/// outermost release used to see count 2, answer "held", and leave the lock held until its lease
+/// ran out.
 #[test]
 fn the_outermost_release_frees_the_lock_whatever_the_count() {
     let (_server, mut c, lock) = start("diverged");
@@ -384,8 +385,8 @@ fn the_outermost_release_frees_the_lock_whatever_the_count() {
     assert_eq!(holder(&mut c, &lock), (None, None));
 }
 
-/// Fault 11: tokens went back to 1 after data loss (a restart without persistence, a lagging
-/// replica, eviction of the fence).
+/// Tokens keep rising across data loss (a restart without persistence, a lagging replica,
+/// eviction of the fence). Before, they went back to 1.
 #[test]
 fn tokens_keep_rising_across_data_loss() {
     let (mut server, mut c, lock) = start("lossy");
@@ -403,7 +404,7 @@ fn tokens_keep_rising_across_data_loss() {
         t4 > t3,
         "after a restart without persistence: {t4} after {t3}"
     );
-    // and the fence carries the client's TTL (fault 15), default 7 days
+    // and the fence carries the client's TTL, default 7 days
     let fence_ttl: i64 = redis::cmd("PTTL")
         .arg(lock.key_names()[1])
         .query(&mut c)
@@ -411,9 +412,10 @@ fn tokens_keep_rising_across_data_loss() {
     assert!(fence_ttl > 6 * 24 * 3600 * 1000, "fence TTL {fence_ttl}");
 }
 
-/// Fault 12: waiter deadlines were absolute server times, so a forward step of the server clock
-/// larger than the waiter timeout purged every live waiter (FIFO scrambled), and a backward step
-/// kept dead ones alive for as long as the step.
+/// Server clock steps neither purge live waiters nor keep dead ones. Before, waiter deadlines
+/// were absolute server times, so a forward step of the server clock larger than the waiter
+/// timeout purged every live waiter (FIFO scrambled), and a backward step kept dead ones alive
+/// for as long as the step.
 #[test]
 fn server_clock_steps_neither_purge_live_waiters_nor_keep_dead_ones() {
     let mut server = faketime::FakeClockRedis::start();
@@ -464,8 +466,9 @@ fn server_clock_steps_neither_purge_live_waiters_nor_keep_dead_ones() {
     );
 }
 
-/// Fault 6: a forward step of the server clock between a waiter's queueing and its grant made
-/// the local lease estimate late (the estimate added the server time in between).
+/// A server clock step cannot make a lease estimate late. Before, a forward step of the server
+/// clock between a waiter's queueing and its grant made the local lease estimate late (the
+/// estimate added the server time in between).
 #[test]
 fn a_server_clock_step_cannot_make_a_lease_estimate_late() {
     let mut server = faketime::FakeClockRedis::start();
@@ -495,9 +498,9 @@ fn a_server_clock_step_cannot_make_a_lease_estimate_late() {
     );
 }
 
-/// Fault 7: under an evicting `maxmemory-policy` Redis may drop a lock's keys (a second holder,
-/// tokens restarting, lost places). Such a server is refused, naming the setting, and a change
-/// while the client runs is reported.
+/// Under an evicting `maxmemory-policy` Redis may drop a lock's keys (a second holder, tokens
+/// restarting, lost places). Such a server is refused, naming the setting, and a change while the
+/// client runs is reported.
 #[test]
 fn a_server_that_may_evict_keys_is_refused_by_name() {
     let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
@@ -552,11 +555,11 @@ fn an_evicting_server_is_used_only_when_the_risk_is_accepted_by_name() {
     client.check_server().expect("warns, does not fail");
 }
 
-/// Found by the server matrix (issue 24): a waiter whose re-request after a restart reached
-/// Redis while it was still loading its AOF (`LOADING`) gave up the wait with "Redis is still
-/// loading its data after a restart". A loading server is a restart in progress: the waiter
-/// keeps its place and asks again. (300,000 keys make the load last long enough to be hit
-/// every time; Valkey answers LOADING even for a tiny file.)
+/// Found by the server matrix: a waiter whose re-request after a restart reached Redis while it was
+/// still loading its AOF (`LOADING`) gave up the wait with "Redis is still loading its data after a
+/// restart". A loading server is a restart in progress: the waiter keeps its place and asks again.
+/// (300,000 keys make the load last long enough to be hit every time; Valkey answers LOADING even
+/// for a tiny file.)
 #[test]
 fn a_waiter_keeps_waiting_while_a_restarted_redis_loads_its_data() {
     let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
@@ -600,9 +603,9 @@ fn a_waiter_keeps_waiting_while_a_restarted_redis_loads_its_data() {
     assert!(got > token);
 }
 
-/// Fault 9: after a restart every pooled connection is stale. A waiter's BLPOP on one counted as
-/// a failure, and three of them ended the wait with an error; a dropped connection is now
-/// replaced without counting.
+/// After a restart every pooled connection is stale. A waiter's BLPOP on one counted as a failure,
+/// and three of them ended the wait with an error; a dropped connection is now replaced without
+/// counting.
 #[test]
 fn a_waiter_survives_more_restarts_than_its_failure_budget() {
     let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
@@ -631,8 +634,8 @@ fn a_waiter_survives_more_restarts_than_its_failure_budget() {
     assert!(got > token);
 }
 
-/// Fault 16: a child forked after the client was built shares its sockets and owner flags but
-/// has no watchdog or janitor; it gets `Error::Forked` and sends nothing.
+/// A child forked after the client was built shares its sockets and owner flags but has no watchdog
+/// or janitor; it gets `Error::Forked` and sends nothing.
 #[test]
 fn a_forked_child_is_refused() {
     let server = RedisServer::start();
@@ -663,8 +666,8 @@ fn a_forked_child_is_refused() {
     guard.unlock().unwrap();
 }
 
-/// Fault 17: every heartbeat read the whole waiters hash, so Redis's work grew with all
-/// waiters of all clients. A heartbeat now costs the same with 10 or 300 others waiting.
+/// Before, every heartbeat read the whole waiters hash, so Redis's work grew with all waiters of
+/// all clients. A heartbeat now costs the same with 10 or 300 others waiting.
 #[test]
 fn a_heartbeat_costs_the_same_however_many_others_wait() {
     let (server, mut c, lock) = start("crowded");
@@ -812,12 +815,12 @@ fn holding_attempt(c: &mut redis::Connection, lock: &RawLock) -> Option<u64> {
         .unwrap()
 }
 
-/// Review 3, fault 7: a thread re-took its own leaked (or locally lost) hold with a new attempt
-/// at once, ahead of the waiters queued behind it (barging), and `try_lock` succeeded while
-/// others waited. Now a leaked hold counts like anyone's (the client says so: 'keep'): a new
-/// attempt of the same thread is busy, or queues behind the waiters. Any other older hold of the
-/// thread (no guard keeps it) is passed on to the queue's head, and the new attempt is a
-/// newcomer behind it: no barging either way.
+/// Before, a thread re-took its own leaked (or locally lost) hold with a new attempt at once, ahead
+/// of the waiters queued behind it (barging), and `try_lock` succeeded while others waited. Now a
+/// leaked hold counts like anyone's (the client says so: 'keep'): a new attempt of the same thread
+/// is busy, or queues behind the waiters. Any other older hold of the thread (no guard keeps it) is
+/// passed on to the queue's head, and the new attempt is a newcomer behind it: no barging either
+/// way.
 #[test]
 fn a_thread_does_not_retake_its_own_leaked_hold_ahead_of_the_queue() {
     let (_server, mut c, lock) = start("leaked");
@@ -855,11 +858,10 @@ fn a_thread_does_not_retake_its_own_leaked_hold_ahead_of_the_queue() {
     assert_eq!(holder(&mut c, &lock).0.as_deref(), Some("other:1"));
 }
 
-/// Review 3, fault 2: an attempt whose acquire was sent twice succeeded with the second copy;
-/// the thread used the lock and released it; then the first copy arrived and took the lock
-/// for a thread that holds no guard, so others were refused for a whole lease. The release
-/// now leaves a left mark when the client asks (it saw the request go unanswered or sent it
-/// twice), and the late copy does nothing.
+/// Before, an attempt whose acquire was sent twice succeeded with the second copy; the thread used
+/// the lock and released it; then the first copy arrived and took the lock for a thread that holds
+/// no guard, so others were refused for a whole lease. The release now leaves a left mark when the
+/// client asks (it saw the request go unanswered or sent it twice), and the late copy does nothing.
 #[test]
 fn a_late_copy_of_an_acquire_after_its_hold_was_released_does_nothing() {
     let (_server, mut c, lock) = start("ghost-hold");
@@ -893,10 +895,10 @@ fn a_late_copy_of_an_acquire_after_its_hold_was_released_does_nothing() {
     );
 }
 
-/// Review 3, fault 4: the waiters' virtual clock moved only when a heartbeat or an enqueue
-/// stored it, so with only `try_lock` callers around nobody ever judged a dead waiter dead:
-/// each was handed the lock for its whole lease, one after another. Now every script that
-/// judges waiters stores the clock: try_lock traffic alone passes dead waiters over.
+/// Before, the waiters' virtual clock moved only when a heartbeat or an enqueue stored it, so with
+/// only `try_lock` callers around nobody ever judged a dead waiter dead: each was handed the lock
+/// for its whole lease, one after another. Now every script that judges waiters stores the clock:
+/// try_lock traffic alone passes dead waiters over.
 #[test]
 fn dead_waiters_are_passed_over_with_only_try_lock_traffic() {
     let (_server, mut c, lock) = start("dead-waiters");
@@ -926,9 +928,9 @@ fn dead_waiters_are_passed_over_with_only_try_lock_traffic() {
     assert!(matches!(r, Acquire::Granted(_)), "{r:?}");
 }
 
-/// Review 3, fault 4 (the grant): a hand-off to a waiter that dies before popping it was
-/// revoked only by a heartbeat; with only try_lock callers the dead grantee kept the lock for
-/// its whole lease. Now an acquire revokes it too, within a few waiter timeouts.
+/// The same for a grant: a hand-off to a waiter that dies before popping it was revoked only by a
+/// heartbeat; with only try_lock callers the dead grantee kept the lock for its whole lease. Now an
+/// acquire revokes it too, within a few waiter timeouts.
 #[test]
 fn a_dead_grantee_is_revoked_by_try_lock_traffic_alone() {
     let (_server, mut c, lock) = start("dead-grantee-try");
@@ -951,9 +953,9 @@ fn a_dead_grantee_is_revoked_by_try_lock_traffic_alone() {
     assert_eq!(pop(&mut c, &lock, "dead:1"), None, "the stale grant stays");
 }
 
-/// Review 3, fault 10: same-type data of another program at a lock's keys was modified or
-/// deleted (a hash at the lock's key got fairlock's fields and a TTL; a zset at the queue's
-/// key was emptied). Both are refused now, and left as they were.
+/// Before, same-type data of another program at a lock's keys was modified or deleted (a hash at
+/// the lock's key got fairlock's fields and a TTL; a zset at the queue's key was emptied). Both are
+/// refused now, and left as they were.
 #[test]
 fn another_programs_data_of_fairlocks_own_types_is_refused_and_left_untouched() {
     let (_server, mut c, lock) = start("same-type");
@@ -1010,9 +1012,9 @@ fn another_programs_data_of_fairlocks_own_types_is_refused_and_left_untouched() 
     assert_eq!(fields, ["config"]);
 }
 
-/// Review 3, fault 9: a fence of 2^63 or more (or '1e20', 'inf') overflowed the next token
-/// ('%d' through a C long): the holder could not release, and tokens then went back. A fence
-/// that is no token fairlock can use is refused now, and left as it was.
+/// Before, a fence of 2^63 or more (or '1e20', 'inf') overflowed the next token ('%d' through a C
+/// long): the holder could not release, and tokens then went back. A fence that is no token
+/// fairlock can use is refused now, and left as it was.
 #[test]
 fn a_fence_beyond_the_tokens_range_is_refused_and_left_as_it_was() {
     for (i, v) in [
@@ -1097,11 +1099,11 @@ fn a_grant_behind_the_fence_announces_the_token_it_got() {
     assert_eq!(pop(&mut c, &lock, "w:1"), None, "a second wake-up");
 }
 
-/// Found by the fuzzer's ghost-hold check (review 3's generator for fault 2): a copy of an
-/// acquire that was sent twice arrived after the thread's own hold was lost (force-unlocked,
-/// or run out) but while the thread still held its guard, and took the lock for that very
-/// attempt with a new token nobody will release. The guard's release (which asks for a mark,
-/// as the acquire was sent twice) now frees such a hold of its own attempt.
+/// Found by the fuzzer's ghost-hold check (its generator of acquires sent twice): a copy of an
+/// acquire that was sent twice arrived after the thread's own hold was lost (force-unlocked, or run
+/// out) but while the thread still held its guard, and took the lock for that very attempt with a
+/// new token nobody will release. The guard's release (which asks for a mark, as the acquire was
+/// sent twice) now frees such a hold of its own attempt.
 #[test]
 fn a_marking_release_frees_a_late_copys_hold_of_its_own_attempt() {
     let (_server, mut c, lock) = start("own-ghost");
@@ -1174,11 +1176,11 @@ fn a_late_copy_of_a_granted_acquire_keeps_the_threads_newer_queue_place() {
     assert!(waiters.contains(&"c1:1".to_string()), "{waiters:?}");
 }
 
-/// Review 3's generator for foreign data (faults 9 and 10): every script, in every state of a
-/// lock, against another program's data of every kind at each of the lock's keys that the state
-/// does not use (the same type as fairlock's, another type, numeric extremes at the fence). A
-/// script either refuses (`ForeignData`) or succeeds, and the foreign key is left exactly as
-/// it was (its value and its TTL).
+/// A generator of foreign data (fences that are no token, another program's keys): every script, in
+/// every state of a lock, against another program's data of every kind at each of the lock's keys
+/// that the state does not use (the same type as fairlock's, another type, numeric extremes at the
+/// fence). A script either refuses (`ForeignData`) or succeeds, and the foreign key is left exactly
+/// as it was (its value and its TTL).
 #[test]
 fn foreign_data_of_any_kind_at_any_key_in_any_state_is_refused_or_left_untouched() {
     let server = RedisServer::start();
@@ -1328,12 +1330,11 @@ fn foreign_data_of_any_kind_at_any_key_in_any_state_is_refused_or_left_untouched
     assert!(runs > 500, "{runs} runs");
 }
 
-/// Found by the fresh review of issue 23: clients with different waiter timeouts on one lock.
-/// After a forward step of the server clock the first script advanced the shared virtual clock
-/// by *its caller's* third of a waiter timeout (1 s for a 3 s timeout), which is more than a
-/// 150 ms waiter's whole timeout: the live short-timeout waiter, heartbeating on time, was
-/// purged and queued again at the back. A clock now advances by at most the smallest third of
-/// the clients queued on it.
+/// Clients with different waiter timeouts on one lock. Before, after a forward step of the server
+/// clock the first script advanced the shared virtual clock by *its caller's* third of a waiter
+/// timeout (1 s for a 3 s timeout), which is more than a 150 ms waiter's whole timeout: the live
+/// short-timeout waiter, heartbeating on time, was purged and queued again at the back. A clock now
+/// advances by at most the smallest third of the clients queued on it.
 #[test]
 fn a_long_timeout_client_cannot_age_a_short_timeout_waiter_out_after_a_clock_step() {
     let mut server = faketime::FakeClockRedis::start();
@@ -1369,11 +1370,11 @@ fn a_long_timeout_client_cannot_age_a_short_timeout_waiter_out_after_a_clock_ste
     assert_eq!(queue(&mut c, &short), ["b:1", "a:1"]);
 }
 
-/// Review 3's fault 3: a repeated acquire of the grantee that arrives while its hand-off waits in
-/// its wake list (a copy sent again after a slow reply, or repeated by the connection layer on
-/// Sentinel or Cluster) answered "granted" to a connection nobody reads and dropped the wake-up:
-/// the grantee waited a whole lease for a message that was gone, while its heartbeats kept the
-/// orphaned hand-off alive, and then the waiter queued behind it was served first.
+/// Before, a repeated acquire of the grantee that arrives while its hand-off waits in its wake list
+/// (a copy sent again after a slow reply, or repeated by the connection layer on Sentinel or
+/// Cluster) answered "granted" to a connection nobody reads and dropped the wake-up: the grantee
+/// waited a whole lease for a message that was gone, while its heartbeats kept the orphaned
+/// hand-off alive, and then the waiter queued behind it was served first.
 #[test]
 fn a_repeated_acquire_during_a_pending_hand_off_keeps_the_grantees_wake_up() {
     let (_server, mut c, lock) = start("dup-handoff");
@@ -1474,11 +1475,11 @@ fn left_marks(c: &mut redis::Connection, lock: &RawLock) -> usize {
         .unwrap()
 }
 
-/// Review 3's fault 8: the left marks' hash never lost a field, and every mark refreshed its TTL,
-/// so on a lock where marks keep coming it grew by one field per marking owner forever (2,000
-/// fields, 112 KB in the review's run). A mark lives the queue's TTL (10 minutes) after it was
-/// made, whatever marks come after it: the first mark after that (plus a tenth, so a prune reads
-/// the hash at most once a minute) drops it.
+/// Before, the left marks' hash never lost a field, and every mark refreshed its TTL, so on a lock
+/// where marks keep coming it grew by one field per marking owner forever (2,000 fields, 112 KB in
+/// one run). A mark lives the queue's TTL (10 minutes) after it was made, whatever marks come after
+/// it: the first mark after that (plus a tenth, so a prune reads the hash at most once a minute)
+/// drops it.
 #[test]
 fn left_marks_older_than_the_queue_ttl_go_while_new_marks_keep_coming() {
     let mut server = faketime::FakeClockRedis::start();
@@ -1566,11 +1567,11 @@ fn declared_keys_only(server: &RedisServer, name: &str, extra: &[&str]) -> redis
     redis::Client::open(url).unwrap().get_connection().unwrap()
 }
 
-/// The generator review 3 asked for beyond the one Cluster test: every script that may grant,
-/// run by a user refused the undeclared keys (the grantee's wake list, the left marks). A grant
-/// pushes the grantee's wake-up first, so a refused push leaves no half grant: either the
-/// script hands the lock on with the wake-up in place, or the lock stays free with its queue
-/// (stranded), which a heartbeat with the keys reachable then grants to the head.
+/// A generator beyond the one Cluster test: every script that may grant, run by a user refused the
+/// undeclared keys (the grantee's wake list, the left marks). A grant pushes the grantee's wake-up
+/// first, so a refused push leaves no half grant: either the script hands the lock on with the
+/// wake-up in place, or the lock stays free with its queue (stranded), which a heartbeat with the
+/// keys reachable then grants to the head.
 #[test]
 fn with_the_undeclared_keys_refused_no_script_leaves_half_a_grant() {
     let server = RedisServer::start();

@@ -150,8 +150,8 @@ fn no_error_debug_or_log_line_shows_the_password() {
     }
 }
 
-/// Review 4, X1: a password typed into the URL without percent-encoding its reserved characters
-/// made the URL unparsable, and the error that said so (and the builder's `Debug`) printed it whole.
+/// Before, a password typed into the URL without percent-encoding its reserved characters made the
+/// URL unparsable, and the error that said so (and the builder's `Debug`) printed it whole.
 #[test]
 fn a_password_with_reserved_characters_is_never_printed_by_the_library() {
     use proptest::test_runner::{Config, TestRunner};

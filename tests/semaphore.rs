@@ -679,12 +679,12 @@ fn a_killed_waiter_is_passed_over_and_the_live_one_behind_it_gets_the_permit() {
     live.join().unwrap();
 }
 
-/// Review 4 (A1): a thread that holds the write of a read/write lock and asks for a read (a
-/// downgrade), or holds a read and asks for the write (an upgrade), or holds the write and asks
-/// for it again, would wait on its own hold for ever (the watchdog renews it): it is refused at
-/// once with Error::WouldDeadlock, by the waiting calls and the try ones. Once the guard is
-/// dropped (or unlocked) the same thread takes the other side; another thread is not refused
-/// and waits its turn as before.
+/// A thread that holds the write of a read/write lock and asks for a read (a downgrade), or holds a
+/// read and asks for the write (an upgrade), or holds the write and asks for it again, would wait
+/// on its own hold for ever (the watchdog renews it): it is refused at once with
+/// Error::WouldDeadlock, by the waiting calls and the try ones. Once the guard is dropped (or
+/// unlocked) the same thread takes the other side; another thread is not refused and waits its turn
+/// as before.
 #[test]
 fn a_thread_asking_for_the_other_side_of_its_own_read_write_hold_is_refused_at_once() {
     let server = RedisServer::start();

@@ -566,10 +566,9 @@ fn random_steps_never_exceed_capacity_nor_leave_a_ghost_hold() {
     assert!(copies_sent > 50, "only {copies_sent} late copies delivered");
 }
 
-/// Review of the library (finding 2): a thread may hold a permit of one attempt while it waits
-/// with another. A late copy of the held attempt's acquire must not take the wake-up of the
-/// newer attempt's grant with it (the thread would never pop it, and the permit would sit
-/// unused for a lease).
+/// A thread may hold a permit of one attempt while it waits with another. A late copy of the held
+/// attempt's acquire must not take the wake-up of the newer attempt's grant with it (the thread
+/// would never pop it, and the permit would sit unused for a lease).
 #[test]
 fn a_late_copy_of_a_held_attempts_acquire_keeps_the_wake_up_of_the_threads_newer_grant() {
     let server = RedisServer::start();
@@ -594,9 +593,9 @@ fn a_late_copy_of_a_held_attempts_acquire_keeps_the_wake_up_of_the_threads_newer
     );
 }
 
-/// Review of the library (finding 1): after a capacity change, a waiter whose handle has the old
-/// capacity and that runs its acquire again (to confirm a hand-off, after a dropped connection)
-/// gets the hold it was granted, not a mismatch; and a queued one keeps its place.
+/// After a capacity change, a waiter whose handle has the old capacity and that runs its acquire
+/// again (to confirm a hand-off, after a dropped connection) gets the hold it was granted, not a
+/// mismatch; and a queued one keeps its place.
 #[test]
 fn after_a_capacity_change_a_granted_or_queued_attempt_asking_again_keeps_what_it_has() {
     let server = RedisServer::start();
@@ -640,8 +639,8 @@ fn after_a_capacity_change_a_granted_or_queued_attempt_asking_again_keeps_what_i
     );
 }
 
-/// Review of the library (finding 5): a forced release of a hold its holder gave back already
-/// reports that it released nothing (a receipt answers only the holder's own retry).
+/// A forced release of a hold its holder gave back already reports that it released nothing (a
+/// receipt answers only the holder's own retry).
 #[test]
 fn a_forced_release_after_the_holders_own_release_released_nothing() {
     let server = RedisServer::start();
@@ -655,8 +654,8 @@ fn a_forced_release_after_the_holders_own_release_released_nothing() {
     assert!(sem.release(&mut c, "h:1", 1, t));
 }
 
-/// Review 3's fault 3, on the semaphore: a repeated acquire of a grantee whose hand-off waits
-/// unpopped (its reply going to no one) dropped the wake-up, so the grantee waited a lease for a
+/// On the semaphore, as on the lock: a repeated acquire of a grantee whose hand-off waits unpopped
+/// (its reply going to no one) used to drop the wake-up, so the grantee waited a lease for a
 /// message that was gone. The wake-up stays for the waiter; the hand-off is confirmed, so a hold
 /// that reply reports (it may be the one the client reads) is never revoked as unpopped.
 #[test]
@@ -710,12 +709,11 @@ fn pttl(c: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query(c).unwrap()
 }
 
-/// Review 4 (A4): a cut to 2 tells a waiter that wants 4 (made with capacity 5) to retry. If
-/// the holders give their permits back before its retry runs, the name is idle for an instant:
-/// the retry must still be refused (CapacityMismatch, as `set_capacity` promises), not store
-/// capacity 5 again and take 4 permits. The capacity set stays stored (with the fence's TTL):
-/// an old handle's new attempt is refused too, the status shows 2, and the operator's handle
-/// takes 2 permits and no more.
+/// A cut to 2 tells a waiter that wants 4 (made with capacity 5) to retry. If the holders give
+/// their permits back before its retry runs, the name is idle for an instant: the retry must still
+/// be refused (CapacityMismatch, as `set_capacity` promises), not store capacity 5 again and take 4
+/// permits. The capacity set stays stored (with the fence's TTL): an old handle's new attempt is
+/// refused too, the status shows 2, and the operator's handle takes 2 permits and no more.
 #[test]
 fn a_waiter_turned_away_by_a_capacity_cut_is_refused_even_if_the_holders_left_before_its_retry() {
     let server = RedisServer::start();
@@ -837,11 +835,11 @@ fn a_heartbeat_tells_a_waiting_attempt_the_permits_its_own_repeat_took() {
     assert_eq!(s.pop_grant(&mut c, "t:1", 3), None, "told twice");
 }
 
-/// Review 5, F1: an operator's forced release of a hold that was still a pending hand-off (its
-/// wake-up not popped yet) freed the permits and granted them on, but left the grant's wake-up in
-/// the grantee's list: popped later, it was judged a fresh grant, and two threads held the one
-/// permit by their own estimates. The mutex's force-unlock drops the owner's wake-ups; so does
-/// the semaphore's now.
+/// Before, an operator's forced release of a hold that was still a pending hand-off (its wake-up
+/// not popped yet) freed the permits and granted them on, but left the grant's wake-up in the
+/// grantee's list: popped later, it was judged a fresh grant, and two threads held the one permit
+/// by their own estimates. The mutex's force-unlock drops the owner's wake-ups; so does the
+/// semaphore's now.
 #[test]
 fn a_forced_release_of_a_pending_hand_off_takes_its_wake_up_too() {
     let server = RedisServer::start();

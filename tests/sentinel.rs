@@ -150,8 +150,8 @@ fn a_graceful_failover_under_load_with_every_replica_acknowledging_loses_no_upda
     graceful_failover_under_load(&group, &client);
 }
 
-/// The same over TLS (issue 24): every node and sentinel speaks TLS only (replication and the
-/// sentinels' own connections too), and the client trusts the test CA.
+/// The same over TLS: every node and sentinel speaks TLS only (replication and the sentinels' own
+/// connections too), and the client trusts the test CA.
 #[cfg(feature = "tls")]
 #[test]
 fn over_tls_a_graceful_failover_under_load_with_every_replica_acknowledging_loses_no_update() {
@@ -873,11 +873,11 @@ fn unblock_calls(group: &SentinelGroup, port: u16) -> u64 {
         .unwrap_or(0)
 }
 
-/// Review 3's suspicion, settled: while the waiting threads' BLPOP hangs on a frozen master
-/// that a failover left behind, a thread that starts waiting on another lock asks the new
-/// master to `CLIENT UNBLOCK` a connection it has never seen. That answer (0) once meant "look
-/// again" for the whole read timeout, sleeping 200 µs between calls: thousands of calls. Now
-/// the waker looks the connection up (`CLIENT LIST ID`) after three, and backs off.
+/// While the waiting threads' BLPOP hangs on a frozen master that a failover left behind, a thread
+/// that starts waiting on another lock asks the new master to `CLIENT UNBLOCK` a connection it has
+/// never seen. That answer (0) once meant "look again" for the whole read timeout, sleeping 200 µs
+/// between calls: thousands of calls. Now the waker looks the connection up (`CLIENT LIST ID`)
+/// after three, and backs off.
 #[test]
 fn unblocking_a_blpop_stuck_on_a_frozen_master_does_not_spin_on_the_new_master() {
     let group = SentinelGroup::start();

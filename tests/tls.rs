@@ -1,7 +1,7 @@
-//! TLS (issue 24): `rediss://` to a TLS-only redis-server with certificates made at test time.
-//! A hand-off works over it; an untrusted, expired or misnamed certificate, a missing client
-//! certificate, and a server that does not speak TLS are each a clear error within the connect
-//! timeout, never a hang; the command-line tool takes the same settings.
+//! TLS: `rediss://` to a TLS-only redis-server with certificates made at test time. A hand-off
+//! works over it; an untrusted, expired or misnamed certificate, a missing client certificate, and
+//! a server that does not speak TLS are each a clear error within the connect timeout, never a
+//! hang; the command-line tool takes the same settings.
 
 mod support;
 #[path = "support/tls.rs"]

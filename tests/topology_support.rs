@@ -1,5 +1,5 @@
-//! The topology test support works (issue 10 groundwork): a Sentinel group and a Redis Cluster
-//! start, replicate, fail over and stop (tests/support/topology.rs).
+//! The topology test support works: a Sentinel group and a Redis Cluster start, replicate, fail
+//! over and stop (tests/support/topology.rs).
 
 mod support;
 

@@ -1,7 +1,6 @@
-//! Waiting costs O(1) connections per process (issue 11): a client's waiting threads take turns
-//! leading one BLPOP over its wake lists, and the leader hands each wake-up to the thread it is
-//! for. These tests
-//! check what that must not break: FIFO order across thousands of waiting threads in several
+//! Waiting costs O(1) connections per process: a client's waiting threads take turns leading one
+//! BLPOP over its wake lists, and the leader hands each wake-up to the thread it is for. These
+//! tests check what that must not break: FIFO order across thousands of waiting threads in several
 //! processes (on a bounded number of connections), a waker whose connection is killed, a Redis
 //! restart under waiters, and a grant that meets a waiter's deadline.
 
@@ -704,14 +703,14 @@ fn with_a_connection_per_thread_each_waiter_blocks_on_its_own_and_fifo_holds() {
     support::assert_served_in_queue_order(waiters, &grants, first);
 }
 
-/// Review 3, fault 11: a server whose ACL (or `rename-command`) refuses `CLIENT` made every
-/// `lock()` that had to wait fail at once with "connection failed ... check that the server is
-/// running": the waker named its connection and asked its id first. Waiting works without
-/// `CLIENT` now: the BLPOP re-blocks every half second to take up a newly waited-on lock.
+/// Before, a server whose ACL (or `rename-command`) refuses `CLIENT` made every `lock()` that had
+/// to wait fail at once with "connection failed ... check that the server is running": the waker
+/// named its connection and asked its id first. Waiting works without `CLIENT` now: the BLPOP
+/// re-blocks every half second to take up a newly waited-on lock.
 #[test]
 fn waiting_works_for_a_user_the_server_refuses_client_to() {
-    // (the fresh review of issue 23 found the second: CLIENT SETNAME and ID allowed, CLIENT
-    // UNBLOCK refused with @admin; a hand-off on a second lock then came up to 10 s late)
+    // (the second refusal: CLIENT SETNAME and ID allowed, CLIENT UNBLOCK refused with @admin;
+    // before, a hand-off on a second lock then came up to 10 s late)
     for refused in ["-client", "-@admin"] {
         waiting_works_for_a_user_refused(refused);
     }

@@ -1,4 +1,4 @@
-//! The semaphore's cost against the number of holders and of waiters (issue: "acquire/release
+//! The semaphore's cost against the number of holders and of waiters (the target: "acquire/release
 //! cost does not grow with capacity or queue length beyond O(log n)"): an uncontended acquire +
 //! release of one permit while H other holds are held (H = 1, 16, 256), and the hand-off of a
 //! semaphore of one permit with W threads waiting (W = 1, 16, 256).

@@ -274,8 +274,8 @@ fn targets_latency(j: &Results) -> Targets {
             &|v| v <= 0.0,
         );
     }
-    // issue 10: on a cluster within 20 % of one node (hand-off: at most 1.2 × the time;
-    // throughput: at least 1 / 1.2 of the rate)
+    // on a cluster within 20 % of one node (hand-off: at most 1.2 × the time; throughput: at least
+    // 1 / 1.2 of the rate)
     for row in j.cluster.iter().flatten() {
         let name = format!("Redis Cluster / one node: {}", row.scenario);
         if row.unit == "acq/s" {

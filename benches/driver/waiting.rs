@@ -1,4 +1,4 @@
-//! Waiting: what threads queued on a lock cost, fairlock only (issue 11, "Waiting costs one
+//! Waiting: what threads queued on a lock cost, fairlock only (the target: "Waiting costs one
 //! connection per process, not one per thread").
 //!
 //! - Connections and memory: a worker process (`--child mode=waiting ...`) builds one client

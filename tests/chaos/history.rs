@@ -174,9 +174,9 @@ impl FaultKind {
         matches!(self, FaultKind::KillMaster | FaultKind::Failover)
     }
 
-    /// The network faults that hold back or cut *every* connection's traffic.
-    /// Faults the protocol must absorb without any effect on its guarantees (review 3): they
-    /// explain nothing, no overtake, no lost hold, no slow recovery.
+    /// The network faults that hold back or cut *every* connection's traffic. Faults the protocol
+    /// must absorb without any effect on its guarantees: they explain nothing, no overtake, no lost
+    /// hold, no slow recovery.
     pub fn is_benign(self) -> bool {
         matches!(
             self,

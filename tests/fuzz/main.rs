@@ -16,12 +16,11 @@
 //! Threads take the real client's decisions where it has them as functions: a popped hand-off is
 //! judged by `fairlock::raw::judge_handoff` on the client's own clock (real time, which a server
 //! clock step does not move) with the witness the client keeps (its queueing reply and every
-//! heartbeat report the last token handed out). Review 3 added generators for what the fuzzer
-//! missed: a popped wake-up held up on its way to the client, now and then for longer than a
-//! lease (`Fault::Late` on a pop, `Step::DeliverPop`); a request whose first copy is held up
-//! while the connection layer sends it again and the caller sees the second reply
-//! (`Fault::SlowFirst`, the success path of a repeat); and every third seed's quiet phase without
-//! heartbeats (below).
+//! heartbeat report the last token handed out). Some generators cover what an earlier fuzzer
+//! missed: a popped wake-up held up on its way to the client, now and then for longer than a lease
+//! (`Fault::Late` on a pop, `Step::DeliverPop`); a request whose first copy is held up while the
+//! connection layer sends it again and the caller sees the second reply (`Fault::SlowFirst`, the
+//! success path of a repeat); and every third seed's quiet phase without heartbeats (below).
 //!
 //! **Semaphores** (`fuzz/sem.rs`): every odd seed also has one or two semaphores, each a
 //! counting semaphore of capacity 1-4 whose acquires ask for 1-3 permits, or the read/write
@@ -118,18 +117,17 @@
 //! reported done while Redis still holds it, and a renewal or re-entry of a hold that was
 //! force-unlocked or lost.
 //!
-//! Exemptions, faults Redis by design cannot survive: a hold whose hash was evicted, a hold
-//! lost with all data, and a force-unlocked hold are released from check 1 (by token). A
-//! forward clock step of S ms is not exempt: Redis TTLs count wall time, so it is modelled as
-//! S ms passing for every estimate made before it (the fuzzer clock is real time + all forward
-//! steps; a hand-off's estimate counts only the steps after its grant, as a step before the
-//! grant does not age that hold); a backward step only lengthens TTLs. Clock assumption of check 2: a token is seeded from the
-//! server clock when the fence is lost, so after a fence eviction or data loss while the clock
-//! is stepped back below its furthest, the check restarts from the next token (counted as
-//! "exempt: token after fence loss ..."); backward steps never go more than 60 s below the
-//! furthest offset, so the 1 h fence cannot expire under a lagging clock. A holder renewing its
-//! own lock with a newer attempt queues behind that hold (review 3), so it is checked as any
-//! grant is.
+//! Exemptions, faults Redis by design cannot survive: a hold whose hash was evicted, a hold lost
+//! with all data, and a force-unlocked hold are released from check 1 (by token). A forward clock
+//! step of S ms is not exempt: Redis TTLs count wall time, so it is modelled as S ms passing for
+//! every estimate made before it (the fuzzer clock is real time + all forward steps; a hand-off's
+//! estimate counts only the steps after its grant, as a step before the grant does not age that
+//! hold); a backward step only lengthens TTLs. Clock assumption of check 2: a token is seeded from
+//! the server clock when the fence is lost, so after a fence eviction or data loss while the clock
+//! is stepped back below its furthest, the check restarts from the next token (counted as "exempt:
+//! token after fence loss ..."); backward steps never go more than 60 s below the furthest offset,
+//! so the 1 h fence cannot expire under a lagging clock. A holder renewing its own lock with a
+//! newer attempt queues behind that hold, so it is checked as any grant is.
 //!
 //! Found by this fuzzer and fixed (regression test `backward_step_then_lost_renewal`): after a
 //! backward step of the server clock a re-reported grant's pttl exceeded the lease, the client

@@ -1,6 +1,6 @@
-//! Passwords that need percent-encoding in a URL, typed without it (review 4, X1): base64
-//! passwords have `/`, generated ones `?`, `#`, `@`, `%`... Each holds two markers, at both ends
-//! of its middle, so that a test can tell that neither a prefix nor a suffix of it was printed.
+//! Passwords that need percent-encoding in a URL, typed without it: base64 passwords have `/`,
+//! generated ones `?`, `#`, `@`, `%`... Each holds two markers, at both ends of its middle, so that
+//! a test can tell that neither a prefix nor a suffix of it was printed.
 use proptest::prelude::*;
 
 pub const MARK_A: &str = "Xq7SECRET";
@@ -46,7 +46,8 @@ pub fn passwords() -> impl Strategy<Value = String> {
     (part(), part(), part()).prop_map(|(a, b, c)| format!("{a}{MARK_A}{b}{MARK_B}{c}"))
 }
 
-/// Passwords every run tries: the review's, and one with every printable ASCII character.
+/// Passwords every run tries: short ones with each reserved character, and one with every printable
+/// ASCII character.
 pub fn fixed() -> Vec<String> {
     let every: String = (0x20u8..0x7f).map(char::from).collect();
     ["pa/ss", "pa?ss", "pa#ss", "p@ss", "a/b?c#d@e", "/", "@", ""]

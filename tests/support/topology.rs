@@ -1,6 +1,5 @@
-//! Real Redis topologies on loopback for tests (issue 10): a Sentinel group ([`SentinelGroup`]:
-//! a master, 2 replicas and 3 sentinels) and a Redis Cluster ([`RedisCluster`]: 3 masters with a
-//! replica each).
+//! Real Redis topologies on loopback for tests: a Sentinel group ([`SentinelGroup`]: a master, 2
+//! replicas and 3 sentinels) and a Redis Cluster ([`RedisCluster`]: 3 masters with a replica each).
 //!
 //! Every process is a real `redis-server` on a free loopback port ([`free_port`]) with its own
 //! dir, config file and log under the topology's temp dir; dropping the topology kills every
