@@ -207,9 +207,10 @@ impl World {
         let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
         self.say(format!(" -> {}", describe(&s.reply)));
         if matches!(fault, Fault::Dropped | Fault::Late) {
+            let unsure = self.unsure();
             self.clients[c].threads[t]
                 .unsure_end
-                .insert((plan.lock, plan.attempt));
+                .insert((plan.lock, plan.attempt), unsure);
         }
         *self.state(c, t) = State::Idle;
     }
@@ -476,9 +477,10 @@ impl World {
         let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
         if h.late_acquire.is_some() && h.depth <= 1 && matches!(fault, Fault::Dropped | Fault::Late)
         {
+            let unsure = self.unsure();
             self.clients[c].threads[t]
                 .unsure_end
-                .insert((h.lock, h.attempt));
+                .insert((h.lock, h.attempt), unsure);
         }
         self.say(format!(" -> {}", describe(&s.reply)));
         match s.reply {

@@ -275,6 +275,36 @@ impl World {
         }
     }
 
+    /// 6'. A grant to a crashed client's attempt (a place it left, a late copy of its acquire)
+    /// is not judged as a thread's, but bounded as an unsure end's (`Unsure::expired`): from
+    /// the crash, or the last late copy of its requests to reach Redis, its places go by their
+    /// deadlines. Counted; a later one is a `DeadWaiter` violation.
+    pub fn crashed_client_granted(&mut self, what: &str, owner: &str, now_real: f64) {
+        let crashed = owner
+            .rsplit_once(':')
+            .and_then(|(id, _)| self.crashed.get(id))
+            .map(|(_, u)| *u);
+        let expired = crashed
+            .is_none_or(|u| u.expired(now_real, self.back_steps_ms, self.cfg.waiter_timeout_ms));
+        if expired {
+            self.violate(
+                Check::DeadWaiter,
+                format!(
+                    "{what} granted to {owner}, of a client that crashed (or sent nothing that \
+                     reached Redis) more than two waiter timeouts + 2 s ago{}: its places had to \
+                     go by their deadlines",
+                    if crashed.is_none() {
+                        " (a client never seen)"
+                    } else {
+                        ""
+                    }
+                ),
+            );
+        } else {
+            self.stats.add("grant to a crashed client's attempt", 1);
+        }
+    }
+
     /// The thread whose owner id is `owner` (crashed clients' old ids have none).
     pub fn thread_of(&self, owner: &str) -> Option<(usize, usize)> {
         for (c, cl) in self.clients.iter().enumerate() {
@@ -395,7 +425,9 @@ impl World {
                             "exempt: late acquire of an attempt whose mark was lost with the data",
                             1,
                         );
-                    } else if th.unsure_end.contains(&(l, cur.attempt)) {
+                    } else if th.unsure_end.get(&(l, cur.attempt)).is_some_and(|u| {
+                        !u.expired(snap.real, self.back_steps_ms, self.cfg.waiter_timeout_ms)
+                    }) {
                         self.stats
                             .add("exempt: late acquire of an attempt whose mark was lost", 1);
                     } else {
@@ -410,7 +442,7 @@ impl World {
                     }
                 }
             } else {
-                self.stats.add("grant to a crashed client's attempt", 1);
+                self.crashed_client_granted(&format!("lock {l}"), &cur.owner, snap.real);
             }
             // 7. in a try-only quiet phase every waiter is dead (the live ones left first):
             //    a hand-off (a grant to anyone but a caller in its own call) goes to a dead

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::faketime::server_time_us;
-use crate::model::{Client, State};
+use crate::model::{Client, State, Unsure};
 use crate::steps::{EvictKey, Fault, Who};
 use crate::world::{describe, World, MAX_BEHIND_MS};
 
@@ -76,18 +76,20 @@ impl World {
         self.say(format!("stray duplicate of \"{}\"", last.label()));
         // a duplicate its client never learns of: nothing can mark its attempt (a late copy
         // of it that takes a free lock is the documented limit of unseen duplicates)
+        let unsure = self.unsure();
         if let (Who::Thread(c, t), Some((lock, attempt))) = (who, acquire_of(last.label())) {
             self.clients[c].threads[t]
                 .unsure_end
-                .insert((lock, attempt));
+                .insert((lock, attempt), unsure);
         }
         if let (Who::Thread(c, t), Some((sem, attempt))) =
             (who, crate::sem::sem_acquire_of(last.label()))
         {
             self.clients[c].threads[t]
                 .sem_unsure_end
-                .insert((sem, attempt));
+                .insert((sem, attempt), unsure);
         }
+        self.refresh_unsure(last.label(), last.owner());
         let sent = self.clock.fz();
         let reply = last.resend(&mut self.conns[Self::conn_of(Some(who))]);
         if let (Some(owner), Some((lock, attempt))) = (last.owner(), acquire_of(last.label())) {
@@ -98,6 +100,66 @@ impl World {
         self.say(format!(" -> {reply}"));
         self.stats.add("fault: stray duplicate", 1);
         true
+    }
+
+    /// Now, for `Thread::unsure_end`.
+    pub fn unsure(&self) -> Unsure {
+        Unsure {
+            since_real: self.clock.real(),
+            back_steps_ms: self.back_steps_ms,
+        }
+    }
+
+    /// A late or repeated copy of the request `label` (of `owner`) is about to reach Redis: an
+    /// acquire may act for its attempt, a heartbeat refresh the places its client's attempts
+    /// left behind (it names no attempt in its label: all of them), so their unsure ends are
+    /// fresh again.
+    fn refresh_unsure(&mut self, label: &str, owner: Option<&str>) {
+        let unsure = self.unsure();
+        // a crashed client's request: its places may be refreshed, or taken by this copy
+        if let Some(crashed) = owner
+            .and_then(|o| o.rsplit_once(':'))
+            .and_then(|(id, _)| self.crashed.get_mut(id))
+        {
+            crashed.1 = unsure;
+        }
+        let thread = owner.and_then(|o| self.thread_of(o));
+        if let (Some((c, t)), Some(key)) = (thread, acquire_of(label)) {
+            if let Some(u) = self.clients[c].threads[t].unsure_end.get_mut(&key) {
+                *u = unsure;
+            }
+        }
+        if let (Some((c, t)), Some(key)) = (thread, crate::sem::sem_acquire_of(label)) {
+            if let Some(u) = self.clients[c].threads[t].sem_unsure_end.get_mut(&key) {
+                *u = unsure;
+            }
+        }
+        let heartbeat = label
+            .strip_prefix('c')
+            .and_then(|rest| rest.split_once(' '))
+            .filter(|(_, what)| *what == "heartbeat" || *what == "sem heartbeat");
+        if let Some((c, what)) = heartbeat {
+            let Ok(c) = c.parse::<usize>() else {
+                return;
+            };
+            // (sent by this slot's client, or by one that crashed in it since)
+            for (slot, u) in self.crashed.values_mut() {
+                if *slot == c {
+                    *u = unsure;
+                }
+            }
+            let Some(cl) = self.clients.get_mut(c) else {
+                return;
+            };
+            for th in &mut cl.threads {
+                let ends = if what == "heartbeat" {
+                    &mut th.unsure_end
+                } else {
+                    &mut th.sem_unsure_end
+                };
+                ends.values_mut().for_each(|u| *u = unsure);
+            }
+        }
     }
 
     pub fn deliver_late(&mut self, n: usize) -> bool {
@@ -113,6 +175,7 @@ impl World {
         let r = self.late.remove(i);
         self.say(format!("late delivery of \"{}\"", r.label()));
         self.mark_may_have_expired(&*r);
+        self.refresh_unsure(r.label(), r.owner());
         let sent = self.clock.fz();
         let reply = r.resend(&mut self.conns[0]);
         if let (Some(owner), Some((lock, attempt))) = (r.owner(), acquire_of(r.label())) {
@@ -137,11 +200,12 @@ impl World {
         let Some((c, t)) = r.owner().and_then(|o| self.thread_of(o)) else {
             return;
         };
+        let unsure = self.unsure();
         let th = &mut self.clients[c].threads[t];
         if let Some(lock_attempt) = acquire_of(r.label()) {
-            th.unsure_end.insert(lock_attempt);
+            th.unsure_end.insert(lock_attempt, unsure);
         } else if let Some(sem_attempt) = crate::sem::sem_acquire_of(r.label()) {
-            th.sem_unsure_end.insert(sem_attempt);
+            th.sem_unsure_end.insert(sem_attempt, unsure);
         } else {
             return;
         }
@@ -202,6 +266,8 @@ impl World {
         let (generation, next) = (old.generation + 1, old.next_attempt);
         let mut fresh = Client::new(self.cfg.seed, c, generation, self.cfg.threads);
         fresh.next_attempt = next;
+        let unsure = self.unsure();
+        self.crashed.insert(old.id.clone(), (c, unsure));
         self.say(format!("c{c} crashes; restarts as {}", fresh.id));
         self.clients[c] = fresh;
         self.stats.add("fault: crash", 1);
@@ -416,6 +482,9 @@ impl World {
             return false;
         }
         self.server.set_offset_ms(target);
+        if target < current {
+            self.back_steps_ms += current - target;
+        }
         if target > current {
             self.clock.step_forward((target - current) as f64);
             for cl in &mut self.clients {

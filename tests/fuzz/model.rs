@@ -1,7 +1,7 @@
 //! What the simulated clients believe: their threads' holds and waits, with the lease estimates
 //! the real client keeps, and the fuzzer's clock those estimates are measured on.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::ops::Add;
 use std::rc::Rc;
@@ -208,12 +208,12 @@ impl Client {
                     state: State::Idle,
                     last: None,
                     calling: None,
-                    unsure_end: HashSet::new(),
+                    unsure_end: HashMap::new(),
                     marks_lost_upto: 0,
                     sem: State::Idle,
                     sem_permits: 0,
                     sem_calling: None,
-                    sem_unsure_end: HashSet::new(),
+                    sem_unsure_end: HashMap::new(),
                     sem_marked: HashSet::new(),
                 })
                 .collect(),
@@ -232,6 +232,30 @@ fn client_id(seed: u64, slot: usize, generation: u64) -> String {
     format!("{a:016x}{:016x}", mix(a))
 }
 
+/// When an attempt's end became unsure (`Thread::unsure_end`), or a request that could act for
+/// it reached Redis since (a late or repeated copy of its acquire, or of a heartbeat of its
+/// client, which may refresh a place it left behind): real ms, and the server clock's
+/// backward steps so far (ms; `World::back_steps_ms`).
+#[derive(Clone, Copy, Debug)]
+pub struct Unsure {
+    pub since_real: f64,
+    pub back_steps_ms: i64,
+}
+
+impl Unsure {
+    /// Whether a grant to the attempt at `now_real` is past what its end's unsureness
+    /// excuses: a copy of its acquire grants in the very call that delivers it (this is then
+    /// fresh), and a place it left behind goes at its deadline, a waiter timeout after its
+    /// last refresh on the waiters' clock, which runs no slower than real time except for the
+    /// server's backward steps (it waits for the server to catch up). Bound: two waiter
+    /// timeouts + 2 s + the backward steps since.
+    pub fn expired(&self, now_real: f64, back_steps_ms: i64, waiter_timeout_ms: u64) -> bool {
+        let bound =
+            2.0 * waiter_timeout_ms as f64 + 2_000.0 + (back_steps_ms - self.back_steps_ms) as f64;
+        now_real - self.since_real > bound
+    }
+}
+
 pub struct Thread {
     pub owner: String,
     pub state: State,
@@ -245,8 +269,8 @@ pub struct Thread {
     /// of their acquire went out that the client never learnt of. Redis may still grant them
     /// the lock: a hand-off its janitor no longer refreshes (revoked as a dead grantee's), or a
     /// late copy's hold (the README's limits). Every other grant to an ended attempt is a
-    /// ghost.
-    pub unsure_end: HashSet<(usize, u64)>,
+    /// ghost, and so is one later than `Unsure::expired` allows.
+    pub unsure_end: HashMap<(usize, u64), Unsure>,
     /// Attempts up to this one ended before the left marks were lost with all data (a restart
     /// without persistence): a late copy of them may act, as the README's limits say.
     pub marks_lost_upto: u64,
@@ -256,7 +280,7 @@ pub struct Thread {
     pub sem_permits: u64,
     /// As `calling` and `unsure_end`, for the semaphores.
     pub sem_calling: Option<(usize, u64)>,
-    pub sem_unsure_end: HashSet<(usize, u64)>,
+    pub sem_unsure_end: HashMap<(usize, u64), Unsure>,
     /// (semaphore, attempt) of attempts whose end asked for a left mark: if the marks key is
     /// evicted, a late copy of their acquire may act (they join `sem_unsure_end`).
     pub sem_marked: HashSet<(usize, u64)>,

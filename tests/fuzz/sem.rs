@@ -816,9 +816,10 @@ impl World {
         let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
         self.say(format!(" -> {}", describe(&s.reply)));
         if matches!(fault, Fault::Dropped | Fault::Late) {
+            let unsure = self.unsure();
             self.clients[c].threads[t]
                 .sem_unsure_end
-                .insert((plan.lock, plan.attempt));
+                .insert((plan.lock, plan.attempt), unsure);
         }
         *self.sem_state(c, t) = State::Idle;
     }
@@ -992,9 +993,10 @@ impl World {
         let label = format!("c{c}:t{t} sem release token={}", h.token);
         let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
         if mark && matches!(fault, Fault::Dropped | Fault::Late) {
+            let unsure = self.unsure();
             self.clients[c].threads[t]
                 .sem_unsure_end
-                .insert((h.lock, h.attempt));
+                .insert((h.lock, h.attempt), unsure);
         }
         self.say(format!(" -> {}", describe(&s.reply)));
         if let Ok(SemRelease::Released { .. }) = s.reply {
@@ -1335,6 +1337,7 @@ impl World {
             SemKey::Handoffs => names[5].clone(),
             SemKey::Left => {
                 // every attempt that ended with a mark may have its late copy act now
+                let unsure = self.unsure();
                 for cl in &mut self.clients {
                     for th in &mut cl.threads {
                         let marked: Vec<(usize, u64)> = th
@@ -1343,7 +1346,8 @@ impl World {
                             .filter(|m| m.0 == sem)
                             .copied()
                             .collect();
-                        th.sem_unsure_end.extend(marked);
+                        th.sem_unsure_end
+                            .extend(marked.into_iter().map(|m| (m, unsure)));
                     }
                 }
                 format!("{}:left", names[0])
@@ -1523,7 +1527,9 @@ impl World {
                                  the data",
                                 1,
                             );
-                        } else if th.sem_unsure_end.contains(&(s, attempt)) {
+                        } else if th.sem_unsure_end.get(&(s, attempt)).is_some_and(|u| {
+                            !u.expired(real, self.back_steps_ms, self.cfg.waiter_timeout_ms)
+                        }) {
                             self.stats.add(
                                 "exempt: sem late acquire of an attempt whose mark was lost",
                                 1,
@@ -1539,7 +1545,7 @@ impl World {
                         }
                     }
                 } else {
-                    self.stats.add("sem grant to a crashed client's attempt", 1);
+                    self.crashed_client_granted(&format!("sem {s}"), owner, real);
                 }
                 let forward = self.clock.forward();
                 if let Some((c, t)) = self.sem_thread_of(owner) {

@@ -147,6 +147,11 @@ pub struct World {
     pub stats: Stats,
     pub violation: Option<Violation>,
     pub max_offset_ms: i64,
+    /// The server clock's backward steps so far, ms (the waiters' clock waits them out).
+    pub back_steps_ms: i64,
+    /// Crashed clients' ids -> (their slot, when they crashed or a late copy of one of their
+    /// requests last reached Redis): a grant to them is bounded as an unsure end's is.
+    pub crashed: HashMap<String, (usize, crate::model::Unsure)>,
     /// Owner -> the server's clock (ms) just after the last request of that thread reached
     /// Redis: no left mark of the owner can be younger (the left marks' bound).
     pub last_sent_server_ms: HashMap<String, i64>,
@@ -208,6 +213,8 @@ impl World {
             stats,
             violation: None,
             max_offset_ms: 0,
+            back_steps_ms: 0,
+            crashed: HashMap::new(),
             last_sent_server_ms: HashMap::new(),
             try_only_quiet: None,
         }
