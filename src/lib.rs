@@ -116,11 +116,17 @@
 //!
 //! # Guarantees
 //!
-//! [`FairLock`] states its guarantees and limits. The README lists all fourteen in brief, and
-//! `docs/guarantees.md` in full, each with the test that shows it.
+//! [`FairLock`] states its guarantees and limits. The README sums all fourteen up in a few
+//! bullets, and `docs/guarantees.md` gives them in full, each with the test that shows it.
 //!
 //! # Cargo features
 //!
+//! - `tls` (on by default): `rediss://` URLs (and `rediss+sentinel://`, `rediss+cluster://`),
+//!   private CAs and client certificates ([`LockClientBuilder::tls_ca_file`] and its kin),
+//!   through rustls. Without it a TLS URL or setting is refused at [`LockClientBuilder::build`].
+//! - `metrics`: acquisitions, wait and hold times, hand-offs, renewals, lost holds and more
+//!   recorded through the [`metrics`](https://docs.rs/metrics) facade; the application installs
+//!   the recorder (exporter). Off by default.
 //! - `cli`: the `fairlock` command-line tool, which runs a command under a lock, shows who holds
 //!   a lock and releases one by force (`cargo install fairlock --features cli`). Off by default,
 //!   so the library alone pulls in no argument parser.
@@ -138,6 +144,8 @@
 
 #![warn(missing_docs)]
 #![warn(missing_debug_implementations)]
+// docs.rs (`--cfg docsrs`, Cargo.toml): mark the items a feature gates.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod attempt;
 mod boot_clock;
@@ -157,6 +165,7 @@ mod lock;
 mod loss;
 mod master_watch;
 #[cfg(feature = "raw")]
+#[cfg_attr(docsrs, doc(cfg(feature = "raw")))]
 pub mod raw;
 // Without the feature the protocol is the library's own; some of its calls serve only the
 // fuzzer, the benchmarks and tools.
