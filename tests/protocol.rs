@@ -1926,3 +1926,77 @@ fn a_stale_acquire_passes_the_threads_orphaned_hold_to_the_head_at_once() {
         "the head is told of its grant"
     );
 }
+
+/// A force-unlock naming a hold that is gone still repairs a stranded lock (free, waiters
+/// queued): the head is granted in that call, with its wake-up, not at the next heartbeat.
+#[test]
+fn a_force_unlock_that_finds_its_hold_gone_hands_a_stranded_lock_to_the_head() {
+    let (_server, mut c, lock) = start("force-stranded");
+    let token = take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "w:1", 2);
+    expire_hold(&mut c, &lock);
+    assert_eq!(holder(&mut c, &lock), (None, None));
+    let reply = lock.force_unlock("h:1", token).run(&mut c).unwrap();
+    assert!(
+        matches!(reply, ForceUnlock::NotHeld { holder: None }),
+        "{reply:?}"
+    );
+    assert_eq!(holder(&mut c, &lock).0.as_deref(), Some("w:1"));
+    assert!(
+        matches!(pop(&mut c, &lock, "w:1"), Some(Wake::Grant { .. })),
+        "the head is told of its grant"
+    );
+}
+
+/// A command the server refuses in the middle of a script (here a write under `maxmemory`
+/// with `noeviction`) comes back as the server's own error, code and message (OOM), which the
+/// client can tell from a fault of the script itself.
+#[test]
+fn a_servers_refusal_inside_a_script_comes_back_as_its_own_error() {
+    let (_server, mut c, _) = start("refused-inside");
+    // EVAL: a function that may write is refused before it runs; a script, at its first write
+    let lock = RawLock::new(
+        "fairlock",
+        "refused-inside",
+        Settings {
+            waiter_timeout: WAITER_TIMEOUT,
+            runner: Runner::Eval,
+            ..Settings::default()
+        },
+    )
+    .unwrap();
+    let token = take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "w:1", 2);
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query(&mut c)
+        .unwrap();
+    // refused by a plain write (redis.call), by the first write of a grant (the grantee's
+    // wake-up, through redis.pcall), and in a heartbeat
+    let errors = [
+        lock.release("h:1", token, 1)
+            .run(&mut c)
+            .map(|r| format!("{r:?}")),
+        lock.acquire("x:1", 3, LEASE, Mode::Wait, "m")
+            .run(&mut c)
+            .map(|r| format!("{r:?}")),
+        lock.heartbeat([("gone:1", 5)])
+            .run(&mut c)
+            .map(|r| format!("{r:?}")),
+    ];
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query(&mut c)
+        .unwrap();
+    for r in errors {
+        let text = r.unwrap_err().to_string();
+        assert!(
+            text.contains("OOM") && !text.contains("fairlock script"),
+            "{text}"
+        );
+    }
+}

@@ -179,12 +179,17 @@ local function read(key, cmd, ...)
   return r
 end
 
--- Run a script's body: its result, or its refusal or error as an error reply.
+-- Run a script's body: its result, or its refusal or error as an error reply. A command the
+-- server refused (OOM, READONLY, NOPERM, MOVED...: a table from redis.pcall, or a string
+-- starting with the error's code from redis.call) keeps its code and message, so the client
+-- tells a failover or a refused write from a fault of the script itself (a Lua error, whose
+-- message starts with where it happened).
 local function run(body)
   local ok, r = pcall(body)
   if ok then return r end
   if type(r) == 'table' and r.foreign then return redis.error_reply(r.foreign) end
   if type(r) == 'table' and r.err then return redis.error_reply(r.err) end
+  if type(r) == 'string' and string.match(r, '^%u[%u_%-]* ') then return redis.error_reply(r) end
   return redis.error_reply('ERR fairlock script: ' .. tostring(r))
 end
 
