@@ -2000,3 +2000,25 @@ fn a_servers_refusal_inside_a_script_comes_back_as_its_own_error() {
         );
     }
 }
+
+/// A heartbeat keeps a queue's keys for another queue TTL, however long its waiters have
+/// waited: the queue and the waiters hash live only as long as someone still waits.
+#[test]
+fn a_heartbeat_keeps_the_queue_and_the_waiters_for_another_queue_ttl() {
+    let (_server, mut c, lock) = start("queue-ttl");
+    take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "w:1", 2);
+    let names = lock.key_names();
+    for key in [names[2], names[3]] {
+        let _: () = redis::cmd("PEXPIRE")
+            .arg(key)
+            .arg(5_000)
+            .query(&mut c)
+            .unwrap();
+    }
+    lock.heartbeat([("w:1", 2)]).run(&mut c).unwrap();
+    for key in [names[2], names[3]] {
+        let left: i64 = redis::cmd("PTTL").arg(key).query(&mut c).unwrap();
+        assert!(left > 60_000, "{key}: {left} ms left after a heartbeat");
+    }
+}

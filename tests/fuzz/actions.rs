@@ -212,6 +212,29 @@ impl World {
                 .unsure_end
                 .insert((plan.lock, plan.attempt), unsure);
         }
+        if s.reply.is_ok() {
+            // 11. a leave that answered has ended its attempt in Redis: no hold (a grant that
+            //     reached it is passed on) and no place of that attempt is left
+            let cur = self.snapshot(false).locks[plan.lock].clone();
+            let holds = cur.owner == owner && cur.attempt == plan.attempt;
+            let placed = cur.waiters.get(&owner) == Some(&plan.attempt);
+            if holds || placed {
+                self.violate(
+                    Check::ReleaseIneffective,
+                    format!(
+                        "c{c}:t{t}'s leave of attempt {} answered {}, but Redis still has it {} \
+                         (lock {}: owner {:?} attempt {}, waiters {:?})",
+                        plan.attempt,
+                        describe(&s.reply),
+                        if holds { "holding" } else { "queued" },
+                        plan.lock,
+                        cur.owner,
+                        cur.attempt,
+                        cur.waiters
+                    ),
+                );
+            }
+        }
         *self.state(c, t) = State::Idle;
     }
 

@@ -821,6 +821,27 @@ impl World {
                 .sem_unsure_end
                 .insert((plan.lock, plan.attempt), unsure);
         }
+        if s.reply.is_ok() {
+            // 11. a leave that answered has ended its attempt in Redis (as the lock's)
+            let cur = self.sem_snapshot().swap_remove(plan.lock);
+            let holds = cur.holds.contains_key(&format!("{owner}#{}", plan.attempt));
+            let placed = cur.waiters.get(&owner) == Some(&plan.attempt);
+            if holds || placed {
+                self.violate(
+                    Check::ReleaseIneffective,
+                    format!(
+                        "c{c}:t{t}'s sem leave of attempt {} answered {}, but Redis still has it \
+                         {} (sem {}: holds {:?}, waiters {:?})",
+                        plan.attempt,
+                        describe(&s.reply),
+                        if holds { "holding" } else { "queued" },
+                        plan.lock,
+                        cur.holds,
+                        cur.waiters
+                    ),
+                );
+            }
+        }
         *self.sem_state(c, t) = State::Idle;
     }
 
