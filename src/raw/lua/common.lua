@@ -179,17 +179,25 @@ local function read(key, cmd, ...)
   return r
 end
 
+-- The server's own error in a string redis.call raised: "CODE message" (Redis 7), or
+-- "@user_script: 12: -CODE message" (Redis 6.2); nil for a Lua error of the script itself
+-- ("user_script:12: attempt to ...").
+local function server_error(r)
+  if string.match(r, '^%u[%u_%-]* ') then return r end
+  return string.match(r, '^@[%w_]+: ?%d+: %-(%u[%u_%-]* .*)$')
+end
+
 -- Run a script's body: its result, or its refusal or error as an error reply. A command the
--- server refused (OOM, READONLY, NOPERM, MOVED...: a table from redis.pcall, or a string
--- starting with the error's code from redis.call) keeps its code and message, so the client
--- tells a failover or a refused write from a fault of the script itself (a Lua error, whose
--- message starts with where it happened).
+-- server refused (OOM, READONLY, NOPERM, MOVED...: a table from redis.pcall, or a string from
+-- redis.call) keeps its code and message, so the client tells a failover or a refused write
+-- from a fault of the script itself.
 local function run(body)
   local ok, r = pcall(body)
   if ok then return r end
   if type(r) == 'table' and r.foreign then return redis.error_reply(r.foreign) end
   if type(r) == 'table' and r.err then return redis.error_reply(r.err) end
-  if type(r) == 'string' and string.match(r, '^%u[%u_%-]* ') then return redis.error_reply(r) end
+  local server = type(r) == 'string' and server_error(r)
+  if server then return redis.error_reply(server) end
   return redis.error_reply('ERR fairlock script: ' .. tostring(r))
 end
 
