@@ -357,6 +357,7 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
         check_liveness(&attempts, &run.phases, &kill_time, p, &files, &mut found);
     let recoveries = check_recovery(faults, &by_lock, p, &files, &mut found);
     check_end_state(end, &mut found);
+    check_torn_lines(torn, end, &mut found);
 
     let measures = Measures {
         most_held,
@@ -1663,6 +1664,27 @@ fn check_recovery(
 // ---- (6), (7) the end state ----
 
 /// `keys_left`, `panic`, `worker_exit`: from what the parent collected at the end.
+/// Torn lines: each history is written a line at a time, so only a process killed by a
+/// signal (SIGKILLed by the harness, or killed at the end for not stopping in time) can leave
+/// one, its last. More torn lines than such processes is a violation (they are dropped
+/// unread, and could hide any event).
+fn check_torn_lines(torn: usize, end: &EndState, found: &mut Findings) {
+    let killed = end
+        .exits
+        .iter()
+        .filter(|(_, _, code, by_harness)| *by_harness || matches!(code, None | Some(-1)))
+        .count();
+    if torn > killed {
+        found.violation(
+            "torn_lines",
+            format!(
+                "{torn} history lines did not parse, more than the {killed} processes killed \
+                 mid-write could tear (one line each)"
+            ),
+        );
+    }
+}
+
 fn check_end_state(end: &EndState, found: &mut Findings) {
     for (key, pttl) in &end.leftover_keys {
         found.violation(

@@ -464,7 +464,8 @@ fn checker_finds_planted_violations() {
         lease_ns: workload::LEASE.as_nanos() as u64,
         max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
     };
-    let report = checker::check(history(""), 0, &end, &params);
+    // two torn lines, one process killed mid-write: one line too many
+    let report = checker::check(history(""), 2, &end, &params);
     let mut kinds: Vec<&str> = report.violations.iter().map(|(k, _)| k.as_str()).collect();
     kinds.sort();
     kinds.dedup();
@@ -486,6 +487,7 @@ fn checker_finds_planted_violations() {
             "slow_recovery",
             "stale_token_accepted",
             "token_order",
+            "torn_lines",
             "worker_exit",
         ],
         "{:#?}",
