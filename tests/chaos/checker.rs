@@ -59,7 +59,9 @@
 //! Recovery: for each SIGKILL of a process that held a lock while another process waited for
 //! it, the time from the kill to the next ACQ of that lock by another process. `slow_recovery`
 //! when it exceeds lease + 1 s with no other fault in that window (nor a clock step in the lease
-//! before it: a step back lengthens the dead holder's lease on the server).
+//! before it: a step back lengthens the dead holder's lease on the server); with others, lease +
+//! 1 s + for each its length, a lease, a read timeout and three janitor intervals (a clock step:
+//! those and 5 s).
 //!
 //! 9. Failovers (Sentinel and Cluster modes). Replication is asynchronous: a master SIGKILLed
 //!    (`kill-master`) may take its last writes with it, and the replica promoted in its place
@@ -132,6 +134,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde_json::{json, Value};
 
 use super::history::{detail_value, Event, FaultKind, Fence, Kind};
+use super::workload::{JANITOR, READ_TIMEOUT};
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
@@ -1645,13 +1648,39 @@ fn check_recovery(
             let took = next - f.start;
             let clean = !any_fault(faults, p.lease_ns, f.start, next, Some(f));
             recoveries.push((took, clean));
-            if clean && took > p.lease_ns + S {
+            // with other faults in the way, each may delay it by its own length plus a lease
+            // (a hold it disrupted), a read timeout (noticing it) and three janitor
+            // intervals (a dead waiter's purge); a clock step in the lease before the kill
+            // too, by as much as a step back can lengthen the dead holder's lease (5 s)
+            let per_fault = p.lease_ns + (READ_TIMEOUT + JANITOR * 3).as_nanos() as u64;
+            let delays: u64 = faults
+                .iter()
+                .filter(|g| !std::ptr::eq(*g, f) && !g.kind.is_benign())
+                .filter_map(|g| {
+                    if g.kind == FaultKind::ClockStep {
+                        let from = f.start.saturating_sub(p.lease_ns);
+                        g.overlaps(from, next).then_some(per_fault + 5 * S)
+                    } else {
+                        g.overlaps(f.start, next)
+                            .then(|| g.end.saturating_sub(g.start) + per_fault)
+                    }
+                })
+                .sum();
+            let bound = p.lease_ns + S + delays;
+            if took > bound {
                 found.violation(
                     "slow_recovery",
                     format!(
-                        "lock {lock}: holder {pid} killed at {}, next acquisition {:.0} ms later\n{}",
+                        "lock {lock}: holder {pid} killed at {}, next acquisition {:.0} ms later \
+                         (at most {:.0} ms{})\n{}",
                         f.start,
                         ms(took),
+                        ms(bound),
+                        if clean {
+                            ""
+                        } else {
+                            " with the other faults in the way"
+                        },
                         excerpt(files, lock, f.start, next)
                     ),
                 );
@@ -1663,7 +1692,6 @@ fn check_recovery(
 
 // ---- (6), (7) the end state ----
 
-/// `keys_left`, `panic`, `worker_exit`: from what the parent collected at the end.
 /// Torn lines: each history is written a line at a time, so only a process killed by a
 /// signal (SIGKILLed by the harness, or killed at the end for not stopping in time) can leave
 /// one, its last. More torn lines than such processes is a violation (they are dropped
@@ -1685,6 +1713,7 @@ fn check_torn_lines(torn: usize, end: &EndState, found: &mut Findings) {
     }
 }
 
+/// `keys_left`, `panic`, `worker_exit`: from what the parent collected at the end.
 fn check_end_state(end: &EndState, found: &mut Findings) {
     for (key, pttl) in &end.leftover_keys {
         found.violation(
