@@ -174,6 +174,7 @@ impl World {
                         place: true,
                         refreshed: s.sent_real,
                         forward_steps: 0,
+                        forward_ms: 0.0,
                         granted_seen: false,
                         handoff: None,
                         unanswered: plan.unanswered,

@@ -491,9 +491,11 @@ impl World {
                 for th in &mut cl.threads {
                     if let State::Waiting(w) = &mut th.state {
                         w.forward_steps += 1;
+                        w.forward_ms += (target - current) as f64;
                     }
                     if let State::Waiting(w) = &mut th.sem {
                         w.forward_steps += 1;
+                        w.forward_ms += (target - current) as f64;
                     }
                 }
             }

@@ -323,6 +323,9 @@ pub struct Wait {
     /// clock steps since (each may age the server's virtual clock by up to `cap_ms`).
     pub refreshed: f64,
     pub forward_steps: u32,
+    /// The forward steps' total since that refresh, ms (a semaphore's hand-off deadline is on
+    /// the server clock, which they move in full).
+    pub forward_ms: f64,
     /// Redis granted this attempt the lock (a hand-off waits in its wake list).
     pub granted_seen: bool,
     pub handoff: Option<Handoff>,
@@ -358,6 +361,7 @@ impl Wait {
     pub fn refreshed_at(&mut self, real: f64) {
         self.refreshed = real;
         self.forward_steps = 0;
+        self.forward_ms = 0.0;
     }
 }
 

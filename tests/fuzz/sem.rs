@@ -774,6 +774,7 @@ impl World {
                         place: true,
                         refreshed: s.sent_real,
                         forward_steps: 0,
+                        forward_ms: 0.0,
                         granted_seen: false,
                         handoff: None,
                         unanswered: plan.unanswered,
@@ -1711,9 +1712,14 @@ impl World {
                             && !self.sem_checker.exempt[w.lock].contains(&h.token)
                             && !self.sem_checker.forced[w.lock].contains(&h.token)
                         {
-                            if w.grant_forward.is_some_and(|g| g < forward_now) {
-                                // the hand-off deadline is on the server clock
-                                // (docs/semaphores.md): a forward step revokes early
+                            // the hand-off deadline is on the server clock
+                            // (docs/semaphores.md): forward steps revoke early, but only once
+                            // they and the real time since the waiter's last refresh could
+                            // have run its waiter timeout out
+                            let server_clock_aged = (real - w.refreshed) + w.forward_ms + 40.0
+                                >= self.cfg.waiter_timeout_ms as f64;
+                            if w.grant_forward.is_some_and(|g| g < forward_now) && server_clock_aged
+                            {
                                 self.stats.add(
                                     "exempt: sem hand-off revoked after a forward clock step",
                                     1,
