@@ -155,7 +155,7 @@ impl World {
                     if !plan.wait {
                         self.violate(Check::BadReply, "acquire in try mode queued".into());
                     }
-                    self.note_queued(c, t, plan.lock, plan.attempt);
+                    self.note_queued(crate::fifo::Prim::Lock, c, t, plan.lock, plan.attempt);
                     // the client's witness: kept across re-runs of the attempt, the newest wins
                     let mut witness = match self.state(c, t) {
                         State::Waiting(w) if w.attempt == plan.attempt => w.witness,

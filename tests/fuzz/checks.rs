@@ -344,7 +344,18 @@ impl World {
                 continue;
             }
             // 4'''. no live waiter overtaken, by the order the Queued replies were seen in
-            self.fifo_by_replies(l, cur, actor, snap.real);
+            let queue_before = format!("{:?}", self.checker.last[l].queue);
+            let holds = |o: &str, a: u64| o == cur.owner && a == cur.attempt;
+            let granted = crate::fifo::Granted {
+                prim: crate::fifo::Prim::Lock,
+                index: l,
+                owner: &cur.owner,
+                attempt: cur.attempt,
+                token: cur.token,
+                holds: &holds,
+                queue_before,
+            };
+            self.fifo_by_replies(granted, actor, snap.real);
             // 2. tokens strictly rise
             if cur.token <= self.checker.max_token[l] {
                 let behind = self.server.offset_ms() < self.max_offset_ms;

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::faketime::server_time_us;
+use crate::fifo::Prim;
 use crate::model::{Client, State, Unsure};
 use crate::steps::{EvictKey, Fault, Who};
 use crate::world::{describe, World, MAX_BEHIND_MS};
@@ -92,14 +93,26 @@ impl World {
         self.refresh_unsure(last.label(), last.owner());
         let sent = self.clock.fz();
         let reply = last.resend(&mut self.conns[Self::conn_of(Some(who))]);
-        if let (Some(owner), Some((lock, attempt))) = (last.owner(), acquire_of(last.label())) {
-            self.fifo_copy_arrived(owner, lock, attempt);
-        }
+        self.copy_arrived(&*last);
         self.note_sent(last.owner());
         self.after_call(None, sent);
         self.say(format!(" -> {reply}"));
         self.stats.add("fault: stray duplicate", 1);
         true
+    }
+
+    /// A copy of request `r` reached Redis with its reply unread: an acquire's place may date
+    /// from it (FIFO by the replies).
+    fn copy_arrived(&mut self, r: &dyn crate::world::Resend) {
+        let Some(owner) = r.owner() else {
+            return;
+        };
+        if let Some((lock, attempt)) = acquire_of(r.label()) {
+            self.fifo_copy_arrived(Prim::Lock, owner, lock, attempt);
+        }
+        if let Some((sem, attempt)) = crate::sem::sem_acquire_of(r.label()) {
+            self.fifo_copy_arrived(Prim::Sem, owner, sem, attempt);
+        }
     }
 
     /// Now, for `Thread::unsure_end`.
@@ -178,9 +191,7 @@ impl World {
         self.refresh_unsure(r.label(), r.owner());
         let sent = self.clock.fz();
         let reply = r.resend(&mut self.conns[0]);
-        if let (Some(owner), Some((lock, attempt))) = (r.owner(), acquire_of(r.label())) {
-            self.fifo_copy_arrived(owner, lock, attempt);
-        }
+        self.copy_arrived(&*r);
         self.note_sent(r.owner());
         self.after_call(None, sent);
         self.say(format!(" -> {reply}"));

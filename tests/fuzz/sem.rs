@@ -431,6 +431,8 @@ pub struct SemChecker {
     /// As the lock's (`Checker::queue_lost`): the owners whose waiters entries may outlive
     /// their places after a queue eviction, each until a heartbeat naming it is answered.
     pub queue_lost: Vec<Option<HashSet<String>>>,
+    /// 4'''. The order the `Queued` replies were seen in (`fuzz/fifo.rs`).
+    pub reply_order: crate::fifo::ReplyOrder,
 }
 
 impl SemChecker {
@@ -442,6 +444,7 @@ impl SemChecker {
             forced: vec![HashSet::new(); n],
             fence_lost: vec![false; n],
             queue_lost: vec![None; n],
+            reply_order: crate::fifo::ReplyOrder::new(n),
         }
     }
 }
@@ -757,6 +760,7 @@ impl World {
                     if !plan.wait {
                         self.violate(Check::BadReply, "sem acquire in try mode queued".into());
                     }
+                    self.note_queued(crate::fifo::Prim::Sem, c, t, plan.lock, plan.attempt);
                     let mut witness = match self.sem_state(c, t) {
                         State::Waiting(w) if w.attempt == plan.attempt => w.witness,
                         _ => Witness::none(LocalMs(s.sent_real)),
@@ -1479,6 +1483,18 @@ impl World {
             for (id, token, _) in &new {
                 self.stats.add("sem grants", 1);
                 let (owner, attempt) = split_id(id);
+                // 4'''. no live waiter overtaken, by the order the Queued replies were seen in
+                let holds = |o: &str, a: u64| cur.holds.contains_key(&hold_id(o, a));
+                let granted = crate::fifo::Granted {
+                    prim: crate::fifo::Prim::Sem,
+                    index: s,
+                    owner,
+                    attempt,
+                    token: *token,
+                    holds: &holds,
+                    queue_before: format!("{:?}", prev.queue),
+                };
+                self.fifo_by_replies(granted, actor, real);
                 // 2. tokens strictly rise
                 if *token <= self.sem_checker.max_token[s] {
                     let behind = self.server.offset_ms() < self.max_offset_ms;
