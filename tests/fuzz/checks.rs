@@ -821,6 +821,14 @@ impl World {
         missing
     }
 
+    /// Whether the operator set the capacity of the semaphore whose hash is `key`.
+    fn capacity_was_set(&self, key: &str) -> bool {
+        self.sems
+            .iter()
+            .position(|s| s.key_names()[0] == key)
+            .is_some_and(|i| self.sem_checker.capacity_set[i])
+    }
+
     /// The end state after the quiet phase: every lock free, nothing queued, and only the fence,
     /// tombstones living out a released lease and short-lived wake lists left.
     pub fn settled(&mut self) -> Result<(), String> {
@@ -842,6 +850,9 @@ impl World {
         for (key, pttl) in &snap.keys {
             let ok = if key.ends_with(":fence") {
                 // every grant sets the fence's TTL to `fence_ttl` (1 h here, world.rs)
+                *pttl > 0 && *pttl <= 3_600_000 + behind
+            } else if key.ends_with("}:sem") && self.capacity_was_set(key) {
+                // a stored capacity (`~set`) keeps the hash as long as the fence
                 *pttl > 0 && *pttl <= 3_600_000 + behind
             } else if key.ends_with("}:sem")
                 || key.ends_with("}:sem:leases")

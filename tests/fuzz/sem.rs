@@ -16,8 +16,8 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use fairlock::raw::{
-    self, judge_handoff, Handoff, Mode, RawSemaphore, SemAcquire, SemKind, SemLeave, SemRelease,
-    Settings, Wake, Witness, RW_CAPACITY,
+    self, judge_handoff, Handoff, Mode, RawSemaphore, SemAcquire, SemCapacity, SemKind, SemLeave,
+    SemRelease, Settings, Wake, Witness, RW_CAPACITY,
 };
 use redis::Value;
 
@@ -92,6 +92,13 @@ pub enum SemStep {
         sem: usize,
         fault: Fault,
     },
+    /// The operator stores the capacity every handle of the run has again (`sem_capacity`):
+    /// a change that changes nothing but the durable `~set`, under the network's faults; it
+    /// grants the heads that fit, as a raise would.
+    SetCapacity {
+        sem: usize,
+        fault: Fault,
+    },
     Evict {
         sem: usize,
         key: SemKey,
@@ -109,6 +116,7 @@ impl SemStep {
             SemStep::LeavePass { .. } => "sem leave pass",
             SemStep::Heartbeat { .. } => "sem heartbeat",
             SemStep::ForceRelease { .. } => "sem force-release",
+            SemStep::SetCapacity { .. } => "sem set capacity",
             SemStep::Evict { .. } => "sem eviction",
         }
     }
@@ -160,6 +168,9 @@ impl fmt::Display for SemStep {
             }
             SemStep::ForceRelease { sem, fault } => {
                 write!(f, "operator force-release sem={sem}{fault}")
+            }
+            SemStep::SetCapacity { sem, fault } => {
+                write!(f, "operator set capacity sem={sem}{fault}")
             }
             SemStep::Evict { sem, key } => write!(f, "evict sem={sem} {key:?}"),
         }
@@ -275,6 +286,7 @@ impl SemChoices {
             Renew,
             Heartbeat,
             Force,
+            SetCapacity,
             Evict,
         }
         let on = |v: bool, weight: f64| if v { weight } else { 0.0 };
@@ -287,6 +299,7 @@ impl SemChoices {
             (on(!self.valid.is_empty(), 5.0), K::Renew),
             (on(!self.heartbeaters.is_empty(), 4.0), K::Heartbeat),
             (1.0, K::Force),
+            (0.5, K::SetCapacity),
             (1.0, K::Evict),
         ]);
         let cfg = &w.cfg;
@@ -371,6 +384,15 @@ impl SemChoices {
                     (20.0, Fault::Late),
                 ]),
             },
+            K::SetCapacity => SemStep::SetCapacity {
+                sem: rng.below(n) as usize,
+                fault: rng.weighted(&[
+                    (50.0, Fault::None),
+                    (20.0, Fault::Lost),
+                    (15.0, Fault::Retried),
+                    (15.0, Fault::Late),
+                ]),
+            },
             K::Evict => {
                 let c = rng.below(cfg.clients as u64) as usize;
                 let t = rng.below(cfg.threads as u64) as usize;
@@ -433,6 +455,9 @@ pub struct SemChecker {
     pub queue_lost: Vec<Option<HashSet<String>>>,
     /// 4'''. The order the `Queued` replies were seen in (`fuzz/fifo.rs`).
     pub reply_order: crate::fifo::ReplyOrder,
+    /// The operator's `set_capacity` may have reached Redis: the hash then lives at least
+    /// the fence's TTL from it (`~set`, sem.lua), used or not.
+    pub capacity_set: Vec<bool>,
 }
 
 impl SemChecker {
@@ -445,6 +470,7 @@ impl SemChecker {
             fence_lost: vec![false; n],
             queue_lost: vec![None; n],
             reply_order: crate::fifo::ReplyOrder::new(n),
+            capacity_set: vec![false; n],
         }
     }
 }
@@ -607,6 +633,7 @@ impl World {
             SemStep::LeavePass { c, t, fault } => self.sem_leave_pass(c, t, fault),
             SemStep::Heartbeat { c, sem, fault } => self.sem_heartbeat(c, sem, fault),
             SemStep::ForceRelease { sem, fault } => self.sem_force_release(sem, fault),
+            SemStep::SetCapacity { sem, fault } => self.sem_set_capacity(sem, fault),
             SemStep::Evict { sem, key } => self.sem_evict(sem, key),
         }
     }
@@ -1260,6 +1287,33 @@ impl World {
     }
 
     /// The operator reads the holds and releases one by force (it loses the guarantee).
+    /// The operator's `set_capacity` with the capacity the run's handles have (see
+    /// `SemStep::SetCapacity`): stored, never a mismatch (the kind is the run's), and every
+    /// check runs after it as after any call.
+    pub fn sem_set_capacity(&mut self, sem: usize, fault: Fault) -> bool {
+        if sem >= self.sems.len() {
+            return false;
+        }
+        let cap = self.cfg.sems[sem].cap;
+        let label = format!("operator sem set_capacity sem={sem} capacity={cap}");
+        let call = self.sems[sem].set_capacity(cap);
+        self.sem_checker.capacity_set[sem] = true;
+        let s = self.exec(Some(Who::Operator), label, call, fault);
+        self.say(format!(
+            "operator set capacity sem={sem} to {cap} -> {}",
+            describe(&s.reply)
+        ));
+        if let Ok(SemCapacity::Mismatch { kind, capacity }) = &s.reply {
+            self.violate(
+                Check::BadReply,
+                format!(
+                    "set_capacity of sem {sem} to {cap} answered mismatch ({kind}, {capacity})"
+                ),
+            );
+        }
+        true
+    }
+
     pub fn sem_force_release(&mut self, sem: usize, fault: Fault) -> bool {
         if sem >= self.sems.len() {
             return false;
