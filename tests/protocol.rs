@@ -2022,3 +2022,27 @@ fn a_heartbeat_keeps_the_queue_and_the_waiters_for_another_queue_ttl() {
         assert!(left > 60_000, "{key}: {left} ms left after a heartbeat");
     }
 }
+
+/// A granted waiter that leaves anyway (its deadline passed as the grant came), asking for a
+/// mark: the grant is passed on, and a late copy of its acquire finds the mark and does nothing,
+/// rather than taking the lock for an attempt that has ended.
+#[test]
+fn a_granted_attempt_that_leaves_with_a_mark_is_not_revived_by_a_late_acquire() {
+    let (_server, mut c, lock) = start("granted-leaves");
+    let token = take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "w:1", 2);
+    lock.release("h:1", token, 1).run(&mut c).unwrap();
+    assert_eq!(holder(&mut c, &lock).0.as_deref(), Some("w:1"));
+    let left = lock
+        .leave("w:1", 2, LeaveMode::Pass, LateAcquire::Possible)
+        .run(&mut c)
+        .unwrap();
+    assert!(matches!(left, Leave::Passed { next: None }), "{left:?}");
+    assert_eq!(holder(&mut c, &lock), (None, None));
+    let late = lock
+        .acquire("w:1", 2, LEASE, Mode::Wait, "m")
+        .run(&mut c)
+        .unwrap();
+    assert!(matches!(late, Acquire::Stale), "{late:?}");
+    assert_eq!(holder(&mut c, &lock), (None, None));
+}
