@@ -1032,13 +1032,22 @@ fn stopped_between(faults: &[Fault], pid: u32, from: u64, to: u64) -> bool {
 }
 
 /// Why two holds h1 (earlier ACQ) and h2 may both think they hold: None when nothing does.
-fn explain(faults: &[Fault], h1: &Attempt, h2: &Attempt) -> Option<&'static str> {
+fn explain(faults: &[Fault], h1: &Attempt, h2: &Attempt, lease_ns: u64) -> Option<&'static str> {
     let a2 = h2.acq.unwrap();
-    if stopped_between(faults, h1.pid, h1.req, a2) || stopped_between(faults, h2.pid, h2.req, a2) {
+    // only a fault that can hold back h1's grant reply or its renewals: from a lease before
+    // h1's ACQ (its lease may have started that early) to h2's ACQ, not the whole of h1's wait
+    let from = h1
+        .acq
+        .unwrap()
+        .saturating_sub(lease_ns)
+        .max(h1.req.min(h2.req));
+    if stopped_between(faults, h1.pid, from, a2)
+        || stopped_between(faults, h2.pid, h2.req.max(a2.saturating_sub(lease_ns)), a2)
+    {
         return Some("sigstop");
     }
     for f in faults {
-        if f.overlaps(h1.req.min(h2.req), a2) && f.explains_overlap() {
+        if f.overlaps(from, a2) && f.explains_overlap() {
             return Some(match f.kind {
                 FaultKind::RestartVolatile => "restart-volatile",
                 FaultKind::RestartAof => "restart-aof",
@@ -1143,7 +1152,7 @@ fn check_overlaps(
             }
             marks.in_overlap.insert(h1.hold_key());
             marks.in_overlap.insert(h2.hold_key());
-            match explain(faults, h1, h2) {
+            match explain(faults, h1, h2, repl.lease_ns) {
                 Some(why) => {
                     // count each hold that another outran once, not every pair
                     if marks.overrun.insert(h1.hold_key()) {
@@ -1199,7 +1208,7 @@ fn check_token_order(
         let (a1, a2) = (h1.acq.unwrap(), h2.acq.unwrap());
         if volatile_between(faults, a1, a2) {
             found.explained.add("token_reset_restart_volatile");
-        } else if explain(faults, h1, h2).is_some_and(|w| w != "restart-aof") {
+        } else if explain(faults, h1, h2, repl.lease_ns).is_some_and(|w| w != "restart-aof") {
             found.explained.add("token_order_fault");
         } else if repl.explains_token_order(h1, h2) {
             found.replication.add("token_order");
@@ -1502,8 +1511,13 @@ fn check_lost_holds(
             continue;
         }
         // until the release returned: a fault that strikes while it is on its way (a restart,
-        // then the library's retry on a new connection finds the lock gone) explains the loss
-        let (from, to) = (a.req, a.rel_done.unwrap_or(a.end.unwrap()));
+        // then the library's retry on a new connection finds the lock gone) explains the loss;
+        // from a lease before the ACQ (a fault that held back the grant reply), not the whole
+        // wait before it
+        let from = a
+            .acq
+            .map_or(a.req, |t| t.saturating_sub(repl.lease_ns).max(a.req));
+        let to = a.rel_done.unwrap_or(a.end.unwrap());
         if faults
             .iter()
             .any(|f| f.may_lose_hold(a.pid) && f.overlaps(from, to))
@@ -1853,7 +1867,7 @@ fn check_capacity(
             let mut unexplained: Vec<&Attempt> = Vec::new();
             for &h1 in &others {
                 marks.in_overlap.insert(h1.hold_key());
-                match explain(faults, h1, h2) {
+                match explain(faults, h1, h2, repl.lease_ns) {
                     Some(why) => {
                         if marks.overrun.insert(h1.hold_key()) {
                             found.explained.add(&format!("holds_over_capacity_{why}"));

@@ -819,3 +819,58 @@ fn checker_finds_planted_capacity_violations() {
         1
     );
 }
+
+/// A fault explains an overlap only when it could hold back the earlier holder's grant reply or
+/// renewals: from a lease before its ACQ on. A black hole during the first holder's long wait,
+/// seconds before its grant, explains nothing; the same black hole within a lease of the grant
+/// does.
+#[test]
+fn checker_explains_an_overlap_only_by_a_fault_near_the_grant() {
+    let s = |secs: f64| (secs * 1e9) as u64;
+    let history = |fault_at: f64| -> Vec<Vec<history::Event>> {
+        let text = format!(
+            "{} 1 parent PHASE start\n\
+             {} 1 parent FAULT 1 blackhole start - x\n{} 1 parent FAULT 1 blackhole end\n\
+             {} 11 0 REQ a\n{} 11 0 ACQ a 1 900000\n{} 11 0 REL a ok 0\n\
+             {} 12 0 REQ a\n{} 12 0 ACQ a 2 900000\n{} 12 0 REL a ok 0\n\
+             {} 1 parent PHASE quiet\n{} 1 parent PHASE stop\n",
+            s(0.0),
+            s(fault_at),
+            s(fault_at + 0.1),
+            s(0.5),
+            s(5.0),
+            s(5.2),
+            s(5.05),
+            s(5.05),
+            s(5.3),
+            s(10.0),
+            s(20.0),
+        );
+        let mut files: BTreeMap<u32, Vec<history::Event>> = BTreeMap::new();
+        for line in text.lines() {
+            let e = history::parse(line).expect(line);
+            files.entry(e.pid).or_default().push(e);
+        }
+        files.into_values().collect()
+    };
+    let params = checker::Params {
+        scenario: "planted".into(),
+        capacity: None,
+        lease_ns: workload::LEASE.as_nanos() as u64,
+        max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
+    };
+    let overlaps = |fault_at: f64| {
+        let report = checker::check(history(fault_at), 0, &checker::EndState::default(), &params);
+        report
+            .violations
+            .iter()
+            .filter(|(k, _)| k == "overlap")
+            .count()
+    };
+    assert_eq!(
+        overlaps(1.0),
+        1,
+        "a fault during the wait, 4 s before the grant"
+    );
+    assert_eq!(overlaps(4.5), 0, "a fault within a lease of the grant");
+}
