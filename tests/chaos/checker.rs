@@ -1341,14 +1341,17 @@ fn check_counter_chain(
                     found.replication.add("counter_break_overlap");
                 } else if overlapped {
                     found.explained.add("counter_break_overlap");
-                } else if p.forced.is_some() || h.forced.is_some() {
+                } else if p.forced.is_some_and(|f| f <= pt) || h.forced.is_some_and(|f| f <= t) {
+                    // a force-unlock explains it only if it began before the critical section
+                    // it could disturb: p's write, or h's read
                     found.explained.add("counter_break_force_unlock");
                 } else if cut_since_prev {
                     found.explained.add("counter_break_cut_hold");
-                } else if faults
-                    .iter()
-                    .any(|f| (f.explains_overlap() || f.kind.is_stop()) && f.overlaps(from, t))
-                {
+                } else if faults.iter().any(|f| {
+                    let stop_of_either =
+                        f.kind.is_stop() && (f.target == Some(p.pid) || f.target == Some(h.pid));
+                    (f.explains_overlap() || stop_of_either) && f.overlaps(from, t)
+                }) {
                     found.explained.add("counter_break_fault_window");
                 } else {
                     found.violation(

@@ -874,3 +874,64 @@ fn checker_explains_an_overlap_only_by_a_fault_near_the_grant() {
     );
     assert_eq!(overlaps(4.5), 0, "a fault within a lease of the grant");
 }
+
+/// A lost update is explained by a SIGSTOP only of one of the two processes whose critical
+/// sections it lies between (a stop of a third process cannot break their chain), and by a
+/// force-unlock only when it began before the critical section it could disturb.
+#[test]
+fn checker_explains_a_lost_update_only_by_the_two_holders_faults() {
+    let s = |secs: f64| (secs * 1e9) as u64;
+    let history = |fault: &str| -> Vec<Vec<history::Event>> {
+        let text = format!(
+            "{} 1 parent PHASE start\n{fault}\
+             {} 11 0 REQ a\n{} 11 0 ACQ a 1 900000\n{} 11 0 CS a 0 1\n{} 11 0 REL a ok 0\n\
+             {} 12 0 REQ a\n{} 12 0 ACQ a 2 900000\n{} 12 0 CS a 0 1\n{} 12 0 REL a ok 0\n\
+             {} 13 0 REQ b\n{} 13 0 ACQ b 1 900000\n{} 13 0 REL b ok 0\n\
+             {} 1 parent PHASE quiet\n{} 1 parent PHASE stop\n",
+            s(0.0),
+            s(1.0),
+            s(1.0),
+            s(1.1),
+            s(1.2),
+            s(1.3),
+            s(1.3),
+            s(1.4),
+            s(1.5),
+            s(0.5),
+            s(0.5),
+            s(3.0),
+            s(10.0),
+            s(20.0),
+        );
+        let mut files: BTreeMap<u32, Vec<history::Event>> = BTreeMap::new();
+        for line in text.lines() {
+            let e = history::parse(line).expect(line);
+            files.entry(e.pid).or_default().push(e);
+        }
+        files.into_values().collect()
+    };
+    let params = checker::Params {
+        scenario: "planted".into(),
+        capacity: None,
+        lease_ns: workload::LEASE.as_nanos() as u64,
+        max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
+    };
+    let lost = |fault: &str| {
+        let report = checker::check(history(fault), 0, &checker::EndState::default(), &params);
+        report
+            .violations
+            .iter()
+            .filter(|(k, _)| k == "lost_update")
+            .count()
+    };
+    let stop = |pid: u32| {
+        format!(
+            "{} 1 parent FAULT 2 sigstop start {pid} x\n{} 1 parent FAULT 2 sigstop end\n",
+            s(1.15),
+            s(1.25)
+        )
+    };
+    assert_eq!(lost(""), 1, "no fault at all");
+    assert_eq!(lost(&stop(13)), 1, "a SIGSTOP of a third process");
+    assert_eq!(lost(&stop(11)), 0, "a SIGSTOP of the first holder");
+}
