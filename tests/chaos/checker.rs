@@ -317,7 +317,9 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
                 check_overlaps(lock, &holds, faults, &repl, &files, &mut marks, &mut found);
                 check_token_order(lock, &holds, faults, &repl, &files, &mut found);
                 check_counter_chain(lock, &holds, faults, &files, &marks, &mut found);
-                check_fifo(lock, list, faults, &errors, &files, 0, &mut found);
+                check_fifo(
+                    lock, list, faults, &errors, &files, 0, p.lease_ns, &mut found,
+                );
             }
             Some(cap) => {
                 let most = check_capacity(
@@ -329,7 +331,16 @@ pub fn check(files: Vec<Vec<Event>>, torn: usize, end: &EndState, p: &Params) ->
                 let writes: Vec<&Attempt> =
                     holds.iter().copied().filter(|h| h.permits >= cap).collect();
                 check_counter_chain(lock, &writes, faults, &files, &marks, &mut found);
-                check_fifo(lock, list, faults, &errors, &files, FIFO_MARGIN, &mut found);
+                check_fifo(
+                    lock,
+                    list,
+                    faults,
+                    &errors,
+                    &files,
+                    FIFO_MARGIN,
+                    p.lease_ns,
+                    &mut found,
+                );
                 for h in &holds {
                     counts.add(&if cap == super::workload::RW_CAPACITY {
                         if h.permits >= cap {
@@ -1371,8 +1382,11 @@ fn check_counter_chain(
 
 // ---- (4) FIFO ----
 
-/// `fifo`: a waiter overtaken by one that asked more than FIFO_MARGIN later, with no fault that
-/// disturbs the order and no error of either thread while the first waited.
+/// `fifo`: a waiter overtaken by one that asked more than FIFO_MARGIN later, with no error of
+/// either thread while the first waited, and no fault that disturbs the order in that wait
+/// unless the overtaker asked later than the fault's end + a lease + a read timeout + three
+/// janitor intervals (by then the first waiter had queued again).
+#[allow(clippy::too_many_arguments)]
 fn check_fifo(
     lock: &str,
     list: &[&Attempt],
@@ -1380,6 +1394,7 @@ fn check_fifo(
     errors: &HashMap<(u32, String), Vec<u64>>,
     files: &[Vec<Event>],
     acq_margin: u64,
+    lease_ns: u64,
     found: &mut Findings,
 ) {
     let err_in = |pid: u32, thread: &str, from: u64, to: u64| {
@@ -1406,9 +1421,18 @@ fn check_fifo(
         if suffix_min[j] >= a_acq {
             continue;
         }
-        if order_fault(faults, a.req, a_acq) || err_in(a.pid, &a.thread, a.req, a_acq) {
+        if err_in(a.pid, &a.thread, a.req, a_acq) {
             continue;
         }
+        // a fault in A's wait that disturbs the order excuses only overtakers that asked
+        // before A could have queued again after it: by the fault's end + a lease (A found
+        // dead and purged), a read timeout (A noticing) and three janitor intervals
+        let reach = lease_ns + (READ_TIMEOUT + JANITOR * 3).as_nanos() as u64;
+        let excused_until = faults
+            .iter()
+            .filter(|f| order_fault(std::slice::from_ref(*f), a.req, a_acq))
+            .map(|f| f.end + reach)
+            .max();
         // many hold at once (sem, rw): A may have been granted before B and logged its ACQ
         // later (a wake-up to pop), unless B got it acq_margin before; a stop of A's process
         // (a waiter's hiccup too) delays A's ACQ line
@@ -1428,6 +1452,7 @@ fn check_fifo(
             if b.acq.unwrap() + acq_margin < a_acq
                 && b.fifo_req > a.req + FIFO_MARGIN
                 && !err_in(b.pid, &b.thread, a.req, a_acq)
+                && excused_until.is_none_or(|until| b.fifo_req > until)
             {
                 found.violation(
                     "fifo",

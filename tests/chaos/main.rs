@@ -935,3 +935,53 @@ fn checker_explains_a_lost_update_only_by_the_two_holders_faults() {
     assert_eq!(lost(&stop(13)), 1, "a SIGSTOP of a third process");
     assert_eq!(lost(&stop(11)), 0, "a SIGSTOP of the first holder");
 }
+
+/// A fault during a waiter's wait excuses only the overtakers that asked before the waiter
+/// could have queued again after it (the fault's end + a lease + a read timeout + three janitor
+/// intervals), not every later one of a long wait.
+#[test]
+fn checker_excuses_an_overtake_only_near_the_fault() {
+    let s = |secs: f64| (secs * 1e9) as u64;
+    let history = |b_asks: f64| -> Vec<Vec<history::Event>> {
+        let text = format!(
+            "{} 1 parent PHASE start\n\
+             {} 1 parent FAULT 1 blackhole start - x\n{} 1 parent FAULT 1 blackhole end\n\
+             {} 11 0 REQ a\n{} 11 0 ACQ a 2 900000\n{} 11 0 REL a ok 0\n\
+             {} 12 0 REQ a\n{} 12 0 ACQ a 1 900000\n{} 12 0 REL a ok 0\n\
+             {} 1 parent PHASE quiet\n{} 1 parent PHASE stop\n",
+            s(0.0),
+            s(1.0),
+            s(1.1),
+            s(0.5),
+            s(10.0),
+            s(10.1),
+            s(b_asks),
+            s(b_asks + 0.1),
+            s(b_asks + 0.2),
+            s(12.0),
+            s(20.0),
+        );
+        let mut files: BTreeMap<u32, Vec<history::Event>> = BTreeMap::new();
+        for line in text.lines() {
+            let e = history::parse(line).expect(line);
+            files.entry(e.pid).or_default().push(e);
+        }
+        files.into_values().collect()
+    };
+    let params = checker::Params {
+        scenario: "planted".into(),
+        capacity: None,
+        lease_ns: workload::LEASE.as_nanos() as u64,
+        max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
+    };
+    let overtakes = |b_asks: f64| {
+        let report = checker::check(history(b_asks), 0, &checker::EndState::default(), &params);
+        report
+            .violations
+            .iter()
+            .filter(|(k, _)| k == "fifo")
+            .count()
+    };
+    assert_eq!(overtakes(2.0), 0, "asked within reach of the fault");
+    assert_eq!(overtakes(6.0), 1, "asked 5 s after the fault ended");
+}
