@@ -60,15 +60,18 @@
 //!    expire within the queue's TTL (plus however far the server clock is behind its furthest). A waiter that Redis forgot (no queue entry, no
 //!    grant, no retry coming) fails here, or earlier in check 4.
 //! 6. **No ghost hold**: a new hold goes only to an attempt under way (waiting, in its own call,
-//!    or whose guard still lives and will mark it); exempt and counted: crashed clients, marks
-//!    lost with all data, an ending leave or release that was lost or is late, and stray
-//!    duplicates the client never learnt of.
+//!    or whose guard still lives and will mark it); exempt and counted: marks lost with all
+//!    data; and, within two waiter timeouts + 2 s (+ backward clock steps) of the fault or of
+//!    the last late copy to reach Redis (`Unsure::expired`), crashed clients, an ending leave or
+//!    release that was lost or is late, and stray duplicates the client never learnt of.
 //! 7. **Dead waiters without heartbeats** (every third seed, `Config::quiet_heartbeats`): at the
 //!    end the clients but the last end their waits and holds, queue on one lock and crash; only
 //!    `try_lock` callers come by. A hand-off to a dead waiter later than a waiter timeout and two
 //!    thirds of one into that phase, or one still holding two waiter timeouts after it was made,
 //!    is a violation.
-//! 8. **Key sizes**: waiters entries only for queued owners (but after a queue key's eviction);
+//! 8. **Key sizes**: every key at most 16 entries + 2 per participant of the last 1.1 queue
+//!    TTLs, no entry over 256 bytes (`keys_bounded`); waiters entries only for queued owners
+//!    (after a queue key's eviction, only those the hash had then, until a heartbeat names them);
 //!    the left marks (locks and semaphores) hold only owners whose last request reached Redis
 //!    within 1.1 queue TTLs of the latest mark (`left_marks_bounded`; `Step::LongClock` jumps the
 //!    server clock minutes ahead so that marks age that far within a run).
@@ -79,6 +82,11 @@
 //! 10. **Liveness within a heartbeat**: a heartbeat's reply never leaves a free lock (a
 //!     semaphore with no permit held and its capacity known) with anyone queued; a lock held
 //!     just before is checked at the next heartbeat.
+//! 11. **A leave ends its attempt**: after a leave that answered, Redis has no hold and no
+//!     place of that attempt (locks and semaphores).
+//!
+//! Check 4 is also judged from the order the `Queued` replies were seen in (`fifo.rs`, locks
+//! and semaphores), which a script that queues in the wrong place cannot fool.
 //!
 //! An operator's forced release exempts its hold from checks 1 and 4 only when its holder has it
 //! in hand, its popped wake-up is on its way, or the force may land late; a hand-off nobody
