@@ -401,6 +401,26 @@ fn aggregate(rounds: &[Value], elapsed: Duration) -> Value {
     })
 }
 
+/// A planted history's lines as the harness writes them: one "file" per pid, in line order.
+fn planted_files(text: &str) -> Vec<Vec<history::Event>> {
+    let mut files: BTreeMap<u32, Vec<history::Event>> = BTreeMap::new();
+    for line in text.lines() {
+        let e = history::parse(line).expect(line);
+        files.entry(e.pid).or_default().push(e);
+    }
+    files.into_values().collect()
+}
+
+/// The checker's parameters for a planted history (`capacity`: None for a mutex).
+fn planted_params(scenario: &str, capacity: Option<u64>) -> checker::Params {
+    checker::Params {
+        scenario: scenario.into(),
+        capacity,
+        lease_ns: workload::LEASE.as_nanos() as u64,
+        max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
+    }
+}
+
 /// The checker must see what it is there to see: a history with one planted violation of each
 /// kind is reported kind by kind, the same overlap inside a proxy fault is explained, inside a
 /// late delivery it is not, a force-unlocked hold ends at the force-unlock, and a thread whose
@@ -441,13 +461,7 @@ fn checker_finds_planted_violations() {
             s(8.25), s(8.35), s(8.36), s(8.45),
             s(8.6), s(8.6),
         );
-        // one "file" per pid, as the harness writes them
-        let mut files: BTreeMap<u32, Vec<history::Event>> = BTreeMap::new();
-        for line in text.lines() {
-            let e = history::parse(line).expect(line);
-            files.entry(e.pid).or_default().push(e);
-        }
-        files.into_values().collect()
+        planted_files(&text)
     };
     let end = checker::EndState {
         exits: vec![
@@ -458,12 +472,7 @@ fn checker_finds_planted_violations() {
         panics: vec![(12, "thread 'w0' panicked at boom".into())],
         leftover_keys: vec![("fairlock:{a}:queue".into(), 5000)],
     };
-    let params = checker::Params {
-        scenario: "planted".into(),
-        capacity: None,
-        lease_ns: workload::LEASE.as_nanos() as u64,
-        max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
-    };
+    let params = planted_params("planted", None);
     // two torn lines, one process killed mid-write: one line too many
     let report = checker::check(history(""), 2, &end, &params);
     let mut kinds: Vec<&str> = report.violations.iter().map(|(k, _)| k.as_str()).collect();
@@ -558,12 +567,7 @@ fn checker_separates_what_async_replication_explains() {
             s(5.50), s(h2_acq), s(h2_acq + 0.01), s(h2_acq + 0.02),
             s(h2_acq + 0.03), s(h1_end), s(h1_end + 0.001), s(h2_acq + 0.1),
         );
-        let mut files: BTreeMap<u32, Vec<history::Event>> = BTreeMap::new();
-        for line in text.lines() {
-            let e = history::parse(line).expect(line);
-            files.entry(e.pid).or_default().push(e);
-        }
-        files.into_values().collect()
+        planted_files(&text)
     };
     let kill = |fence: u64| {
         format!(
@@ -573,12 +577,7 @@ fn checker_separates_what_async_replication_explains() {
             s(9.0)
         )
     };
-    let params = checker::Params {
-        scenario: "planted-replication".into(),
-        capacity: None,
-        lease_ns: workload::LEASE.as_nanos() as u64,
-        max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
-    };
+    let params = planted_params("planted-replication", None);
     let check = |files| checker::check(files, 0, &checker::EndState::default(), &params);
     let kinds = |r: &checker::Report| {
         let mut k: Vec<String> = r.violations.iter().map(|(k, _)| k.clone()).collect();
@@ -661,12 +660,7 @@ fn checker_separates_what_async_replication_explains() {
         U - 20,
         s(9.7),
     );
-    let mut files: BTreeMap<u32, Vec<history::Event>> = BTreeMap::new();
-    for line in text.lines() {
-        let e = history::parse(line).expect(line);
-        files.entry(e.pid).or_default().push(e);
-    }
-    let report = check(files.into_values().collect());
+    let report = check(planted_files(&text));
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
     assert_eq!(
         report.summary["explained_by_async_replication"]["token_order"],
@@ -693,14 +687,7 @@ fn key_slots_are_redis_clusters() {
 #[test]
 fn checker_finds_planted_capacity_violations() {
     let s = |secs: f64| (secs * 1e9) as u64;
-    let files = |text: &str| -> Vec<Vec<history::Event>> {
-        let mut files: BTreeMap<u32, Vec<history::Event>> = BTreeMap::new();
-        for line in text.lines() {
-            let e = history::parse(line).expect(line);
-            files.entry(e.pid).or_default().push(e);
-        }
-        files.into_values().collect()
-    };
+    let files = planted_files;
     // (pid, permits, token, REQ, ACQ, UNLOCK) on lock `s`
     let hold = |pid: u32, permits: u64, token: u64, req: f64, acq: f64, end: f64| {
         format!(
@@ -719,12 +706,7 @@ fn checker_finds_planted_capacity_violations() {
             files(text),
             0,
             &checker::EndState::default(),
-            &checker::Params {
-                scenario: "planted-capacity".into(),
-                capacity: Some(capacity),
-                lease_ns: workload::LEASE.as_nanos() as u64,
-                max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
-            },
+            &planted_params("planted-capacity", Some(capacity)),
         )
     };
     let kinds = |r: &checker::Report| {
@@ -846,19 +828,9 @@ fn checker_explains_an_overlap_only_by_a_fault_near_the_grant() {
             s(10.0),
             s(20.0),
         );
-        let mut files: BTreeMap<u32, Vec<history::Event>> = BTreeMap::new();
-        for line in text.lines() {
-            let e = history::parse(line).expect(line);
-            files.entry(e.pid).or_default().push(e);
-        }
-        files.into_values().collect()
+        planted_files(&text)
     };
-    let params = checker::Params {
-        scenario: "planted".into(),
-        capacity: None,
-        lease_ns: workload::LEASE.as_nanos() as u64,
-        max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
-    };
+    let params = planted_params("planted", None);
     let overlaps = |fault_at: f64| {
         let report = checker::check(history(fault_at), 0, &checker::EndState::default(), &params);
         report
@@ -903,19 +875,9 @@ fn checker_explains_a_lost_update_only_by_the_two_holders_faults() {
             s(10.0),
             s(20.0),
         );
-        let mut files: BTreeMap<u32, Vec<history::Event>> = BTreeMap::new();
-        for line in text.lines() {
-            let e = history::parse(line).expect(line);
-            files.entry(e.pid).or_default().push(e);
-        }
-        files.into_values().collect()
+        planted_files(&text)
     };
-    let params = checker::Params {
-        scenario: "planted".into(),
-        capacity: None,
-        lease_ns: workload::LEASE.as_nanos() as u64,
-        max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
-    };
+    let params = planted_params("planted", None);
     let lost = |fault: &str| {
         let report = checker::check(history(fault), 0, &checker::EndState::default(), &params);
         report
@@ -961,19 +923,9 @@ fn checker_excuses_an_overtake_only_near_the_fault() {
             s(12.0),
             s(20.0),
         );
-        let mut files: BTreeMap<u32, Vec<history::Event>> = BTreeMap::new();
-        for line in text.lines() {
-            let e = history::parse(line).expect(line);
-            files.entry(e.pid).or_default().push(e);
-        }
-        files.into_values().collect()
+        planted_files(&text)
     };
-    let params = checker::Params {
-        scenario: "planted".into(),
-        capacity: None,
-        lease_ns: workload::LEASE.as_nanos() as u64,
-        max_forward_step_ns: harness::MAX_FORWARD_STEP.as_nanos() as u64,
-    };
+    let params = planted_params("planted", None);
     let overtakes = |b_asks: f64| {
         let report = checker::check(history(b_asks), 0, &checker::EndState::default(), &params);
         report
