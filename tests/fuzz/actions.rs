@@ -11,6 +11,7 @@ use fairlock::raw::{
 };
 
 use crate::checks::Check;
+use crate::fifo::Prim;
 use crate::model::{Hold, LocalMs, State, Wait};
 use crate::steps::{AcquireStep, Fault, Who};
 use crate::world::{describe, fault_name, Plan, World};
@@ -155,7 +156,7 @@ impl World {
                     if !plan.wait {
                         self.violate(Check::BadReply, "acquire in try mode queued".into());
                     }
-                    self.note_queued(crate::fifo::Prim::Lock, c, t, plan.lock, plan.attempt);
+                    self.note_queued(Prim::Lock, c, t, plan.lock, plan.attempt);
                     // the client's witness: kept across re-runs of the attempt, the newest wins
                     let mut witness = match self.state(c, t) {
                         State::Waiting(w) if w.attempt == plan.attempt => w.witness,
@@ -669,29 +670,8 @@ impl World {
                 }
             }
             for (t, owner, attempt) in pairs {
-                // a waiter told to retry has lost its place: Redis may do that to a dead waiter,
-                // to one whose place a counted event took (eviction, data loss) or that was
-                // granted since, never to a live one (checked here, as the model then no longer
-                // counts it live)
-                let robbed = hb.told_to_retry.contains(&owner)
-                    && (match &self.clients[c].threads[t].state {
-                        State::Waiting(w) => Some(w),
-                        _ => None,
-                    })
-                    .is_some_and(|w| {
-                        w.attempt == attempt
-                            && w.place
-                            && !w.granted_seen
-                            && w.handoff.is_none()
-                            && w.live(&self.cfg, now)
-                    });
-                if robbed {
-                    self.violate(
-                        Check::WaiterLost,
-                        format!(
-                            "live waiter c{c}:t{t} ({owner} attempt {attempt}) was told to retry by a heartbeat of lock {lock}: its place was dropped"
-                        ),
-                    );
+                if hb.told_to_retry.contains(&owner) {
+                    self.told_retry(Prim::Lock, lock, (c, t), attempt, now);
                 }
                 if let Some(w) = self.waiting(c, t).filter(|w| w.attempt == attempt) {
                     // the janitor renews every registered attempt's witness

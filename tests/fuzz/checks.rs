@@ -10,6 +10,7 @@ use std::sync::LazyLock;
 
 use redis::Value;
 
+use crate::fifo::Prim;
 use crate::model::{Handoff, State};
 use crate::world::World;
 
@@ -305,6 +306,39 @@ impl World {
         }
     }
 
+    /// F6. A heartbeat of lock (or semaphore) `index` told thread `(c, t)`'s `attempt` to retry:
+    /// its place is gone. Redis may do that to a dead waiter, to one whose place a counted
+    /// event took (eviction, data loss) or that was granted since, never to a live one (checked
+    /// here, before the model stops counting it live).
+    pub fn told_retry(
+        &mut self,
+        prim: Prim,
+        index: usize,
+        (c, t): (usize, usize),
+        attempt: u64,
+        now: f64,
+    ) {
+        let th = &self.clients[c].threads[t];
+        let robbed = prim.wait(th).is_some_and(|w| {
+            w.attempt == attempt
+                && w.place
+                && !w.granted_seen
+                && w.handoff.is_none()
+                && w.live(&self.cfg, now)
+        });
+        if robbed {
+            let owner = th.owner.clone();
+            self.violate(
+                Check::WaiterLost,
+                format!(
+                    "live waiter c{c}:t{t} ({owner} attempt {attempt}) was told to retry by a \
+                     heartbeat of {} {index}: its place was dropped",
+                    prim.name()
+                ),
+            );
+        }
+    }
+
     /// The thread whose owner id is `owner` (crashed clients' old ids have none).
     pub fn thread_of(&self, owner: &str) -> Option<(usize, usize)> {
         for (c, cl) in self.clients.iter().enumerate() {
@@ -347,7 +381,7 @@ impl World {
             let queue_before = format!("{:?}", self.checker.last[l].queue);
             let holds = |o: &str, a: u64| o == cur.owner && a == cur.attempt;
             let granted = crate::fifo::Granted {
-                prim: crate::fifo::Prim::Lock,
+                prim: Prim::Lock,
                 index: l,
                 owner: &cur.owner,
                 attempt: cur.attempt,

@@ -31,7 +31,7 @@ pub enum Prim {
 }
 
 impl Prim {
-    fn wait(self, th: &Thread) -> Option<&Wait> {
+    pub fn wait(self, th: &Thread) -> Option<&Wait> {
         let state = match self {
             Prim::Lock => &th.state,
             Prim::Sem => &th.sem,
@@ -49,7 +49,7 @@ impl Prim {
         }
     }
 
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Prim::Lock => "lock",
             Prim::Sem => "sem",

@@ -22,6 +22,7 @@ use fairlock::raw::{
 use redis::Value;
 
 use crate::checks::{grant_prefix, Check};
+use crate::fifo::Prim;
 use crate::model::{Handoff as SeenHandoff, Hold, LocalMs, State, Wait};
 use crate::rng::Rng;
 use crate::steps::{fault, Fault, Who};
@@ -787,7 +788,7 @@ impl World {
                     if !plan.wait {
                         self.violate(Check::BadReply, "sem acquire in try mode queued".into());
                     }
-                    self.note_queued(crate::fifo::Prim::Sem, c, t, plan.lock, plan.attempt);
+                    self.note_queued(Prim::Sem, c, t, plan.lock, plan.attempt);
                     let mut witness = match self.sem_state(c, t) {
                         State::Waiting(w) if w.attempt == plan.attempt => w.witness,
                         _ => Witness::none(LocalMs(s.sent_real)),
@@ -1223,29 +1224,8 @@ impl World {
                 }
             }
             for (t, owner, attempt) in pairs {
-                // a waiter told to retry has lost its place: Redis may do that to a dead waiter,
-                // to one whose place a counted event took (eviction, data loss) or that was
-                // granted since, never to a live one (checked here, as the model then no longer
-                // counts it live)
-                let robbed = hb.told_to_retry.contains(&owner)
-                    && (match &self.clients[c].threads[t].sem {
-                        State::Waiting(w) => Some(w),
-                        _ => None,
-                    })
-                    .is_some_and(|w| {
-                        w.attempt == attempt
-                            && w.place
-                            && !w.granted_seen
-                            && w.handoff.is_none()
-                            && w.live(&self.cfg, now)
-                    });
-                if robbed {
-                    self.violate(
-                        Check::WaiterLost,
-                        format!(
-                            "live waiter c{c}:t{t} ({owner} attempt {attempt}) was told to retry by a heartbeat of sem {sem}: its place was dropped"
-                        ),
-                    );
+                if hb.told_to_retry.contains(&owner) {
+                    self.told_retry(Prim::Sem, sem, (c, t), attempt, now);
                 }
                 if let Some(w) = self.sem_waiting(c, t).filter(|w| w.attempt == attempt) {
                     w.witness.observe(LocalMs(s.sent_real), hb.last_token);
@@ -1540,7 +1520,7 @@ impl World {
                 // 4'''. no live waiter overtaken, by the order the Queued replies were seen in
                 let holds = |o: &str, a: u64| cur.holds.contains_key(&hold_id(o, a));
                 let granted = crate::fifo::Granted {
-                    prim: crate::fifo::Prim::Sem,
+                    prim: Prim::Sem,
                     index: s,
                     owner,
                     attempt,
