@@ -1297,17 +1297,7 @@ fn foreign_data_of_any_kind_at_any_key_in_any_state_is_refused_or_left_untouched
                     };
                     runs += 1;
                     let context = format!("state {state}, {what} at {key}, call {call}: {r:?}");
-                    assert!(
-                        matches!(r, Ok(_) | Err(Error::ForeignData { .. })),
-                        "{context}"
-                    );
-                    let after: Vec<u8> = redis::cmd("DUMP")
-                        .arg(&key)
-                        .query(&mut c)
-                        .unwrap_or_default();
-                    assert_eq!(before, after, "the foreign data changed: {context}");
-                    let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c).unwrap();
-                    assert_eq!(ttl, -1, "the foreign data got a TTL: {context}");
+                    support::assert_foreign_data_untouched(&mut c, &key, &before, &r, &context);
                     if r.is_err() && *suffix != "wake-w" {
                         // a grant pushes its wake-up first: refused after it, it takes it back
                         let wake = wake_messages(&mut c, &lock, "w:1");

@@ -775,3 +775,23 @@ pub fn assert_served_in_queue_order(
     assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "{got:?}");
     got
 }
+
+/// What a call that met another program's data at `key` must leave: it went through or was
+/// refused as `ForeignData`, and the data is as it was (`before`: its `DUMP`), still without a
+/// TTL. `context` names the case in a failure.
+pub fn assert_foreign_data_untouched(
+    c: &mut redis::Connection,
+    key: &str,
+    before: &[u8],
+    r: &Result<String, fairlock::Error>,
+    context: &str,
+) {
+    assert!(
+        matches!(r, Ok(_) | Err(fairlock::Error::ForeignData { .. })),
+        "{context}"
+    );
+    let after: Vec<u8> = redis::cmd("DUMP").arg(key).query(c).unwrap_or_default();
+    assert_eq!(before, after, "the foreign data changed: {context}");
+    let ttl: i64 = redis::cmd("PTTL").arg(key).query(c).unwrap();
+    assert_eq!(ttl, -1, "the foreign data got a TTL: {context}");
+}
