@@ -30,6 +30,10 @@ fn text(file: &str, compiled: &'static str) -> &'static str {
         None => compiled,
         Some(dir) => {
             let path = std::path::Path::new(&dir).join(file);
+            // Never in a library build: this function exists only under `--cfg
+            // fairlock_mutants`, which only scripts/mutants.sh sets for its test binaries.
+            // There a missing script must stop the check loudly: falling back to the
+            // compiled-in text would let every mutant of that file "survive".
             let code = std::fs::read_to_string(&path).unwrap_or_else(|e| {
                 panic!("FAIRLOCK_LUA_DIR: cannot read {}: {e}", path.display())
             });
