@@ -2036,3 +2036,35 @@ fn a_granted_attempt_that_leaves_with_a_mark_is_not_revived_by_a_late_acquire() 
     assert!(matches!(late, Acquire::Stale), "{late:?}");
     assert_eq!(holder(&mut c, &lock), (None, None));
 }
+
+/// A fault of a script itself (a Lua error: here an attempt that is not a number, which no
+/// client sends) comes back as `ERR fairlock script: <the Lua error>`, never dressed as one of
+/// the server's refusals, which the client would take for a failover or a refused write.
+#[test]
+fn a_scripts_own_lua_error_comes_back_as_a_script_fault() {
+    let (_server, mut c, lock) = start("lua-fault");
+    let acquire = raw::scripts()
+        .into_iter()
+        .find(|s| s.name() == "acquire")
+        .unwrap();
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(acquire.code()).arg(4);
+    for key in lock.key_names() {
+        eval.arg(key);
+    }
+    eval.arg(3_600_000)
+        .arg(3_000)
+        .arg("o:1")
+        .arg("not a number")
+        .arg(30_000)
+        .arg("wait")
+        .arg("m")
+        .arg("");
+    let err = eval.query::<redis::Value>(&mut c).unwrap_err();
+    assert_eq!(err.code(), Some("ERR"), "{err}");
+    assert!(
+        err.detail()
+            .is_some_and(|d| d.starts_with("fairlock script: ")),
+        "{err}"
+    );
+}
