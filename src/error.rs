@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::loss::{Held, HoldKind};
+
 /// Everything that can go wrong in fairlock. Each message says what happened and what to do.
 ///
 /// Match on the variant to react (e.g. retry on [`Error::Connection`]); print it for a person.
@@ -65,8 +67,10 @@ pub enum Error {
     /// The lock is not held by this hold (a release or renewal by a non-owner, or after the lease
     /// ran out and someone else may have taken the lock). Nothing was changed.
     NotHeld {
-        /// The lock name.
+        /// The name of the lock, semaphore or read/write lock.
         name: String,
+        /// What the hold was.
+        kind: HoldKind,
         /// Who holds it now (owner id), if anyone.
         holder: Option<String>,
     },
@@ -77,8 +81,10 @@ pub enum Error {
     ///
     /// [`Config::replica_acks`]: crate::Config::replica_acks
     NotReplicated {
-        /// The lock name.
+        /// The name of the lock, semaphore or read/write lock.
         name: String,
+        /// What was granted.
+        kind: HoldKind,
         /// Replicas that acknowledged the grant in time.
         acked: u32,
         /// Replicas asked for.
@@ -112,8 +118,10 @@ pub enum Error {
     /// The wait was given up by [`WaitCanceller::abandon`](crate::WaitCanceller::abandon) from
     /// another thread: nothing is held (a grant that reached the wait was passed on).
     Abandoned {
-        /// The lock name.
+        /// The name of the lock, semaphore or read/write lock.
         name: String,
+        /// What was waited for.
+        kind: HoldKind,
     },
     /// The TLS handshake failed: the server's certificate is not trusted (another CA, expired,
     /// or it names another host), the server refused the client certificate, or the server does
@@ -220,20 +228,30 @@ impl fmt::Display for Error {
                 f,
                 "this thread holds the {held} of read/write lock {name:?} and asked for the {asked}, which would wait on its own {held} for ever: refused, nothing was changed; there is no downgrade or upgrade: drop the {held} guard first, then take the {asked}"
             ),
-            Error::NotReplicated { name, acked, wanted } => write!(
+            Error::NotReplicated {
+                name,
+                kind,
+                acked,
+                wanted,
+            } => write!(
                 f,
-                "the grant of lock {name:?} reached {acked} of the {wanted} replicas asked for in time, so a failover could lose it; it was given up (passed on): check the replicas, then retry"
+                "the grant of {} reached {acked} of the {wanted} replicas asked for in time, so a failover could lose it; it was given up (passed on): check the replicas, then retry",
+                Held { kind: *kind, name }
             ),
-            Error::NotHeld { name, holder } => match holder {
-                Some(h) => write!(
-                    f,
-                    "lock {name:?} is not held by this guard (it is held by {h}); its lease may have run out: nothing was changed"
-                ),
-                None => write!(
-                    f,
-                    "lock {name:?} is not held by this guard (it is free); its lease may have run out: nothing was changed"
-                ),
-            },
+            Error::NotHeld { name, kind, holder } => {
+                let held = Held { kind: *kind, name };
+                let (was, by) = (held.was(), if *kind == HoldKind::Lock { "guard" } else { "hold" });
+                match holder {
+                    Some(h) => write!(
+                        f,
+                        "{held} {was} not held by this {by} (held by {h}); its lease may have run out: nothing was changed"
+                    ),
+                    None => write!(
+                        f,
+                        "{held} {was} not held by this {by} (free); its lease may have run out: nothing was changed"
+                    ),
+                }
+            }
             Error::Redis(e) => write!(f, "unexpected Redis error: {e}"),
             Error::Protocol { detail } => write!(
                 f,
@@ -245,9 +263,10 @@ impl fmt::Display for Error {
                 "this LockClient was created before the process forked; create a new LockClient in the child process"
             ),
             Error::UnsafeServer { detail } => write!(f, "unsafe Redis configuration: {detail}"),
-            Error::Abandoned { name } => write!(
+            Error::Abandoned { name, kind } => write!(
                 f,
-                "the wait for lock {name:?} was abandoned (WaitCanceller::abandon); nothing is held"
+                "the wait for {} was abandoned (WaitCanceller::abandon); nothing is held",
+                Held { kind: *kind, name }
             ),
             Error::Tls { during, detail } => write!(
                 f,
@@ -326,8 +345,8 @@ impl Error {
     /// The kind of failure, for callers that react by kind rather than by variant.
     ///
     /// ```
-    /// use fairlock::{Error, ErrorKind};
-    /// let e = Error::NotReplicated { name: "job".into(), acked: 0, wanted: 1 };
+    /// use fairlock::{Error, ErrorKind, HoldKind};
+    /// let e = Error::NotReplicated { name: "job".into(), kind: HoldKind::Lock, acked: 0, wanted: 1 };
     /// assert_eq!(e.kind(), ErrorKind::Unavailable);
     /// assert!(e.is_retryable());
     /// ```
@@ -619,6 +638,7 @@ mod tests {
             },
             Error::NotReplicated {
                 name: "n".into(),
+                kind: HoldKind::Write,
                 acked: 0,
                 wanted: 1,
             },
@@ -638,9 +658,13 @@ mod tests {
             Error::invalid_url("redis://u:pw@h:x/", "bad port".into()),
             Error::NotHeld {
                 name: "n".into(),
+                kind: HoldKind::Lock,
                 holder: None,
             },
-            Error::Abandoned { name: "n".into() },
+            Error::Abandoned {
+                name: "n".into(),
+                kind: HoldKind::Semaphore,
+            },
             Error::Forked,
             Error::protocol("odd".into()),
             Error::from_redis("x", server_error("ERR odd")),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::boot_clock::BootInstant;
 use crate::error::{Error, Result};
-use crate::hold::{Hold, HoldState};
+use crate::hold::{Counted, Hold, HoldState};
 use crate::lock::FairLock;
 use crate::loss::LostHold;
 use crate::raw::Release;
@@ -60,10 +60,8 @@ impl LockGuard {
             renewal,
             late_acquire,
             leaked: Cell::new(false),
-            started: std::time::Instant::now(),
-            label: labelled.then(|| lock.name().to_string()),
+            metric: Counted::start(labelled.then(|| lock.name().to_string())),
         });
-        crate::telemetry::holding(1.0);
         lock.remember_hold(hold.clone());
         LockGuard {
             lock: lock.clone(),
@@ -238,10 +236,11 @@ impl LockGuard {
             Release::NotHeld { holder } => {
                 // counted once per hold: not when the watchdog found it first
                 if !hold.state.lost.swap(true, Ordering::SeqCst) {
-                    crate::telemetry::hold_lost("at_release", hold.label.as_deref());
+                    crate::telemetry::hold_lost("at_release", hold.metric.label());
                 }
                 Err(Error::NotHeld {
                     name: self.lock.name().to_string(),
+                    kind: crate::loss::HoldKind::Lock,
                     holder,
                 })
             }

@@ -53,13 +53,35 @@ pub(crate) struct Hold {
     /// A guard of it was leaked: the hold is given up as a whole (it runs out by its lease, not
     /// renewed) and its other guards release nothing.
     pub leaked: Cell<bool>,
-    /// When it was granted (for `fairlock_hold_seconds`), and the metrics' lock label.
-    pub started: std::time::Instant,
-    pub label: Option<String>,
+    /// The hold in the metrics, until its last guard is released or leaked, or it is found
+    /// lost.
+    pub metric: Counted,
 }
 
-impl Drop for Hold {
-    /// The hold is over (its last guard released or leaked, or found lost).
+/// A hold of any kind (a lock's, or permits) counted in the metrics while it lasts: in
+/// `fairlock_held_locks` from now, and in `fairlock_hold_seconds` once dropped.
+pub(crate) struct Counted {
+    started: std::time::Instant,
+    label: Option<String>,
+}
+
+impl Counted {
+    /// A hold that starts now; `label`: the name its metrics carry, if they carry one.
+    pub fn start(label: Option<String>) -> Counted {
+        crate::telemetry::holding(1.0);
+        Counted {
+            started: std::time::Instant::now(),
+            label,
+        }
+    }
+
+    /// The name the hold's metrics carry.
+    pub fn label(&self) -> Option<&str> {
+        self.label.as_deref()
+    }
+}
+
+impl Drop for Counted {
     fn drop(&mut self) {
         crate::telemetry::held(self.started.elapsed(), self.label.as_deref());
         crate::telemetry::holding(-1.0);

@@ -147,7 +147,7 @@
 // docs.rs (`--cfg docsrs`, Cargo.toml): mark the items a feature gates.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod attempt;
+mod acquire;
 mod boot_clock;
 mod client;
 mod config;
@@ -175,7 +175,6 @@ mod permit;
 mod raw;
 mod redact;
 mod rwlock;
-mod sem_attempt;
 mod semaphore;
 mod sentinel;
 mod server_check;
@@ -185,6 +184,7 @@ mod tls;
 mod waker;
 mod watchdog;
 
+pub use acquire::wait::WaitCanceller;
 pub use client::{LockClient, LockClientBuilder};
 pub use config::{Config, WaitMode};
 pub use credentials::{Credentials, CredentialsError};
@@ -199,7 +199,7 @@ pub use list::{
     ListOptions, LockListing, SkippedName, StaleSigns, LIST_SCAN_COUNT, UNUSUALLY_LONG_FACTOR,
     UNUSUALLY_LONG_FLOOR,
 };
-pub use lock::{FairLock, WaitCanceller};
+pub use lock::FairLock;
 pub use loss::{HoldKind, LossCause, LostHold};
 pub use permit::Permit;
 pub use redact::redact_url;

@@ -1,7 +1,7 @@
 //! [`FairLock`]: the handle users take, try and inspect a lock through.
 //!
-//! An acquisition that has to wait is an `Attempt` (see `attempt.rs`, which tells the whole
-//! wake-up path).
+//! An acquisition is the one engine's (see `acquire/engine.rs`, which tells the whole wake-up
+//! path); the lock supplies its scripts as a [`Primitive`].
 
 use std::fmt;
 use std::rc::Rc;
@@ -9,42 +9,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::attempt::Attempt;
+use crate::acquire::{self, Asked, LeaseMode, Left, Primitive, Wait, WaitCanceller};
 use crate::client::{ClientInner, LockClient};
 use crate::config::validate_lease;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::hold::{self, Hold, HoldKey};
-use crate::raw::{self, LateAcquire, LeaveMode, RawLock};
-use crate::semaphore::Semaphore;
+use crate::janitor::Target;
+use crate::loss::HoldKind;
+use crate::raw::{self, Call, LateAcquire, LeaveMode, Mode, RawLock};
 use crate::status::LockStatus;
-use crate::telemetry::Outcome;
-
-/// A lease renewed while held, or a fixed one (shared with the semaphore's handle).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum LeaseMode {
-    /// Renewed by the watchdog while held.
-    Renewed(Duration),
-    /// Runs out after this long; never renewed.
-    Fixed(Duration),
-}
-
-impl LeaseMode {
-    /// The lease of a new hold.
-    pub(crate) fn lease(self) -> Duration {
-        match self {
-            LeaseMode::Renewed(l) | LeaseMode::Fixed(l) => l,
-        }
-    }
-
-    /// The lease to renew, or `None` for a fixed lease.
-    pub(crate) fn renewed(self) -> Option<Duration> {
-        match self {
-            LeaseMode::Renewed(l) => Some(l),
-            LeaseMode::Fixed(_) => None,
-        }
-    }
-}
 
 /// A fair, reentrant distributed lock on Redis. Cheap to clone; `Send + Sync`.
 ///
@@ -94,17 +68,6 @@ pub struct FairLock {
     name: Arc<str>,
     raw: Arc<RawLock>,
     lease: LeaseMode,
-}
-
-/// How long an acquire call may wait.
-#[derive(Clone, Copy)]
-pub(crate) enum Wait {
-    /// Never queue.
-    No,
-    /// Wait until this instant at the latest.
-    Until(Instant),
-    /// Wait as long as it takes.
-    Forever,
 }
 
 impl LockClient {
@@ -204,10 +167,7 @@ impl FairLock {
     /// # Errors
     /// As [`FairLock::lock`].
     pub fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        match Instant::now().checked_add(timeout) {
-            Some(deadline) => self.acquire(Wait::Until(deadline)),
-            None => self.acquire(Wait::Forever),
-        }
+        self.acquire(Wait::at_most(timeout))
     }
 
     /// Take the lock, waiting in FIFO order until `deadline` at the latest.
@@ -286,11 +246,18 @@ impl FairLock {
     /// A handle with which another thread can give up the calling thread's wait on this lock
     /// (see [`WaitCanceller`]). Make it on the thread that will wait, before it waits.
     pub fn wait_canceller(&self) -> WaitCanceller {
-        WaitCanceller {
-            target: Cancellable::Lock(self.clone()),
-            owner: self.client.owner(),
-            thread: self.client.thread_number(),
-        }
+        let raw = self.raw.clone();
+        let leave: acquire::LeaveFn = std::sync::Arc::new(move |client, owner, attempt| {
+            let call = raw.leave(owner, attempt, LeaveMode::Pass, LateAcquire::Possible);
+            client.with_conn(call.during(), |c| call.run(c)).map(|_| ())
+        });
+        WaitCanceller::new(
+            &self.client,
+            &self.raw.keys().lock,
+            &self.name,
+            HoldKind::Lock,
+            leave,
+        )
     }
 
     /// Holder, hold count, lease left, fencing counter and the waiters in queue order, read in
@@ -341,10 +308,6 @@ impl FairLock {
         self.lease.renewed()
     }
 
-    pub(crate) fn lease(&self) -> Duration {
-        self.lease.lease()
-    }
-
     /// Whether the hold with this token still owns the lock.
     pub(crate) fn owns(&self, token: u64) -> Result<bool> {
         let (owner, tok) = self.owner_and("token")?;
@@ -374,38 +337,16 @@ impl FairLock {
             // lost): this is a fresh acquisition. An old guard still around releases nothing.
             self.forget_hold(&hold);
         }
-        let started = std::time::Instant::now();
-        let attempt = Attempt::new(self);
-        let key = (self.raw.keys().lock.clone(), attempt.owner.clone());
-        self.client
-            .waiting
-            .lock()
-            .insert(key.clone(), attempt.number);
-        let result = attempt.run(wait);
-        self.client.waiting.lock().remove(&key);
-        if result.is_err() {
-            // Even a first request may have been applied (queued, or granted) before its reply
-            // was lost: leave, handing on anything granted to this attempt. Best effort: if
-            // Redis is unreachable, other clients' janitors purge the place once it goes stale.
-            attempt.leave_quietly();
-        }
-        let outcome = match &result {
-            Ok(Some(_)) => Outcome::Acquired,
-            Ok(None) if matches!(wait, Wait::No) => Outcome::Busy,
-            Ok(None) => Outcome::TimedOut,
-            Err(Error::Abandoned { .. }) => Outcome::Abandoned,
-            Err(_) => Outcome::Error,
+        let Some(granted) = acquire::acquire(self, wait)? else {
+            return Ok(None);
         };
-        crate::telemetry::acquisition(outcome, started.elapsed(), self.metric_label());
-        result
-    }
-
-    /// The lock name, when the client labels its metrics with it.
-    fn metric_label(&self) -> Option<&str> {
-        self.client
-            .config
-            .metrics_lock_label
-            .then_some(self.name.as_ref())
+        let late = granted.late_acquire.then_some(granted.attempt);
+        Ok(Some(LockGuard::new_hold(
+            self,
+            granted.token,
+            granted.expires,
+            late,
+        )))
     }
 
     fn reenter(&self, hold: Rc<Hold>) -> Result<LockGuard> {
@@ -414,16 +355,17 @@ impl FairLock {
             .reenter(&self.client.owner(), hold.token, hold.depth.get());
         match self.client.with_conn(call.during(), |c| call.run(c))? {
             raw::Reenter::Reentered(_) => {
-                crate::telemetry::reentry(self.metric_label());
+                crate::telemetry::reentry(Primitive::metric_label(self));
                 Ok(LockGuard::nested(self, hold))
             }
             raw::Reenter::Lost => {
                 if !hold.state.lost.swap(true, Ordering::SeqCst) {
-                    crate::telemetry::hold_lost("at_reentry", self.metric_label());
+                    crate::telemetry::hold_lost("at_reentry", Primitive::metric_label(self));
                 }
                 self.forget_hold(&hold);
                 Err(Error::NotHeld {
                     name: self.name.to_string(),
+                    kind: HoldKind::Lock,
                     holder: None,
                 })
             }
@@ -431,120 +373,93 @@ impl FairLock {
     }
 }
 
-pub(crate) fn ms(v: i64) -> Duration {
-    Duration::from_millis(v.max(0) as u64)
-}
+/// The lock's scripts, for the one acquisition engine.
+impl Primitive for FairLock {
+    type Acquired = raw::Acquire;
+    type Left = raw::Leave;
 
-/// Gives up one thread's wait on one lock from another thread: for a process that must exit
-/// while that thread is blocked in [`FairLock::lock`] (the command-line tool on Ctrl-C). The
-/// waiting thread makes it with [`FairLock::wait_canceller`], so it can only ever end that
-/// thread's wait, never another's.
-///
-/// ```no_run
-/// # let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
-/// let lock = client.fair_lock("nightly-report")?;
-/// let (tx, rx) = std::sync::mpsc::channel();
-/// let waiter = std::thread::spawn(move || {
-///     tx.send(lock.wait_canceller()).unwrap();
-///     lock.lock().map(|guard| guard.fencing_token())
-/// });
-/// let canceller = rx.recv().unwrap();
-/// // ... time to go: give up the place (and any grant that reached it), then exit
-/// canceller.abandon()?;
-/// # drop(waiter);
-/// # Ok::<(), fairlock::Error>(())
-/// ```
-#[derive(Clone)]
-pub struct WaitCanceller {
-    target: Cancellable,
-    owner: String,
-    /// The waiting thread's number (its waker: see `Wakers::for_waiter`).
-    thread: u64,
-}
-
-impl WaitCanceller {
-    /// The owner id of the thread whose wait this ends, as [`LockStatus`] shows it.
-    pub fn owner(&self) -> &str {
-        &self.owner
+    fn client(&self) -> &ClientInner {
+        &self.client
     }
 
-    /// Give up that thread's queue place, and hand on a grant that already reached it. Its
-    /// acquire call returns [`Error::Abandoned`] within a round trip or two (it is woken and
-    /// checks with Redis), never a guard; if it took the lock before this call, this does
-    /// nothing and the thread keeps it. Without this the place lapses only when
-    /// the janitor stops refreshing it, and a grant made to it meanwhile waits to be revoked.
-    /// Does nothing when the thread is not waiting on this lock. The attempt is marked as left
-    /// (key `<prefix>:{name}:left`, or `<prefix>:{name}:sem:left` for a semaphore, for 10
-    /// minutes), so that if the waiting thread runs its
-    /// acquire again before the exit it gets an error instead of a new place.
-    ///
-    /// # Errors
-    /// [`Error::Connection`] when Redis cannot be reached (the place then lapses by itself
-    /// within a few janitor intervals).
-    pub fn abandon(&self) -> Result<()> {
-        let (client, key) = match &self.target {
-            Cancellable::Lock(lock) => (&lock.client, lock.raw.keys().lock.clone()),
-            Cancellable::Semaphore(sem) => (sem.client_arc(), sem.raw().key_names()[0].into()),
-        };
-        let key = (key, self.owner.clone());
-        // taken, not read: the waiting thread claims the same entry before it holds a grant,
-        // so either it holds the lock and this does nothing, or this gives the wait up and the
-        // thread gets Error::Abandoned (never both: a guard whose grant was passed on)
-        let Some(attempt) = client.waiting.lock().remove(&key) else {
-            return Ok(());
-        };
-        // the waiting thread may be re-running its acquire right now: mark it as left, so that
-        // run does nothing (its thread gets an error) instead of queueing again
-        let left = match &self.target {
-            Cancellable::Lock(lock) => {
-                let call =
-                    lock.raw
-                        .leave(&self.owner, attempt, LeaveMode::Pass, LateAcquire::Possible);
-                client.with_conn(call.during(), |c| call.run(c)).map(|_| ())
-            }
-            Cancellable::Semaphore(sem) => {
-                let call = sem.raw().leave(&self.owner, attempt, true, false);
-                client.with_conn(call.during(), |c| call.run(c)).map(|_| ())
-            }
-        };
-        // and the thread hears it now, not at its next wake-up: its acquire, run again, finds
-        // the mark and returns Error::Abandoned (also when the leave failed: the entry is gone)
-        client
-            .wakers
-            .for_waiter(&key.0, self.thread)
-            .recheck(attempt);
-        left
+    fn kind(&self) -> HoldKind {
+        HoldKind::Lock
     }
-}
 
-/// What a [`WaitCanceller`] ends a wait for.
-#[derive(Clone)]
-enum Cancellable {
-    Lock(FairLock),
-    Semaphore(Semaphore),
-}
+    fn name(&self) -> &str {
+        &self.name
+    }
 
-impl WaitCanceller {
-    /// A canceller of the calling thread's wait for permits of `sem`.
-    pub(crate) fn for_semaphore(sem: &Semaphore) -> WaitCanceller {
-        WaitCanceller {
-            target: Cancellable::Semaphore(sem.clone()),
-            owner: sem.client().owner(),
-            thread: sem.client().thread_number(),
+    fn lease(&self) -> Duration {
+        self.lease.lease()
+    }
+
+    fn key(&self) -> &str {
+        &self.raw.keys().lock
+    }
+
+    fn wake_key(&self, owner: &str) -> String {
+        self.raw.wake_key(owner)
+    }
+
+    fn janitor_target(&self) -> Target {
+        Target::Lock(self.raw.clone())
+    }
+
+    fn acquire(&self, owner: &str, attempt: u64, mode: Mode, meta: &str) -> Call<raw::Acquire> {
+        // a hold this thread leaked on purpose is waited for; any other older hold of it has no
+        // guard and is passed on by the script (see acquire.lua)
+        let lease = self.lease.lease();
+        if hold::leaked_and_running(&self.hold_key()) {
+            self.raw
+                .acquire_behind_leaked_hold(owner, attempt, lease, mode, meta)
+        } else {
+            self.raw.acquire(owner, attempt, lease, mode, meta)
         }
     }
-}
 
-impl fmt::Debug for WaitCanceller {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = match &self.target {
-            Cancellable::Lock(lock) => lock.name(),
-            Cancellable::Semaphore(sem) => sem.name(),
+    fn asked(&self, reply: raw::Acquire) -> Result<Asked> {
+        Ok(match reply {
+            raw::Acquire::Granted(g) => Asked::Granted {
+                token: g.token,
+                pttl: acquire::ms(g.pttl_ms),
+            },
+            raw::Acquire::Busy { .. } => Asked::Busy,
+            raw::Acquire::Queued {
+                pttl_ms,
+                last_token,
+                ..
+            } => Asked::Queued {
+                holder_pttl: acquire::ms(pttl_ms),
+                last_token,
+            },
+            raw::Acquire::Stale => Asked::Stale,
+        })
+    }
+
+    fn leave(&self, owner: &str, attempt: u64, claim: bool, late: bool) -> Call<raw::Leave> {
+        let mode = if claim {
+            LeaveMode::Claim
+        } else {
+            LeaveMode::Pass
         };
-        f.debug_struct("WaitCanceller")
-            .field("name", &name)
-            .field("owner", &self.owner)
-            .finish()
+        let late = if late {
+            LateAcquire::Possible
+        } else {
+            LateAcquire::Impossible
+        };
+        self.raw.leave(owner, attempt, mode, late)
+    }
+
+    fn left(reply: raw::Leave) -> Left {
+        match reply {
+            raw::Leave::Left => Left::Nothing,
+            raw::Leave::Passed { .. } => Left::Passed,
+            raw::Leave::Granted(g) => Left::Granted {
+                token: g.token,
+                pttl: acquire::ms(g.pttl_ms),
+            },
+        }
     }
 }
 

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use crate::boot_clock::BootInstant;
 use crate::error::{Error, Result};
-use crate::hold::HoldState;
-use crate::loss::{HoldKind, LostHold};
-use crate::raw::{SemKind, SemRelease};
-use crate::semaphore::{Semaphore, WRITE_PERMITS};
+use crate::hold::{Counted, HoldState};
+use crate::loss::LostHold;
+use crate::raw::SemRelease;
+use crate::semaphore::Semaphore;
 
 /// Permits of a [`Semaphore`] held: one acquisition. Dropping it gives the permits back (and
 /// logs a warning if that fails); call [`Permit::release`] to see the error instead.
@@ -31,6 +31,8 @@ pub struct Permit {
     /// A copy of the acquire may still arrive: the release leaves a left mark.
     late_acquire: bool,
     released: bool,
+    /// The hold in the metrics, while the permit lives.
+    _metric: Counted,
 }
 
 impl Permit {
@@ -44,12 +46,9 @@ impl Permit {
         late_acquire: bool,
     ) -> Permit {
         let client = sem.client();
-        let kind = match sem.raw().kind() {
-            SemKind::Semaphore => HoldKind::Semaphore,
-            SemKind::ReadWrite if permits == WRITE_PERMITS => HoldKind::Write,
-            SemKind::ReadWrite => HoldKind::Read,
-        };
-        let state = Arc::new(HoldState::new(sem.name(), kind, token, expires, false));
+        let kind = sem.hold_kind(permits);
+        let labelled = client.config.metrics_lock_label;
+        let state = Arc::new(HoldState::new(sem.name(), kind, token, expires, labelled));
         let renewal = sem.renewed_lease().map(|lease| {
             client.watchdog.register(
                 sem.raw().renew(owner, attempt, token, lease),
@@ -69,6 +68,7 @@ impl Permit {
             renewal,
             late_acquire,
             released: false,
+            _metric: Counted::start(labelled.then(|| sem.name().to_string())),
         }
     }
 
@@ -154,6 +154,7 @@ impl Permit {
                 self.state.lost.store(true, Ordering::SeqCst);
                 Err(Error::NotHeld {
                     name: self.sem.name().to_string(),
+                    kind: self.sem.hold_kind(self.permits),
                     holder: None,
                 })
             }

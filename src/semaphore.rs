@@ -1,18 +1,23 @@
 //! [`Semaphore`]: the handle users take permits of a fair counting semaphore through, and
-//! [`SemaphoreStatus`], its snapshot. The waiting path is `sem_attempt.rs`; the protocol is
+//! [`SemaphoreStatus`], its snapshot. Acquiring is the one engine's (`acquire/engine.rs`),
+//! with the semaphore's scripts supplied as a [`Primitive`] ([`Permits`]); the protocol is
 //! `docs/semaphores.md`.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::acquire::{self, Asked, LeaseMode, Left, Primitive, Wait, WaitCanceller};
 use crate::client::{ClientInner, LockClient};
 use crate::config::validate_lease;
 use crate::error::{Error, Result};
-use crate::lock::{LeaseMode, Wait, WaitCanceller};
+use crate::janitor::Target;
+use crate::loss::HoldKind;
 use crate::permit::Permit;
-use crate::raw::{RawSemaphore, SemCapacity, SemKind, SemRelease, SemStatus, RW_CAPACITY};
-use crate::sem_attempt::PermitAttempt;
+use crate::raw::{
+    Call, Mode, RawSemaphore, SemAcquire, SemCapacity, SemKind, SemLeave, SemRelease, SemStatus,
+    RW_CAPACITY,
+};
 use crate::status::{origin, Origin};
 
 /// The largest capacity of a [`Semaphore`].
@@ -294,10 +299,7 @@ impl Semaphore {
     /// # Errors
     /// As [`Semaphore::acquire_many`].
     pub fn try_acquire_many_for(&self, permits: u64, timeout: Duration) -> Result<Option<Permit>> {
-        match Instant::now().checked_add(timeout) {
-            Some(deadline) => self.take(permits, Wait::Until(deadline)),
-            None => self.take(permits, Wait::Forever),
-        }
+        self.take(permits, Wait::at_most(timeout))
     }
 
     /// Take `permits` permits, waiting in FIFO order until `deadline` at the latest.
@@ -397,14 +399,26 @@ impl Semaphore {
     /// this semaphore (see [`WaitCanceller`]). Make it on the thread that will wait, before it
     /// waits.
     pub fn wait_canceller(&self) -> WaitCanceller {
-        WaitCanceller::for_semaphore(self)
+        let raw = self.raw.clone();
+        let leave: acquire::LeaveFn = Arc::new(move |client, owner, attempt| {
+            let call = raw.leave(owner, attempt, true, false);
+            client.with_conn(call.during(), |c| call.run(c)).map(|_| ())
+        });
+        let kind = match self.raw.kind() {
+            SemKind::Semaphore => HoldKind::Semaphore,
+            // either side: the canceller ends whichever wait the thread is in
+            SemKind::ReadWrite => HoldKind::Read,
+        };
+        WaitCanceller::new(
+            &self.client,
+            self.raw.key_names()[0],
+            &self.name,
+            kind,
+            leave,
+        )
     }
 
     // ---- internals ----------------------------------------------------------------------
-
-    pub(crate) fn client_arc(&self) -> &Arc<ClientInner> {
-        &self.client
-    }
 
     fn take(&self, permits: u64, wait: Wait) -> Result<Option<Permit>> {
         if permits == 0 || permits > self.capacity() {
@@ -417,7 +431,27 @@ impl Semaphore {
             });
         }
         self.client.check_fork()?;
-        PermitAttempt::new(self, permits).run(wait)
+        let Some(granted) = acquire::acquire(&Permits { sem: self, permits }, wait)? else {
+            return Ok(None);
+        };
+        Ok(Some(Permit::new(
+            self,
+            &granted.owner,
+            granted.attempt,
+            permits,
+            granted.token,
+            granted.expires,
+            granted.late_acquire,
+        )))
+    }
+
+    /// What a hold of `permits` of this semaphore is.
+    pub(crate) fn hold_kind(&self, permits: u64) -> HoldKind {
+        match self.raw.kind() {
+            SemKind::Semaphore => HoldKind::Semaphore,
+            SemKind::ReadWrite if permits == WRITE_PERMITS => HoldKind::Write,
+            SemKind::ReadWrite => HoldKind::Read,
+        }
     }
 
     pub(crate) fn client(&self) -> &ClientInner {
@@ -426,10 +460,6 @@ impl Semaphore {
 
     pub(crate) fn raw(&self) -> &Arc<RawSemaphore> {
         &self.raw
-    }
-
-    pub(crate) fn lease(&self) -> Duration {
-        self.lease.lease()
     }
 
     pub(crate) fn renewed_lease(&self) -> Option<Duration> {
@@ -452,6 +482,80 @@ impl Semaphore {
             stored: capacity,
             asked_kind: named(self.raw.kind()),
             asked: self.capacity(),
+        }
+    }
+}
+
+/// Some permits of a semaphore, as the one acquisition engine takes them.
+pub(crate) struct Permits<'a> {
+    sem: &'a Semaphore,
+    permits: u64,
+}
+
+impl Primitive for Permits<'_> {
+    type Acquired = SemAcquire;
+    type Left = SemLeave;
+
+    fn client(&self) -> &ClientInner {
+        &self.sem.client
+    }
+
+    fn kind(&self) -> HoldKind {
+        self.sem.hold_kind(self.permits)
+    }
+
+    fn name(&self) -> &str {
+        &self.sem.name
+    }
+
+    fn lease(&self) -> Duration {
+        self.sem.lease.lease()
+    }
+
+    fn key(&self) -> &str {
+        self.sem.raw.key_names()[0]
+    }
+
+    fn wake_key(&self, owner: &str) -> String {
+        self.sem.raw.wake_key(owner)
+    }
+
+    fn janitor_target(&self) -> Target {
+        Target::Semaphore(self.sem.raw.clone())
+    }
+
+    fn acquire(&self, owner: &str, attempt: u64, mode: Mode, meta: &str) -> Call<SemAcquire> {
+        let lease = self.sem.lease.lease();
+        self.sem
+            .raw
+            .acquire(owner, attempt, self.permits, lease, mode, meta)
+    }
+
+    fn asked(&self, reply: SemAcquire) -> Result<Asked> {
+        Ok(match reply {
+            SemAcquire::Granted { token, pttl, .. } => Asked::Granted { token, pttl },
+            SemAcquire::Busy { .. } => Asked::Busy,
+            // the holders' leases are not in the reply: the janitor looks after one lease
+            SemAcquire::Queued { last_token, .. } => Asked::Queued {
+                holder_pttl: self.sem.lease.lease(),
+                last_token,
+            },
+            SemAcquire::Stale => Asked::Stale,
+            SemAcquire::Mismatch { kind, capacity } => {
+                return Err(self.sem.mismatch(&kind, capacity))
+            }
+        })
+    }
+
+    fn leave(&self, owner: &str, attempt: u64, claim: bool, late: bool) -> Call<SemLeave> {
+        self.sem.raw.leave(owner, attempt, late, claim)
+    }
+
+    fn left(reply: SemLeave) -> Left {
+        match reply {
+            SemLeave::Left => Left::Nothing,
+            SemLeave::Passed { .. } => Left::Passed,
+            SemLeave::Granted { token, pttl, .. } => Left::Granted { token, pttl },
         }
     }
 }

@@ -223,7 +223,7 @@ fn late_release_after_expiry_is_refused_and_the_new_owner_keeps_the_lock() {
     assert!(new_token > old_token);
 
     match old.unlock() {
-        Err(Error::NotHeld { name, holder }) => {
+        Err(Error::NotHeld { name, holder, .. }) => {
             assert_eq!(name, "late");
             assert_eq!(holder.as_deref(), Some(new_owner.as_str()));
         }

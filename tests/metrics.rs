@@ -146,8 +146,47 @@ fn a_scripted_workload_records_exactly_what_happened() {
         .unwrap();
     assert!(client.fair_lock("foreign").unwrap().lock().is_err());
 
+    // a semaphore's permits and a read/write lock's sides count as a lock's holds do: taken at
+    // once, a busy try, a waiter handed the permit, and a read
+    let sem = client.semaphore("s", 1).unwrap();
+    let first = sem.acquire().unwrap();
+    assert!(sem.try_acquire().unwrap().is_none());
+    let sem_waiter = {
+        let sem = sem.clone();
+        thread::spawn(move || sem.acquire().map(|p| p.release()))
+    };
+    assert!(support::eventually(Duration::from_secs(5), || sem
+        .status()
+        .is_ok_and(|s| s.waiters.len() == 1)));
+    let mid = values(&snapshotter);
+    samples.add(&mid);
+    assert_eq!(gauge(&mid, "fairlock_waiting_threads{}"), 1.0);
+    first.release().unwrap();
+    sem_waiter.join().unwrap().unwrap().unwrap();
+    drop(client.rw_lock("rw").unwrap().read().unwrap());
+
     let v = values(&snapshotter);
     samples.add(&v);
+    assert_eq!(
+        counter(&v, "fairlock_acquisitions_total{lock=s,outcome=acquired}"),
+        2,
+        "{v:#?}"
+    );
+    assert_eq!(
+        counter(&v, "fairlock_acquisitions_total{lock=s,outcome=busy}"),
+        1
+    );
+    assert_eq!(counter(&v, "fairlock_handoffs_total{lock=s}"), 1);
+    assert_eq!(
+        samples.of("fairlock_wait_seconds{lock=s,outcome=acquired}"),
+        2
+    );
+    assert_eq!(samples.of("fairlock_hold_seconds{lock=s}"), 2);
+    assert_eq!(
+        counter(&v, "fairlock_acquisitions_total{lock=rw,outcome=acquired}"),
+        1
+    );
+    assert_eq!(samples.of("fairlock_hold_seconds{lock=rw}"), 1);
     let acquired = "fairlock_acquisitions_total{lock=m,outcome=acquired}";
     assert_eq!(counter(&v, acquired), 3 + 1 + 1 + 1, "{v:#?}");
     assert_eq!(

@@ -1,25 +1,30 @@
-//! One acquire call of one thread that may have to wait: an `Attempt`.
+//! The one acquisition engine: an [`Attempt`] of one thread to take a [`Primitive`] (a lock, or
+//! permits of a semaphore or read/write lock), which may have to wait.
 //!
-//! How a waiter waits (the whole wake-up path is here and in `release.lua`):
-//! 1. Each acquire call is an *attempt* with a number of its own. `acquire.lua` either grants
-//!    the lock or puts the attempt in the lock's FIFO queue.
+//! How a waiter waits (the whole wake-up path is here and in the scripts' grant loop):
+//! 1. Each acquire call is an *attempt* with a number of its own. The primitive's acquire
+//!    script either grants it (nobody queued and it fits: the primitive's admission rule) or
+//!    puts the attempt in the FIFO queue.
 //! 2. The thread registers its attempt with the client's `waker` before the request, and then
 //!    waits: either as the *leader*, blocking in the one BLPOP that covers this client's wake
 //!    lists of every lock its threads wait on, or on a channel of its own, for the leader to hand
 //!    it its message. Waiting costs no connection per thread.
-//! 3. The release that makes this attempt the head grants it the lock inside the script and
-//!    pushes `<thread>|g|<attempt>|<token>|<time>` (a hand-off) to this client's list of that
-//!    lock: this thread (as the leader, usually) pops it and holds the lock with no further
-//!    round trip. A push that lands before the BLPOP covers the list stays in it, so no wake-up
-//!    is lost.
+//! 3. The release that makes this attempt fit grants it inside the script and pushes
+//!    `<thread>|g|<attempt>|<token>|<time>` (a hand-off) to this client's wake list: this
+//!    thread (as the leader, usually) pops it and holds with no further round trip, if the
+//!    grant's lease can be placed (`lease_estimate`); otherwise it confirms the grant by
+//!    running the acquire again with the same attempt. A push that lands before the BLPOP
+//!    covers the list stays in it, so no wake-up is lost.
 //! 4. The janitor keeps the queue entry alive meanwhile; if the attempt lost its place (a long
 //!    pause, a lapsed grant, a Redis restart) it pushes a "retry" and the thread re-runs step 1
 //!    with the same attempt. So does a wait that failed (the blocking connection broke, and a
-//!    message may have been lost with it): with the same attempt, `acquire.lua` keeps the place,
+//!    message may have been lost with it): with the same attempt, the acquire keeps the place,
 //!    or returns a grant whose wake-up was lost.
-//! 5. A waiter whose time runs out leaves with `leave.lua`, which takes a grant that reached it
-//!    meanwhile rather than wasting it; a waiter that fails hands such a grant on. Both act on
-//!    this attempt only, so a late copy never touches the thread's later waits or holds.
+//! 5. A waiter whose time runs out leaves with `claim`, which takes a grant that reached it
+//!    meanwhile rather than wasting it; a waiter that fails leaves passing such a grant on.
+//!    Both act on this attempt only, so a late copy never touches the thread's later waits or
+//!    holds; a request that went unanswered or was sent twice makes the attempt's end leave a
+//!    left mark.
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -27,16 +32,16 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::primitive::{Asked, Left, Primitive};
+use super::wait::Wait;
 use crate::boot_clock::BootInstant;
 use crate::client::ClientInner;
 use crate::connection::Conn;
 use crate::error::{Error, Result};
-use crate::guard::LockGuard;
 use crate::janitor::SharedWitness;
-use crate::lock::{ms, FairLock, Wait};
-use crate::raw::{
-    self, judge_handoff, Acquire, Call, Handoff, LateAcquire, Leave, LeaveMode, Mode, Wake, Witness,
-};
+use crate::loss::HoldKind;
+use crate::raw::{self, judge_handoff, Call, Handoff, Mode, Wake, Witness};
+use crate::telemetry::Outcome;
 use crate::waker::{Event, Registration};
 
 /// Failed waits (the waker's connection failed) or late grants, each within
@@ -52,6 +57,56 @@ pub(crate) const FAILURE_WINDOW: Duration = Duration::from_secs(10);
 /// The pause before a waiter asks again after its request failed (see
 /// `Attempt::pause_before_asking_again`).
 const REQUEST_PAUSE: Duration = Duration::from_millis(100);
+
+/// A grant an attempt holds now: each handle turns it into its guard.
+pub(crate) struct Granted {
+    pub owner: String,
+    pub attempt: u64,
+    pub token: u64,
+    /// The lease's end by our (early) estimate.
+    pub expires: BootInstant,
+    /// A request of the attempt went unanswered or was sent twice, so a copy of it may still
+    /// reach Redis: the hold's release leaves a left mark that makes such a copy do nothing.
+    pub late_acquire: bool,
+    /// Granted by a hand-off (the attempt queued), not at once.
+    pub handed_off: bool,
+}
+
+/// Take `primitive` as `wait` allows: `None` when it did not come in time (or at once, for
+/// [`Wait::No`]). Counts the acquisition in the metrics, and leaves the queue after an error
+/// (best effort: if Redis is unreachable, other clients' janitors purge the place once it goes
+/// stale).
+pub(crate) fn acquire<P: Primitive>(primitive: &P, wait: Wait) -> Result<Option<Granted>> {
+    let started = Instant::now();
+    let attempt = Attempt::new(primitive);
+    // a WaitCanceller takes this entry to end the wait
+    let key = attempt.waiting_key();
+    let client = primitive.client();
+    client.waiting.lock().insert(key.clone(), attempt.number);
+    let result = attempt.run(wait);
+    client.waiting.lock().remove(&key);
+    if result.is_err() {
+        // even a first request may have been applied (queued, or granted) before its reply
+        // was lost: leave, handing on anything granted to this attempt
+        attempt.leave_quietly();
+    }
+    let outcome = match &result {
+        Ok(Some(_)) => Outcome::Acquired,
+        Ok(None) if matches!(wait, Wait::No) => Outcome::Busy,
+        Ok(None) => Outcome::TimedOut,
+        Err(Error::Abandoned { .. }) => Outcome::Abandoned,
+        Err(_) => Outcome::Error,
+    };
+    let label = primitive.metric_label();
+    crate::telemetry::acquisition(outcome, started.elapsed(), label);
+    if let Ok(Some(granted)) = &result {
+        if granted.handed_off {
+            // a release handed it over (or a janitor, from a dead holder)
+            crate::telemetry::handoff(label);
+        }
+    }
+    result
+}
 
 /// How many failures of one kind came in a row, each within [`FAILURE_WINDOW`] of the last.
 #[derive(Default)]
@@ -78,48 +133,23 @@ impl Streak {
     }
 }
 
-/// What one acquire request decided.
-enum Requested {
-    Granted { token: u64, expires: BootInstant },
-    Busy,
-    Queued { pttl_ms: i64 },
-}
+/// A grant that reached the attempt: its token and the lease's end by our (early) estimate.
+type Grant = (u64, BootInstant);
 
 /// What a wait in the queue came to.
 enum Queue {
-    /// Granted with this token, the lease ending at `expires` by our (early) estimate.
-    Granted { token: u64, expires: BootInstant },
+    Granted(Grant),
     /// The deadline came and no grant with it.
     GaveUp,
-    /// Run the acquire script again (the place was lost, or the wait failed).
+    /// Run the acquire script again (the place was lost, the wait failed, or a hand-off must be
+    /// confirmed).
     Again,
 }
 
-/// One acquire call of one thread: an attempt number the scripts tie its queue entry and its
-/// grant to (see `raw`).
-pub(crate) struct Attempt<'a> {
-    lock: &'a FairLock,
-    pub owner: String,
-    pub number: u64,
-    meta: String,
-    /// Failures (failed waits, grants that arrived after their lease): a few in a row are
-    /// worth re-checking, more mean the network or the server is in trouble.
-    failures: Streak,
-    /// Connections the server closed under this wait.
-    drops: Streak,
-    /// An acquire request of this attempt went unanswered or was sent again, so a copy of it
-    /// may still reach Redis after the attempt ends (see [`LateAcquire`]): its leave, or the
-    /// release of the hold it got, leaves a mark that makes such a copy do nothing.
-    unanswered: Cell<bool>,
-    /// The newest request that found this attempt queued: a grant popped later is placed
-    /// after it by its token (see `lease_estimate`).
-    witness: SharedWitness,
-}
-
-/// How a wait on the wake list ended.
+/// What the waker brought, or the deadline.
 enum Waited {
-    /// The lock was granted to this attempt with this token.
-    /// `acked`: replicas that acknowledged it, when acknowledgements are asked for.
+    /// Granted with this token. `acked`: replicas that acknowledged it, when acknowledgements
+    /// are asked for.
     Handoff { token: u64, acked: Option<u32> },
     /// The caller's deadline came; it still has to leave the queue.
     Deadline,
@@ -130,15 +160,32 @@ enum Waited {
     Dropped,
 }
 
-impl<'a> Attempt<'a> {
-    fn client(&self) -> &ClientInner {
-        self.lock.client()
-    }
+/// One acquire call of one thread: an attempt number the scripts tie its queue entry and its
+/// grant to (see `raw`).
+struct Attempt<'a, P: Primitive> {
+    primitive: &'a P,
+    owner: String,
+    number: u64,
+    meta: String,
+    /// Failures (failed waits, grants that arrived after their lease): a few in a row are
+    /// worth re-checking, more mean the network or the server is in trouble.
+    failures: Streak,
+    /// Connections the server closed under this wait.
+    drops: Streak,
+    /// A request of this attempt went unanswered or was sent again, so a copy of it may still
+    /// reach Redis after the attempt ends: its leave, or the release of the hold it got, leaves
+    /// a mark that makes such a copy do nothing.
+    unanswered: Cell<bool>,
+    /// The newest request that found this attempt queued: a grant popped later is placed
+    /// after it by its token (see `lease_estimate`).
+    witness: SharedWitness,
+}
 
-    pub fn new(lock: &'a FairLock) -> Attempt<'a> {
-        let client = lock.client();
+impl<'a, P: Primitive> Attempt<'a, P> {
+    fn new(primitive: &'a P) -> Attempt<'a, P> {
+        let client = primitive.client();
         Attempt {
-            lock,
+            primitive,
             owner: client.owner(),
             number: client.next_attempt(),
             meta: client.meta(),
@@ -149,47 +196,32 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    /// Take the lock, queue for it and wait as `wait` allows; `None` when it did not come.
-    pub fn run(&self, wait: Wait) -> Result<Option<LockGuard>> {
+    fn client(&self) -> &ClientInner {
+        self.primitive.client()
+    }
+
+    /// Take it, queueing and waiting as `wait` allows; `None` when it did not come.
+    fn run(&self, wait: Wait) -> Result<Option<Granted>> {
         let mode = match wait {
             Wait::No => Mode::Try,
             Wait::Until(_) | Wait::Forever => Mode::Wait,
         };
-        // a hold this thread leaked on purpose is waited for; any other older hold of it has no
-        // guard and is passed on by the script (see acquire.lua)
-        let raw = self.lock.raw();
-        let call = if crate::hold::leaked_and_running(&self.lock.hold_key()) {
-            raw.acquire_behind_leaked_hold(
-                &self.owner,
-                self.number,
-                self.lock.lease(),
-                mode,
-                &self.meta,
-            )
-        } else {
-            raw.acquire(
-                &self.owner,
-                self.number,
-                self.lock.lease(),
-                mode,
-                &self.meta,
-            )
-        };
+        let call = self
+            .primitive
+            .acquire(&self.owner, self.number, mode, &self.meta);
         // before the request: a grant may be popped before its reply arrives
         let _waiting = (mode == Mode::Wait).then(crate::telemetry::Waiting::start);
         let registration = (mode == Mode::Wait).then(|| {
-            let lock_key = self.lock.raw().key_names()[0];
-            let thread = self.client().thread_number();
             self.client()
                 .wakers
-                .for_waiter(lock_key, thread)
+                .for_waiter(self.primitive.key(), self.client().thread_number())
                 .register(self.number)
         });
         let mut queued = false;
         loop {
             let sent = BootInstant::now();
-            let requested = match self.request(&call, sent) {
-                Ok(requested) => requested,
+            let asked = match self.request(&call) {
+                Ok(asked) => asked,
                 // asking again from the queue: a server that restarts (a dropped connection,
                 // then LOADING while it reads its data) or a failed request costs a pause, not
                 // the place; failures count as those of the wait
@@ -199,45 +231,65 @@ impl<'a> Attempt<'a> {
                 }
                 Err(e) => return Err(e),
             };
-            let grant = match requested {
-                Requested::Granted { token, expires } => Some((token, expires)),
-                Requested::Busy => {
+            let grant = match asked {
+                Asked::Granted { token, pttl } => {
+                    Some((token, sent + pttl.min(self.primitive.lease())))
+                }
+                Asked::Busy => {
                     if self.unanswered.get() {
-                        // a copy of this try may still arrive and find the lock free: the
-                        // leave's left mark makes it do nothing
+                        // a copy of this try may still arrive and find it free: the leave's
+                        // left mark makes it do nothing
                         self.leave_quietly();
                     }
                     return Ok(None);
                 }
-                Requested::Queued { pttl_ms } => {
+                Asked::Stale if self.abandoned() => return Err(self.abandoned_error()),
+                Asked::Stale => {
+                    return Err(Error::protocol(format!(
+                        "Redis knows a newer attempt of owner {} than this one, or that this one left (WaitCanceller::abandon); is the client id shared with another process?",
+                        self.owner
+                    )))
+                }
+                Asked::Queued {
+                    holder_pttl,
+                    last_token,
+                } => {
+                    self.witness.lock().observe(sent, last_token);
                     queued = true;
                     let Some(registration) = &registration else {
                         return Err(Error::protocol(
-                            "acquire queued an attempt made with 'try'".to_string(),
+                            "an acquire made with 'try' was queued".to_string(),
                         ));
                     };
-                    match self.wait_in_queue(registration, wait, pttl_ms)? {
-                        Queue::Granted { token, expires } => Some((token, expires)),
+                    match self.wait_in_queue(registration, wait, holder_pttl)? {
+                        Queue::Granted(grant) => Some(grant),
                         Queue::GaveUp => return Ok(None),
                         Queue::Again => None,
                     }
                 }
             };
             if let Some((token, expires)) = grant {
-                if let Some(guard) = self.fresh_hold(token, expires)? {
-                    if queued {
-                        // a release handed it over (or a janitor, from a dead holder)
-                        crate::telemetry::handoff(
-                            self.client()
-                                .config
-                                .metrics_lock_label
-                                .then_some(self.lock.name()),
-                        );
-                    }
-                    return Ok(Some(guard));
+                if self.fresh(expires)? {
+                    return Ok(Some(Granted {
+                        owner: self.owner.clone(),
+                        attempt: self.number,
+                        token,
+                        expires,
+                        late_acquire: self.unanswered.get(),
+                        handed_off: queued,
+                    }));
                 }
             }
         }
+    }
+
+    /// Run the acquire request once.
+    fn request(&self, call: &Call<P::Acquired>) -> Result<Asked> {
+        self.run_granting(
+            call,
+            |reply| self.primitive.asked(reply),
+            |asked| matches!(asked, Asked::Granted { .. }),
+        )
     }
 
     /// After a queued attempt's request failed with `e`: wait a little before asking again,
@@ -254,8 +306,8 @@ impl<'a> Attempt<'a> {
             return Err(e);
         }
         log::debug!(
-            "fairlock: asking again for {:?} failed ({e}); asking again soon",
-            self.lock.name()
+            "fairlock: asking again for {} failed ({e}); asking again soon",
+            self.primitive.held()
         );
         let pause = deadline.map_or(REQUEST_PAUSE, |d| {
             REQUEST_PAUSE.min(d.saturating_duration_since(Instant::now()))
@@ -264,60 +316,33 @@ impl<'a> Attempt<'a> {
         Ok(())
     }
 
-    /// Run the acquire script once (sent at `sent`).
-    fn request(&self, call: &Call<Acquire>, sent: BootInstant) -> Result<Requested> {
-        let reply = self.run_granting(call, |r| matches!(r, Acquire::Granted(_)))?;
-        Ok(match reply {
-                Acquire::Granted(g) => Requested::Granted {
-                    token: g.token,
-                    expires: sent + ms(g.pttl_ms).min(self.lock.lease()),
-                },
-                Acquire::Busy { .. } => Requested::Busy,
-                Acquire::Stale if self.abandoned() => {
-                    return Err(Error::Abandoned {
-                        name: self.lock.name().to_string(),
-                    })
-                }
-                Acquire::Stale => {
-                    return Err(Error::protocol(format!(
-                        "Redis knows a newer attempt of owner {} than this one, or that this one left (WaitCanceller::abandon); is the client id shared with another process?",
-                        self.owner
-                    )))
-                }
-                Acquire::Queued {
-                    pttl_ms,
-                    last_token,
-                    ..
-                } => {
-                    self.witness.lock().observe(sent, last_token);
-                    Requested::Queued { pttl_ms }
-                }
-        })
-    }
-
-    /// Run `call`; a reply that `granted` says grants this attempt the lock must, with replica
-    /// acknowledgements asked for, have them (else it is given up: [`Error::NotReplicated`]).
-    /// A request sent more than once, or without a reply, may still arrive: noted for the end
-    /// of the attempt (its leave or its release leaves a left mark). On a Cluster every request
-    /// counts as sent more than once: the redis crate's cluster connection repeats a failed
-    /// request on its own, unseen here.
-    fn run_granting<T>(&self, call: &Call<T>, granted: fn(&T) -> bool) -> Result<T> {
+    /// Run `call` and read its reply with `read`; a reply that `granted` says grants this
+    /// attempt must, with replica acknowledgements asked for, have them (else it is given up:
+    /// [`Error::NotReplicated`]). A request sent more than once, or without a reply, may still
+    /// arrive: noted for the end of the attempt (its leave or its release leaves a left mark).
+    /// On a Cluster every request counts as sent more than once: the redis crate's cluster
+    /// connection repeats a failed request on its own, unseen here.
+    fn run_granting<T, U>(
+        &self,
+        call: &Call<T>,
+        read: impl Fn(T) -> Result<U>,
+        granted: fn(&U) -> bool,
+    ) -> Result<U> {
         let mut sends = 0;
-        let result = self.client().with_conn(call.during(), |c| {
+        let (reply, acked) = self.client().with_conn(call.during(), |c| {
             sends += 1;
             let reply = call.run(c);
             if reply.is_err() || sends > 1 || c.is_cluster() {
                 self.unanswered.set(true);
             }
-            let reply = reply?;
+            let reply = read(reply?)?;
             let acked = if granted(&reply) {
                 self.replica_acks(c)?
             } else {
                 None
             };
             Ok((reply, acked))
-        });
-        let (reply, acked) = result?;
+        })?;
         self.check_replicated(acked)?;
         Ok(reply)
     }
@@ -329,25 +354,26 @@ impl<'a> Attempt<'a> {
         if config.replica_acks == 0 {
             return Ok(None);
         }
-        let key = self.lock.raw().key_names()[0];
+        let key = self.primitive.key();
         raw::acknowledged_by_replicas(c, key, config.replica_acks, config.replica_ack_timeout)
             .map(Some)
     }
 
     /// A grant to this attempt that fewer replicas acknowledged than asked for is given up
-    /// (passed to the next waiter, or the lock left free): a failover could lose it and let a
-    /// second owner in.
+    /// (passed to the next waiter, or left free): a failover could lose it and let a second
+    /// owner in.
     fn check_replicated(&self, acked: Option<u32>) -> Result<()> {
         let wanted = self.client().config.replica_acks;
         match acked {
             Some(acked) if acked < wanted => {
                 log::warn!(
-                    "fairlock: a grant of {:?} reached {acked} of {wanted} replicas in time; passing it on",
-                    self.lock.name()
+                    "fairlock: a grant of {} reached {acked} of {wanted} replicas in time; passing it on",
+                    self.primitive.held()
                 );
                 self.leave_quietly();
                 Err(Error::NotReplicated {
-                    name: self.lock.name().to_string(),
+                    name: self.primitive.name().to_string(),
+                    kind: self.primitive.kind(),
                     acked,
                     wanted,
                 })
@@ -362,19 +388,18 @@ impl<'a> Attempt<'a> {
         &self,
         registration: &Registration,
         wait: Wait,
-        holder_pttl_ms: i64,
+        holder_pttl: Duration,
     ) -> Result<Queue> {
-        let lock = self.lock;
         let janitor = &self.client().janitor;
         janitor.register(
-            lock.raw(),
+            self.primitive.janitor_target(),
             &self.owner,
             self.number,
-            ms(holder_pttl_ms),
+            holder_pttl,
             self.witness.clone(),
         );
         let outcome = self.wait_for_grant(registration, wait);
-        janitor.unregister(&lock.raw().keys().lock, &self.owner);
+        janitor.unregister(self.primitive.key(), &self.owner);
         Ok(match outcome {
             Ok(Waited::Handoff { token, acked }) => {
                 self.check_replicated(acked)?;
@@ -382,26 +407,27 @@ impl<'a> Attempt<'a> {
                 // token was sent (never trust the server clock or when the message arrived:
                 // see lease_estimate); a grant it cannot place is confirmed with acquire.
                 let witness = *self.witness.lock();
-                match judge_handoff(token, witness, lock.lease(), BootInstant::now()) {
-                    Handoff::Hold { expires } => Queue::Granted { token, expires },
+                let lease = self.primitive.lease();
+                match judge_handoff(token, witness, lease, BootInstant::now()) {
+                    Handoff::Hold { expires } => Queue::Granted((token, expires)),
                     Handoff::Confirm => {
                         log::debug!(
-                            "fairlock: a hand-off of {:?} (token {token}) is confirmed with Redis before it is held",
-                            lock.name()
+                            "fairlock: a hand-off of {} (token {token}) is confirmed with Redis before it is held",
+                            self.primitive.held()
                         );
                         Queue::Again
                     }
                 }
             }
             Ok(Waited::Deadline) => match self.leave_at_deadline()? {
-                Some((token, expires)) => Queue::Granted { token, expires },
+                Some(grant) => Queue::Granted(grant),
                 None => Queue::GaveUp,
             },
             Ok(Waited::Again) => Queue::Again,
             Ok(Waited::Dropped) => {
                 if self.drops.add() > MAX_DROPS {
                     return Err(Error::Connection {
-                        during: "waiting for the lock",
+                        during: waiting_for(self.primitive.kind()),
                         detail: format!(
                             "the server closed {MAX_DROPS} connections in a row, each within {FAILURE_WINDOW:?} of the last"
                         ),
@@ -415,20 +441,20 @@ impl<'a> Attempt<'a> {
                     return Err(e);
                 }
                 log::debug!(
-                    "fairlock: waiting on {:?} failed ({e}); re-checking",
-                    lock.name()
+                    "fairlock: waiting on {} failed ({e}); re-checking",
+                    self.primitive.held()
                 );
                 Queue::Again
             }
         })
     }
 
-    /// Turn a grant into a guard, unless its lease already ran out by our (early) estimate: then
-    /// the reply was held up (a stalled network, a stopped process) and another owner may hold
-    /// the lock by now, so it must not become a guard. `None` means: run acquire again (with this
-    /// attempt it returns the grant with a fresh lease if the lock is still ours, and queues us
-    /// otherwise). After `MAX_WAIT_FAILURES` late grants in a row, fail.
-    fn fresh_hold(&self, token: u64, expires: BootInstant) -> Result<Option<LockGuard>> {
+    /// Whether a grant whose lease ends at `expires` may become a hold: not when its lease
+    /// already ran out by our (early) estimate (the reply was held up, a stalled network or a
+    /// stopped process, and another owner may hold it by now). `false` means: run acquire
+    /// again (with this attempt it returns the grant with a fresh lease if it is still ours,
+    /// and queues us otherwise). After `MAX_WAIT_FAILURES` late grants in a row, fail.
+    fn fresh(&self, expires: BootInstant) -> Result<bool> {
         if BootInstant::now() < expires {
             // the hold is this thread's only if no WaitCanceller gave the wait up first: the
             // claim and the canceller's take the same entry, and whoever takes it first wins
@@ -436,28 +462,25 @@ impl<'a> Attempt<'a> {
             // on, as this thread does too, in case the canceller's leave did not arrive)
             if !self.claim() {
                 self.leave_quietly();
-                return Err(Error::Abandoned {
-                    name: self.lock.name().to_string(),
-                });
+                return Err(self.abandoned_error());
             }
-            let late = self.unanswered.get().then_some(self.number);
-            return Ok(Some(LockGuard::new_hold(self.lock, token, expires, late)));
+            return Ok(true);
         }
         log::warn!(
-            "fairlock: a grant of {:?} arrived after its lease had run out; re-checking",
-            self.lock.name()
+            "fairlock: a grant of {} arrived after its lease had run out; re-checking",
+            self.primitive.held()
         );
         if self.failures.add() >= MAX_WAIT_FAILURES {
             return Err(Error::Connection {
                 during: "acquiring",
                 detail: format!(
                     "{MAX_WAIT_FAILURES} grants arrived after their lease of {:?} had run out",
-                    self.lock.lease()
+                    self.primitive.lease()
                 ),
                 source: None,
             });
         }
-        Ok(None)
+        Ok(false)
     }
 
     /// Wait until the waker hands over a hand-off or retry for this attempt, or the deadline.
@@ -470,7 +493,7 @@ impl<'a> Attempt<'a> {
         if deadline.is_some_and(|d| d <= Instant::now()) {
             return Ok(Waited::Deadline);
         }
-        registration.watch(&self.lock.raw().wake_key(&self.owner));
+        registration.watch(&self.primitive.wake_key(&self.owner));
         Ok(match registration.next(deadline) {
             None => Waited::Deadline,
             Some(Event::Wake {
@@ -486,28 +509,26 @@ impl<'a> Attempt<'a> {
         })
     }
 
-    /// The deadline passed: leave the queue, but keep a grant that reached us meanwhile
-    /// (returned as its token and lease end).
-    fn leave_at_deadline(&self) -> Result<Option<(u64, BootInstant)>> {
-        let call = self.lock.raw().leave(
-            &self.owner,
-            self.number,
-            LeaveMode::Claim,
-            self.late_acquire(),
-        );
+    /// The deadline passed: leave the queue, but keep a grant that reached us meanwhile.
+    fn leave_at_deadline(&self) -> Result<Option<Grant>> {
+        let call = self
+            .primitive
+            .leave(&self.owner, self.number, true, self.unanswered.get());
         let at = BootInstant::now();
-        let reply = self.run_granting(&call, |r| matches!(r, Leave::Granted(_)))?;
-        Ok(match reply {
-            Leave::Granted(g) => Some((g.token, at + ms(g.pttl_ms).min(self.lock.lease()))),
-            Leave::Left | Leave::Passed { .. } => None,
+        let left = self.run_granting(
+            &call,
+            |reply| Ok(P::left(reply)),
+            |left| matches!(left, Left::Granted { .. }),
+        )?;
+        Ok(match left {
+            Left::Granted { token, pttl } => Some((token, at + pttl.min(self.primitive.lease()))),
+            Left::Nothing | Left::Passed => None,
         })
     }
 
-    /// This attempt's entry in the client's `waiting` map, which a [`WaitCanceller`] takes.
-    ///
-    /// [`WaitCanceller`]: crate::WaitCanceller
+    /// This attempt's entry in the client's `waiting` map, which a `WaitCanceller` takes.
     fn waiting_key(&self) -> (String, String) {
-        (self.lock.raw().keys().lock.clone(), self.owner.clone())
+        (self.primitive.key().to_string(), self.owner.clone())
     }
 
     /// Take this attempt's `waiting` entry: `false` when a canceller took it first.
@@ -520,28 +541,34 @@ impl<'a> Attempt<'a> {
         self.client().waiting.lock().get(&self.waiting_key()) != Some(&self.number)
     }
 
-    fn late_acquire(&self) -> LateAcquire {
-        if self.unanswered.get() {
-            LateAcquire::Possible
-        } else {
-            LateAcquire::Impossible
+    fn abandoned_error(&self) -> Error {
+        Error::Abandoned {
+            name: self.primitive.name().to_string(),
+            kind: self.primitive.kind(),
         }
     }
 
     /// After an error: give up the queue place and hand on anything granted to this attempt.
-    pub fn leave_quietly(&self) {
-        let call = self.lock.raw().leave(
-            &self.owner,
-            self.number,
-            LeaveMode::Pass,
-            self.late_acquire(),
-        );
+    fn leave_quietly(&self) {
+        let call = self
+            .primitive
+            .leave(&self.owner, self.number, false, self.unanswered.get());
         if let Err(e) = self.client().with_conn(call.during(), |c| call.run(c)) {
             log::debug!(
-                "fairlock: could not leave the queue of {:?}: {e}",
-                self.lock.name()
+                "fairlock: could not leave the queue of {}: {e}",
+                self.primitive.held()
             );
         }
+    }
+}
+
+/// What a wait that failed was doing, for [`Error::Connection`].
+fn waiting_for(kind: HoldKind) -> &'static str {
+    match kind {
+        HoldKind::Lock => "waiting for the lock",
+        HoldKind::Semaphore => "waiting for permits",
+        HoldKind::Read => "waiting for a read",
+        HoldKind::Write => "waiting for the write",
     }
 }
 
@@ -549,8 +576,8 @@ impl<'a> Attempt<'a> {
 mod tests {
     use super::*;
 
-    /// Failures further apart than the window start the count again. Before, the failure count was
-    /// never reset, so three isolated hiccups in an hours-long wait ended it.
+    /// Failures further apart than the window start the count again: three isolated hiccups in
+    /// an hours-long wait must not end it.
     #[test]
     fn failures_further_apart_than_the_window_start_the_count_again() {
         let s = Streak::default();
@@ -568,7 +595,7 @@ mod tests {
     }
 
     /// A read interrupted by a signal (a Ctrl-Z and `fg`) is no failure of the server: it is
-    /// re-checked like a dropped connection. Before, it counted as a failure.
+    /// re-checked like a dropped connection.
     #[test]
     fn a_read_interrupted_by_a_signal_is_recognised() {
         use crate::connection::is_interrupted;
