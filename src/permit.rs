@@ -128,6 +128,40 @@ impl Permit {
         self.release_inner()
     }
 
+    /// Give up this permit *without* giving its permits back: they stay held in Redis until
+    /// the lease runs out, and are not renewed any more (the watchdog forgets them). For a job
+    /// that must hold its share for a fixed period after it is done, even across servers (with
+    /// [`Semaphore::with_fixed_lease`], as
+    /// [`LockGuard::leak`](crate::LockGuard::leak) for a lock). Returns the fencing token.
+    ///
+    /// Until the lease ends the hold counts like anyone's: [`Semaphore::status`] shows it
+    /// (under [`Permit::hold_id`], read that before leaking if you may want to end it early),
+    /// later acquisitions, this thread's too, wait behind it or are refused, and
+    /// [`Semaphore::force_release`] ends it early. Then its permits come back and go to the
+    /// waiters they fit, as a crashed holder's do. The loss channel of
+    /// [`Permit::lost_signal`] disconnects (no loss is told for a leaked permit). With a renewed
+    /// lease the permits are held for up to one lease from the last renewal.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
+    /// let exports = client.semaphore("exports", 3)?.with_fixed_lease(Duration::from_secs(60))?;
+    /// if let Some(permit) = exports.try_acquire()? {
+    ///     // start an export; at most 3 start within any minute, whatever the servers
+    ///     permit.leak();
+    /// }
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    pub fn leak(mut self) -> u64 {
+        self.released = true;
+        // (in a forked child the parent's watchdog, whose registry lock a fork may have taken
+        // mid-use, is not touched; it does not run in the child anyway)
+        if let (Some(id), Ok(())) = (self.renewal, self.sem.client().check_fork()) {
+            self.sem.client().watchdog.unregister(id);
+        }
+        self.token
+    }
+
     fn release_inner(&mut self) -> Result<()> {
         if self.released {
             return Ok(());

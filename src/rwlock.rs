@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::client::LockClient;
 use crate::error::{Error, Result};
 use crate::hold::HoldKey;
+use crate::lock::WaitCanceller;
 use crate::permit::Permit;
 use crate::raw::{SemKind, RW_CAPACITY};
 use crate::semaphore::{Semaphore, SemaphoreStatus, WRITE_PERMITS};
@@ -52,7 +53,9 @@ use crate::semaphore::{Semaphore, SemaphoreStatus, WRITE_PERMITS};
 /// [`as_semaphore`](RwLock::as_semaphore). The guards are not `Send` (as `std`'s and
 /// [`LockGuard`](crate::LockGuard)), so a guard stays on the thread that took it and the check
 /// is exact: a guard moved to another thread could not be seen by that thread's calls, which
-/// would wait on it for ever.
+/// would wait on it for ever. A leaked guard ([`WriteGuard::leak`]) is no longer the thread's:
+/// its hold ends with its lease, unrenewed, so the thread's later calls are not refused but
+/// wait behind it as anyone's.
 ///
 /// ```compile_fail
 /// fn assert_send<T: Send>() {}
@@ -185,6 +188,35 @@ impl RwLock {
         })
     }
 
+    /// A handle to the same lock whose holds run out after `lease` and are never renewed (as
+    /// [`FairLock::with_fixed_lease`](crate::FairLock::with_fixed_lease)): the hold ends by
+    /// itself when the lease does, whether or not the guard lives ([`WriteGuard::is_lost`]
+    /// turns true then). With [`WriteGuard::leak`] it keeps a write (or a read) for the whole
+    /// period.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
+    /// let catalog = client.rw_lock("catalog")?.with_fixed_lease(Duration::from_secs(60))?;
+    /// let w = catalog.write()?;
+    /// for step in 0..10 {
+    ///     // the write ends after a minute even if this process hangs: readers wait no longer
+    ///     if w.is_lost() { break; }
+    ///     # let _ = (step, w.fencing_token());
+    ///     // ... one step of the rebuild, fenced with w.fencing_token() ...
+    /// }
+    /// drop(w);
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Semaphore::with_fixed_lease`].
+    pub fn with_fixed_lease(&self, lease: Duration) -> Result<RwLock> {
+        Ok(RwLock {
+            sem: self.sem.with_fixed_lease(lease)?,
+        })
+    }
+
     /// Take a read, waiting in FIFO order as long as it takes.
     ///
     /// # Errors
@@ -215,6 +247,18 @@ impl RwLock {
     pub fn try_read_for(&self, timeout: Duration) -> Result<Option<ReadGuard>> {
         self.refuse_own(Side::Read)?;
         let p = self.sem.try_acquire_many_for(1, timeout)?;
+        Ok(p.map(|p| self.guard_read(p)))
+    }
+
+    /// Take a read, waiting in FIFO order until `deadline` at the latest; `Ok(None)` when the
+    /// deadline passed (the queue place is gone then).
+    ///
+    /// # Errors
+    /// As [`Semaphore::acquire`]; [`Error::WouldDeadlock`] at once when the calling thread holds
+    /// this lock's write.
+    pub fn try_read_until(&self, deadline: Instant) -> Result<Option<ReadGuard>> {
+        self.refuse_own(Side::Read)?;
+        let p = self.sem.try_acquire_many_until(1, deadline)?;
         Ok(p.map(|p| self.guard_read(p)))
     }
 
@@ -271,8 +315,56 @@ impl RwLock {
         self.sem.status()
     }
 
-    /// The lock as the semaphore it is built on (for `force_release` and the like; its
-    /// `set_capacity` is refused).
+    /// Give back the hold `hold_id` with fencing token `token` (as [`RwLock::status`] or the
+    /// guard's [`hold_id`](WriteGuard::hold_id) and [`fencing_token`](WriteGuard::fencing_token)
+    /// show them), a read or the write, and grant the lock to the waiters at the head of the
+    /// queue that now fit. As [`Semaphore::force_release`]: for operators and stuck jobs (a
+    /// leaked hold too); the holder's guard finds out at its next renewal or unlock
+    /// ([`Error::NotHeld`]). The holder's thread still counts as holding that side until it
+    /// drops the guard (its calls for the other side are refused as before). Returns whether
+    /// it released the hold (`false`: that hold is over).
+    ///
+    /// ```no_run
+    /// # let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
+    /// let catalog = client.rw_lock("catalog")?;
+    /// // a stuck job on "batch-7" holds the catalog: let the others in
+    /// for h in catalog.status()?.holders {
+    ///     if h.origin.host == "batch-7" {
+    ///         catalog.force_release(&h.hold_id, h.fencing_token)?;
+    ///     }
+    /// }
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Semaphore::force_release`]: [`Error::Connection`] when Redis cannot be reached,
+    /// [`Error::InvalidConfig`] for an id that is not `<owner>#<attempt>`.
+    pub fn force_release(&self, hold_id: &str, token: u64) -> Result<bool> {
+        self.sem.force_release(hold_id, token)
+    }
+
+    /// A handle with which another thread can give up the calling thread's wait for a read or
+    /// the write of this lock (see [`WaitCanceller`]): the waiting call returns
+    /// [`Error::Abandoned`] and its queue place is gone. Make it on the thread that will wait,
+    /// before it waits.
+    ///
+    /// ```no_run
+    /// # let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
+    /// let catalog = client.rw_lock("catalog")?;
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// let reader = std::thread::spawn(move || {
+    ///     tx.send(catalog.wait_canceller()).unwrap();
+    ///     catalog.read().map(|r| r.fencing_token())
+    /// });
+    /// rx.recv().unwrap().abandon()?; // time to go
+    /// # drop(reader);
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    pub fn wait_canceller(&self) -> WaitCanceller {
+        self.sem.wait_canceller()
+    }
+
+    /// The lock as the semaphore it is built on (its `set_capacity` is refused).
     pub fn as_semaphore(&self) -> &Semaphore {
         &self.sem
     }
@@ -335,6 +427,38 @@ macro_rules! guard_methods {
                 self.permit.lost_signal()
             }
 
+            /// Local, conservative estimate of the lease left (see
+            /// [`Permit::lease_remaining`]); for a renewed lease it moves forward with each
+            /// renewal.
+            pub fn lease_remaining(&self) -> Duration {
+                self.permit.lease_remaining()
+            }
+
+            /// The id of this hold as [`RwLock::status`] shows it (`<owner>#<attempt>`), for
+            /// [`RwLock::force_release`].
+            pub fn hold_id(&self) -> String {
+                self.permit.hold_id()
+            }
+
+            /// Give up this guard *without* unlocking: the hold stays in Redis until its lease
+            /// runs out and is not renewed (see [`Permit::leak`] and
+            /// [`LockGuard::leak`](crate::LockGuard::leak)); with
+            /// [`RwLock::with_fixed_lease`] it keeps the lock for a fixed period. Returns the
+            /// fencing token.
+            ///
+            /// The leaked hold is no longer the calling thread's: its later
+            /// [`read`](RwLock::read) or [`write`](RwLock::write) is not refused with
+            /// [`Error::WouldDeadlock`] (the hold ends with its lease, so the wait is not for
+            /// ever) but is served as anyone's, in queue order behind the leaked hold: a
+            /// `try_` call is refused while it is in the way, a waiting call returns when its
+            /// lease ends (or when [`RwLock::force_release`] ends it). A read after a leaked
+            /// read is served at once unless a writer waits.
+            pub fn leak(self) -> u64 {
+                // the record entry (`_taken`) dies with the guard: the thread holds no side
+                self.permit.leak()
+            }
+
+            /// Give the hold back now.
             /// Give the hold back now.
             ///
             /// # Errors

@@ -302,6 +302,27 @@ impl Semaphore {
         self.take(permits, Wait::at_most(timeout))
     }
 
+    /// Take one permit, waiting in FIFO order until `deadline` at the latest; `Ok(None)` when
+    /// the deadline passed (the queue place is gone then).
+    ///
+    /// ```no_run
+    /// # use std::time::{Duration, Instant};
+    /// # let client = fairlock::LockClient::connect("redis://127.0.0.1:6379/")?;
+    /// let slots = client.semaphore("render-slots", 4)?;
+    /// let deadline = Instant::now() + Duration::from_secs(10); // one deadline for the whole job
+    /// match slots.try_acquire_until(deadline)? {
+    ///     Some(permit) => { /* render */ drop(permit); }
+    ///     None => { /* no slot before the deadline */ }
+    /// }
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Semaphore::acquire`].
+    pub fn try_acquire_until(&self, deadline: Instant) -> Result<Option<Permit>> {
+        self.take(1, Wait::Until(deadline))
+    }
+
     /// Take `permits` permits, waiting in FIFO order until `deadline` at the latest.
     ///
     /// # Errors

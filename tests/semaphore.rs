@@ -831,3 +831,300 @@ fn a_thread_asking_for_the_other_side_of_its_own_read_write_hold_is_refused_at_o
     me.join().unwrap();
     other.join().unwrap();
 }
+
+// ---- one method set on every handle ---------------------------------------------------------
+
+/// `Permit::leak` gives the permit up without giving the permits back: they stay held in Redis
+/// (another `try_acquire` is refused, `status` shows the hold with the returned token) and the
+/// watchdog stops renewing them, so they come back when the lease ends and go to the waiter
+/// queued behind them. (A renewed hold would keep them for as long as the test waits.)
+#[test]
+fn a_leaked_permit_keeps_its_permits_until_its_lease_ends_unrenewed() {
+    let server = RedisServer::start();
+    let client = support::client_with_url(&server.url(), |b| b.lease(Duration::from_millis(1500)));
+    let sem = client.semaphore("leaked", 2).unwrap();
+    let p = sem.acquire_many(2).unwrap();
+    let (id, lost) = (p.hold_id(), p.lost_signal());
+    let token = p.leak();
+    // the permit is gone, its loss channel with it (disconnected, never told a loss)
+    assert_eq!(
+        lost.recv_timeout(Duration::from_secs(2)),
+        Err(fairlock::crossbeam_channel::RecvTimeoutError::Disconnected)
+    );
+    let st = sem.status().unwrap();
+    assert_eq!(st.permits_held, 2, "{st:?}");
+    assert_eq!(
+        st.holders
+            .iter()
+            .map(|h| (h.hold_id.clone(), h.fencing_token))
+            .collect::<Vec<_>>(),
+        [(id, token)]
+    );
+    assert!(
+        sem.try_acquire().unwrap().is_none(),
+        "a leaked permit's permits were free at once"
+    );
+    // a waiter queues behind them and gets them when the (unrenewed) lease ends
+    let (tx, rx) = mpsc::channel();
+    let (t, release) = taker(&sem, "after-leak", 2, &tx);
+    let (who, next) = rx
+        .recv_timeout(Duration::from_secs(15))
+        .expect("the leaked permits never came back: still renewed?");
+    assert_eq!(who, "after-leak");
+    assert!(next > token);
+    release.send(()).unwrap();
+    t.join().unwrap();
+    assert_eq!(sem.status().unwrap().permits_held, 0);
+}
+
+/// `Semaphore::try_acquire_until` waits in the queue until its deadline, then gives up and
+/// leaves no waiter behind; with the permit free it takes it.
+#[test]
+fn try_acquire_until_gives_up_at_the_deadline_and_leaves_no_waiter() {
+    let server = RedisServer::start();
+    let client = client_for(&server);
+    let sem = client.semaphore("until", 1).unwrap();
+    let held = sem.acquire().unwrap();
+    let start = Instant::now();
+    let deadline = start + Duration::from_millis(400);
+    assert!(sem.try_acquire_until(deadline).unwrap().is_none());
+    assert!(
+        start.elapsed() >= Duration::from_millis(300),
+        "gave up after {:?}, before the deadline",
+        start.elapsed()
+    );
+    let st = sem.status().unwrap();
+    assert!(st.waiters.is_empty(), "{st:?}");
+    drop(held);
+    let p = sem
+        .try_acquire_until(Instant::now() + SECS_30)
+        .unwrap()
+        .expect("a free permit");
+    assert_eq!(p.permits(), 1);
+}
+
+/// `RwLock::try_read_until` waits behind a write until its deadline, then gives up and leaves
+/// no waiter; it is refused at once (`WouldDeadlock`) on the thread that holds the write; and it
+/// reads once the write is gone.
+#[test]
+fn try_read_until_gives_up_at_the_deadline_and_leaves_no_waiter() {
+    let server = RedisServer::start();
+    let client = client_for(&server);
+    let rw = client.rw_lock("read-until").unwrap();
+    let w = rw.write().unwrap();
+    assert!(matches!(
+        rw.try_read_until(Instant::now() + SECS_30),
+        Err(Error::WouldDeadlock { .. })
+    ));
+    let other = {
+        let rw = rw.clone();
+        thread::spawn(move || {
+            let start = Instant::now();
+            let got = rw
+                .try_read_until(start + Duration::from_millis(400))
+                .unwrap()
+                .is_some();
+            (got, start.elapsed())
+        })
+    };
+    let (got, took) = other.join().unwrap();
+    assert!(!got, "read while the write was held");
+    assert!(took >= Duration::from_millis(300), "gave up after {took:?}");
+    let st = rw.status().unwrap();
+    assert!(st.waiters.is_empty(), "{st:?}");
+    drop(w);
+    let r = rw
+        .try_read_until(Instant::now() + SECS_30)
+        .unwrap()
+        .expect("a read once the write is gone");
+    r.unlock().unwrap();
+}
+
+/// `RwLock::wait_canceller` ends another thread's blocked read with `Error::Abandoned` and its
+/// queue place goes at once; the write's holder is untouched.
+#[test]
+fn a_blocked_read_abandoned_from_another_thread_ends_with_abandoned() {
+    let server = RedisServer::start();
+    let client = client_for(&server);
+    let rw = client.rw_lock("cancel-read").unwrap();
+    let w = rw.write().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let reader = {
+        let rw = rw.clone();
+        thread::spawn(move || {
+            tx.send(rw.wait_canceller()).unwrap();
+            rw.read().map(|g| g.fencing_token())
+        })
+    };
+    let canceller = rx.recv_timeout(SECS_30).unwrap();
+    assert!(waiting(rw.as_semaphore(), 1));
+    canceller.abandon().unwrap();
+    assert!(matches!(
+        reader.join().unwrap(),
+        Err(Error::Abandoned { .. })
+    ));
+    let st = rw.status().unwrap();
+    assert!(st.waiters.is_empty(), "{st:?}");
+    assert_eq!(st.holders.len(), 1);
+    assert!(!w.is_lost());
+    w.unlock().unwrap();
+}
+
+/// `RwLock::with_fixed_lease`: the hold carries that lease and is not renewed, so it is gone
+/// from Redis when the lease ends (the guard knows: `is_lost`, and its unlock is `NotHeld`),
+/// while a hold of the renewed handle with the same lease outlives it.
+#[test]
+fn a_read_write_hold_with_a_fixed_lease_is_not_renewed() {
+    let server = RedisServer::start();
+    let client = client_for(&server);
+    let lease = Duration::from_millis(1000);
+    let fixed = client
+        .rw_lock("fixed-rw")
+        .unwrap()
+        .with_fixed_lease(lease)
+        .unwrap();
+    let renewed = client
+        .rw_lock("renewed-rw")
+        .unwrap()
+        .with_lease(lease)
+        .unwrap();
+    let w = fixed.write().unwrap();
+    let r = renewed.read().unwrap();
+    let st = fixed.status().unwrap();
+    assert_eq!(st.holders.len(), 1);
+    assert_eq!(st.holders[0].lease, lease);
+    assert!(w.lease_remaining() <= lease);
+    assert!(
+        eventually(Duration::from_secs(10), || fixed
+            .status()
+            .unwrap()
+            .holders
+            .is_empty()),
+        "the fixed-lease write was renewed"
+    );
+    assert!(w.is_lost());
+    assert!(matches!(w.unlock(), Err(Error::NotHeld { .. })));
+    // the renewed read, as old as the write was, still holds
+    assert!(!r.is_lost());
+    assert_eq!(renewed.status().unwrap().holders.len(), 1);
+    r.unlock().unwrap();
+}
+
+/// `RwLock::force_release` ends a hold by id and token as `Semaphore::force_release` does: the
+/// queued write gets the lock, the released read's guard finds it lost (its unlock is
+/// `NotHeld`), a repeat releases nothing. The guards' `hold_id` and `lease_remaining` agree
+/// with `status`.
+#[test]
+fn a_read_released_by_force_goes_to_the_queued_writer() {
+    let server = RedisServer::start();
+    let client = client_for(&server);
+    let rw = client
+        .rw_lock("forced-rw")
+        .unwrap()
+        .with_lease(SECS_30)
+        .unwrap();
+    let r = rw.read().unwrap();
+    let st = rw.status().unwrap();
+    assert_eq!(st.holders.len(), 1);
+    assert_eq!(
+        (st.holders[0].hold_id.clone(), st.holders[0].fencing_token),
+        (r.hold_id(), r.fencing_token())
+    );
+    let left = r.lease_remaining();
+    assert!(left > Duration::ZERO && left <= SECS_30, "{left:?}");
+    let (tx, rx) = mpsc::channel();
+    let writer = {
+        let rw = rw.clone();
+        thread::spawn(move || {
+            let w = rw.write().unwrap();
+            tx.send(w.fencing_token()).unwrap();
+            let left = w.lease_remaining();
+            let id = w.hold_id();
+            w.unlock().unwrap();
+            (left, id)
+        })
+    };
+    assert!(waiting(rw.as_semaphore(), 1));
+    assert!(rw.force_release(&r.hold_id(), r.fencing_token()).unwrap());
+    let w_token = rx.recv_timeout(SECS_30).expect("the writer got the lock");
+    assert!(w_token > r.fencing_token());
+    let (w_left, w_id) = writer.join().unwrap();
+    assert!(w_left > Duration::ZERO && w_left <= SECS_30);
+    assert!(w_id.contains('#') && w_id != r.hold_id());
+    assert!(!rw.force_release(&r.hold_id(), r.fencing_token()).unwrap());
+    assert!(matches!(
+        rw.force_release("no-attempt", 1),
+        Err(Error::InvalidConfig { .. })
+    ));
+    assert!(matches!(r.unlock(), Err(Error::NotHeld { .. })));
+}
+
+/// A leaked read or write stays held in Redis, unrenewed, until its lease ends. It is no longer
+/// the thread's hold: the same thread's later calls are not refused as `WouldDeadlock` (that
+/// would be for ever, or until the lease) but queue behind the leaked hold like anyone's, and
+/// are served when its lease ends.
+#[test]
+fn a_leaked_read_or_write_holds_until_its_lease_and_the_thread_then_takes_the_other_side() {
+    let server = RedisServer::start();
+    let client = client_for(&server);
+    let rw = client
+        .rw_lock("leak-rw")
+        .unwrap()
+        .with_lease(Duration::from_millis(1500))
+        .unwrap();
+    // the thread of its own: a refusal or a wait for ever must not hang the test
+    let (tx, rx) = mpsc::channel::<String>();
+    let me = {
+        let rw = rw.clone();
+        thread::spawn(move || {
+            let w = rw.write().unwrap();
+            let token = w.leak();
+            let st = rw.status().unwrap();
+            assert_eq!(
+                st.holders
+                    .iter()
+                    .map(|h| h.fencing_token)
+                    .collect::<Vec<_>>(),
+                [token]
+            );
+            // not refused: held by the leaked write, so no read now
+            tx.send(format!(
+                "try_read: {:?}",
+                rw.try_read().map(|g| g.is_some())
+            ))
+            .unwrap();
+            // and a wait is served when the leaked write's lease ends (not renewed)
+            let r = rw
+                .try_read_for(SECS_30)
+                .unwrap()
+                .expect("a read after the lease");
+            assert!(r.fencing_token() > token);
+            let token = r.leak();
+            tx.send(format!(
+                "try_write: {:?}",
+                rw.try_write().map(|g| g.is_some())
+            ))
+            .unwrap();
+            let w = rw
+                .try_write_for(SECS_30)
+                .unwrap()
+                .expect("the write after the leaked read's lease");
+            assert!(w.fencing_token() > token);
+            w.unlock().unwrap();
+            tx.send("done".into()).unwrap();
+        })
+    };
+    let mut lines = vec![];
+    for _ in 0..3 {
+        lines.push(
+            rx.recv_timeout(Duration::from_secs(40))
+                .unwrap_or_else(|_| panic!("the thread hung; told so far: {lines:?}")),
+        );
+    }
+    assert_eq!(
+        lines,
+        ["try_read: Ok(false)", "try_write: Ok(false)", "done"]
+    );
+    me.join().unwrap();
+    assert!(rw.status().unwrap().holders.is_empty());
+}
