@@ -8,10 +8,10 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use crate::acquire::WaitCanceller;
 use crate::client::LockClient;
 use crate::error::{Error, Result};
 use crate::hold::HoldKey;
-use crate::lock::WaitCanceller;
 use crate::permit::Permit;
 use crate::raw::{SemKind, RW_CAPACITY};
 use crate::semaphore::{Semaphore, SemaphoreStatus, WRITE_PERMITS};
