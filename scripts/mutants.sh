@@ -20,8 +20,8 @@
 #   --summary         print the score and survivors of the last run's results again
 #   --rust [--file src/x.rs]... [-- cargo-mutants args]
 #                     cargo-mutants (`cargo install cargo-mutants --locked`) over the client's
-#                     decision code (src/attempt.rs, lease_estimate.rs, waker.rs, watchdog.rs,
-#                     sem_attempt.rs) with the same checks (`--tests lib,...` adds the unit
+#                     decision code (src/acquire/engine.rs, lease_estimate.rs, background/waker.rs,
+#                     background/watchdog.rs) with the same checks (`--tests lib,...` adds the unit
 #                     tests in src/); e.g. `-- --shard 1/100`
 #
 # Everything runs in a scratch copy of the tree (target/mutants/tree, debug build in
@@ -40,7 +40,7 @@ TREE=$OUT/tree
 export CARGO_TARGET_DIR=$OUT/target
 EQUIVALENT=$ROOT/scripts/mutants-equivalent.txt
 GEN=(python3 "$ROOT/tools/lua_mutants.py")
-RUST_FILES=(src/attempt.rs src/lease_estimate.rs src/waker.rs src/watchdog.rs src/sem_attempt.rs)
+RUST_FILES=(src/acquire/engine.rs src/lease_estimate.rs src/background/waker.rs src/background/watchdog.rs)
 
 usage() {
   sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2

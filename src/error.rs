@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::loss::{Held, HoldKind};
+use crate::kind::{Held, HoldKind};
 
 /// Everything that can go wrong in fairlock. Each message says what happened and what to do.
 ///

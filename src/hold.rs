@@ -10,7 +10,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::boot_clock::BootInstant;
-use crate::loss::{HoldKind, LossSignal};
+use crate::kind::HoldKind;
+use crate::loss::LossSignal;
 
 /// What the watchdog and the guards of one hold share.
 pub(crate) struct HoldState {

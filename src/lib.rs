@@ -148,63 +148,55 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod acquire;
+mod background;
 mod boot_clock;
 mod client;
 mod config;
 mod connection;
-mod credentials;
 mod error;
-mod guard;
 mod hold;
-mod janitor;
 mod keys;
+mod kind;
 mod lease_estimate;
 mod limits;
 mod list;
 mod lock;
 mod loss;
-mod master_watch;
 #[cfg(feature = "raw")]
 #[cfg_attr(docsrs, doc(cfg(feature = "raw")))]
 pub mod raw;
 // Without the feature the protocol is the library's own; some of its calls serve only the
 // fuzzer, the benchmarks and tools.
-mod permit;
 #[cfg(not(feature = "raw"))]
 #[allow(dead_code, unused_imports)]
 mod raw;
 mod redact;
-mod rwlock;
 mod semaphore;
-mod sentinel;
-mod server_check;
 mod status;
 mod telemetry;
-mod tls;
-mod waker;
-mod watchdog;
 
 pub use acquire::wait::WaitCanceller;
 pub use client::{LockClient, LockClientBuilder};
 pub use config::{Config, WaitMode};
-pub use credentials::{Credentials, CredentialsError};
+pub use connection::credentials::{Credentials, CredentialsError};
 /// The channels of [`LockGuard::lost_signal`], re-exported so that `select!` needs no other
 /// dependency.
 pub use crossbeam_channel;
 pub use error::{Error, ErrorKind, Result};
-pub use guard::LockGuard;
 pub use keys::validate_name;
+pub use kind::HoldKind;
 pub use limits::{DEFAULT_LEASE, MAX_LEASE, MAX_NAME_LEN, MAX_PREFIX_LEN, MIN_LEASE};
 pub use list::{
     ListOptions, LockListing, SkippedName, StaleSigns, LIST_SCAN_COUNT, UNUSUALLY_LONG_FACTOR,
     UNUSUALLY_LONG_FLOOR,
 };
+pub use lock::guard::LockGuard;
 pub use lock::FairLock;
-pub use loss::{HoldKind, LossCause, LostHold};
-pub use permit::Permit;
+pub use loss::{LossCause, LostHold};
 pub use redact::redact_url;
 /// The redis crate, whose types [`Error::Redis`] and the `raw` feature's calls carry.
 pub use redis;
-pub use rwlock::{ReadGuard, RwLock, WriteGuard};
-pub use semaphore::{PermitHolder, PermitWaiter, Semaphore, SemaphoreStatus, MAX_CAPACITY};
-pub use status::{Holder, LockStatus, Origin, Waiter};
+pub use semaphore::permit::Permit;
+pub use semaphore::rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use semaphore::{Semaphore, MAX_CAPACITY};
+pub use status::{Holder, LockStatus, Origin, PermitHolder, PermitWaiter, SemaphoreStatus, Waiter};

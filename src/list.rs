@@ -13,8 +13,8 @@ use crate::client::LockClient;
 use crate::error::{Error, Result};
 use crate::keys::{lock_key_of, scan_pattern, validate_name, KeyRole};
 use crate::raw::{run_pipeline, RawLock, RawSemaphore, SemKind};
-use crate::semaphore::SemaphoreStatus;
 use crate::status::LockStatus;
+use crate::status::SemaphoreStatus;
 
 /// How many keys each `SCAN` call looks at on a node (its `COUNT`): a node with N keys, of any
 /// program, takes about N / 1000 calls, each a few hundred microseconds of the server's time.

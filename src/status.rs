@@ -1,8 +1,9 @@
-//! [`LockStatus`]: a snapshot of one lock for people and tools.
+//! The snapshots for people and tools: [`LockStatus`] of a lock, [`SemaphoreStatus`] of a
+//! semaphore or read/write lock, each read in one script.
 
 use std::time::Duration;
 
-use crate::raw::RawStatus;
+use crate::raw::{RawStatus, SemStatus};
 
 /// Who holds a lock and who waits for it, read in one atomic step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,4 +188,91 @@ mod tests {
         assert_eq!(s.holder, None);
         assert_eq!(s.waiters.len(), 2);
     }
+}
+
+/// Who holds permits and who waits for them, read in one atomic step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SemaphoreStatus {
+    /// The name.
+    pub name: String,
+    /// The capacity stored with the name (`None` when nothing is stored: nobody held or waited
+    /// for the last lease's length and no [`Semaphore::set_capacity`] within
+    /// [`Config::fence_ttl`](crate::Config::fence_ttl)).
+    pub capacity: Option<u64>,
+    /// Permits held now by live holds.
+    pub permits_held: u64,
+    /// The last fencing token handed out for this name (0 if never used).
+    pub fencing_counter: u64,
+    /// The holds, one per acquisition.
+    pub holders: Vec<PermitHolder>,
+    /// Waiters in queue order (the first is served next).
+    pub waiters: Vec<PermitWaiter>,
+}
+
+impl SemaphoreStatus {
+    /// The status of semaphore `name` from the status script's reply.
+    pub(crate) fn from_raw(name: &str, raw: SemStatus) -> SemaphoreStatus {
+        let now_us = (raw.server_ms.max(0) as u64).saturating_mul(1000);
+        SemaphoreStatus {
+            name: name.to_string(),
+            capacity: raw.capacity,
+            permits_held: raw.used,
+            fencing_counter: raw.last_token,
+            holders: raw
+                .holds
+                .into_iter()
+                .map(|h| {
+                    let owner = h.id.rsplit_once('#').map_or(h.id.as_str(), |(o, _)| o);
+                    PermitHolder {
+                        origin: origin(owner.to_string(), &h.meta),
+                        hold_id: h.id.clone(),
+                        permits: h.permits,
+                        fencing_token: h.token,
+                        lease_remaining: h.pttl,
+                        lease: h.lease,
+                    }
+                })
+                .collect(),
+            waiters: raw
+                .waiters
+                .into_iter()
+                .map(|w| PermitWaiter {
+                    origin: origin(w.owner, &w.meta),
+                    permits: w.permits,
+                    waiting_for: Duration::from_micros(now_us.saturating_sub(w.since_us)),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One acquisition holding permits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PermitHolder {
+    /// The hold's id (`<owner>#<attempt>`), for [`Semaphore::force_release`].
+    pub hold_id: String,
+    /// Who holds it.
+    pub origin: Origin,
+    /// Permits it holds.
+    pub permits: u64,
+    /// Its fencing token.
+    pub fencing_token: u64,
+    /// Lease left on the server.
+    pub lease_remaining: Duration,
+    /// Its lease (what a renewal extends it to).
+    pub lease: Duration,
+}
+
+/// A waiter in a semaphore's queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PermitWaiter {
+    /// Who waits.
+    pub origin: Origin,
+    /// Permits it wants.
+    pub permits: u64,
+    /// How long since its first attempt reached Redis (server clock).
+    pub waiting_for: Duration,
 }

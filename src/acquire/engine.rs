@@ -34,15 +34,15 @@ use parking_lot::Mutex;
 
 use super::primitive::{Asked, Left, Primitive};
 use super::wait::Wait;
+use crate::background::janitor::SharedWitness;
+use crate::background::waker::{Event, Registration};
 use crate::boot_clock::BootInstant;
 use crate::client::ClientInner;
 use crate::connection::Conn;
 use crate::error::{Error, Result};
-use crate::janitor::SharedWitness;
-use crate::loss::HoldKind;
+use crate::kind::HoldKind;
 use crate::raw::{self, judge_handoff, Call, Handoff, Mode, Wake, Witness};
 use crate::telemetry::Outcome;
-use crate::waker::{Event, Registration};
 
 /// Failed waits (the waker's connection failed) or late grants, each within
 /// [`FAILURE_WINDOW`] of the one before, before a wait gives up with the error.

@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
+use crate::background::janitor::Target;
 use crate::client::ClientInner;
 use crate::error::Result;
-use crate::janitor::Target;
-use crate::loss::{Held, HoldKind};
+use crate::kind::{Held, HoldKind};
 use crate::raw::{Call, Mode};
 
 /// What an acquire request decided, whatever the primitive.

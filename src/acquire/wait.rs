@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::ClientInner;
 use crate::error::Result;
-use crate::loss::HoldKind;
+use crate::kind::HoldKind;
 
 /// A lease renewed while held, or a fixed one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

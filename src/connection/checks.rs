@@ -6,8 +6,10 @@ use std::sync::atomic::Ordering;
 use redis::Value;
 
 use super::{is_connection_error, is_refused_command, Conn, Manager};
+use crate::connection::server_check::{
+    check_eviction_policy, EvictionCheck, UNKNOWN_POLICY_WARNING,
+};
 use crate::error::{permission_error, Error, Result};
-use crate::server_check::{check_eviction_policy, EvictionCheck, UNKNOWN_POLICY_WARNING};
 
 /// Oldest Redis version fairlock supports (BLPOP with sub-second timeouts, HSET with many fields,
 /// ZRANGE with scores, script effects replication).

@@ -11,10 +11,10 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::{ConnectionInfo, IntoConnectionInfo};
 
 use super::{Conn, Inner};
-use crate::credentials::Provider;
+use crate::connection::credentials::Provider;
+use crate::connection::sentinel::{Connect, Followed, SentinelTarget};
+use crate::connection::tls::{Tls, TlsSettings};
 use crate::error::{Error, Result};
-use crate::sentinel::{Connect, Followed, SentinelTarget};
-use crate::tls::{Tls, TlsSettings};
 
 /// How often a client asks the sentinels which master they name (see
 /// [`Manager::follow_master`]).
@@ -99,7 +99,7 @@ impl ClusterAccess {
         #[cfg(feature = "tls")]
         {
             if let Some(certificates) = self.tls.certificates() {
-                crate::tls::install_crypto_provider();
+                crate::connection::tls::install_crypto_provider();
                 builder = builder.certs(certificates.clone());
             }
             if self.tls.accepts_invalid_hostnames() {

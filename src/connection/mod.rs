@@ -19,8 +19,12 @@ use crate::error::failover_error;
 
 mod checks;
 use checks::text_of;
+pub(crate) mod credentials;
 mod manager;
 mod pool;
+pub(crate) mod sentinel;
+pub(crate) mod server_check;
+pub(crate) mod tls;
 
 pub(crate) use manager::{
     ConnectOptions, Manager, CLUSTER_SCHEME, CLUSTER_TLS_SCHEME, MASTER_WATCH_INTERVAL,

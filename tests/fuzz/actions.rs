@@ -1,4 +1,4 @@
-//! The actions of threads and clients, as the real client performs them (`src/lock.rs`,
+//! The actions of threads and clients, as the real client performs them (`src/lock/`,
 //! `guard.rs`, the janitor and the watchdog): acquire and its re-runs, pop, re-enter, release,
 //! renew, leave, heartbeat. Errors get the real client's reaction; replies are checked for
 //! shapes the scripts never give.
@@ -255,7 +255,7 @@ impl World {
     }
 
     /// The client's waker pops the wake list of the lock thread `t` waits on, and hands the
-    /// message to the thread of the client that waits with its attempt (`src/waker.rs`). With
+    /// message to the thread of the client that waits with its attempt (`src/background/waker.rs`). With
     /// `Fault::Late` the popped message is held up on its way to the client (a slow link, a
     /// stalled process, the leader's wait for replica acks) and handed over by a later step.
     pub fn pop(&mut self, c: usize, t: usize, fault: Fault, then: Fault) -> bool {

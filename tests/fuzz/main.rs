@@ -9,7 +9,7 @@
 //! a lost reply, a late delivery, a lost request, a connection-layer retry, a stray duplicate
 //! of a thread's last command, a crash, a pause longer than the waiter timeout, time passing,
 //! an evicted key, data loss (FLUSHALL + SCRIPT FLUSH + FUNCTION FLUSH), a server clock step. Threads react to
-//! replies and errors as the real client does (`src/lock.rs`, `guard.rs`, the janitor and the
+//! replies and errors as the real client does (`src/lock/`, `guard.rs`, the janitor and the
 //! watchdog): see `fuzz/actions.rs`; requests and their network faults go through
 //! `fuzz/world.rs`, the other faults are in `fuzz/faults.rs`.
 //!
@@ -26,7 +26,7 @@
 //! counting semaphore of capacity 1-4 whose acquires ask for 1-3 permits, or the read/write
 //! shape (capacity `RW_CAPACITY`: a read takes 1 permit, a write all). The same threads act on
 //! them beside their locks (a thread has a lock side and a semaphore side), as the real
-//! `PermitAttempt`, `Permit` and janitor do (`src/sem_attempt.rs`, `permit.rs`, `janitor.rs`):
+//! the acquisition engine, `Permit` and the janitor do (`src/acquire/engine.rs`, `src/semaphore/permit.rs`, `src/background/janitor.rs`):
 //! acquire try/wait with a deadline, pop the client's wake list (a grant judged by
 //! `judge_handoff` with the witness, a retry re-runs acquire), leave claim at the deadline, leave
 //! pass after an error, a left mark when a request went unanswered or was sent twice, release,

@@ -22,7 +22,7 @@ pub struct Config {
     pub lease_ms: (u64, u64),
     pub waiter_timeout_ms: u64,
     /// Cap a grant's reported pttl at the hold's lease, as the real client does
-    /// (`lock.rs`). Off in `backward_step_then_lost_renewal`, which checks that the scripts
+    /// (`src/lock/`). Off in `backward_step_then_lost_renewal`, which checks that the scripts
     /// alone are safe: they report at most the lease and a renewal never shortens a TTL.
     pub cap_pttl_at_lease: bool,
     /// Turn Redis's active expiry off, so an expired key stays until it is touched (and a

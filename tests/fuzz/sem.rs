@@ -1,7 +1,7 @@
 //! The semaphores of a run (every odd seed: one or two, each a counting semaphore of capacity
 //! 1-4 whose threads ask for 1-3 permits, or the read/write shape: capacity `RW_CAPACITY`, a
 //! read takes 1, a write all). Their threads and clients act as the real client's
-//! `PermitAttempt`, `Permit` and janitor do (`src/sem_attempt.rs`, `permit.rs`, `janitor.rs`),
+//! the acquisition engine, `Permit` and the janitor do (`src/acquire/engine.rs`, `src/semaphore/permit.rs`, `src/background/janitor.rs`),
 //! through [`World::exec`], so every network fault applies; the process, clock and data faults
 //! of `faults.rs` apply to them as to the locks, and the semaphore's keys are evicted one by
 //! one as the lock's are. A thread has a semaphore side beside its lock side
@@ -691,7 +691,7 @@ impl World {
     }
 
     /// A grant in a reply sent at `sent` becomes a hold unless its lease is over by the
-    /// estimate (send time + the pttl, at most the lease, as `PermitAttempt` takes it).
+    /// estimate (send time + the pttl, at most the lease, as the acquisition engine takes it).
     #[allow(clippy::too_many_arguments)]
     fn sem_hold_grant(
         &mut self,

@@ -12,9 +12,10 @@ use crate::acquire::WaitCanceller;
 use crate::client::LockClient;
 use crate::error::{Error, Result};
 use crate::hold::HoldKey;
-use crate::permit::Permit;
 use crate::raw::{SemKind, RW_CAPACITY};
-use crate::semaphore::{Semaphore, SemaphoreStatus, WRITE_PERMITS};
+use crate::semaphore::permit::Permit;
+use crate::semaphore::{Semaphore, WRITE_PERMITS};
+use crate::status::SemaphoreStatus;
 
 /// A fair read/write lock on Redis: many readers at once, or one writer. Cheap to clone;
 /// `Send + Sync`.

@@ -9,16 +9,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub(crate) mod guard;
+
 use crate::acquire::{self, Asked, LeaseMode, Left, Primitive, Wait, WaitCanceller};
+use crate::background::janitor::Target;
 use crate::client::{ClientInner, LockClient};
 use crate::config::validate_lease;
 use crate::error::{Error, Result};
-use crate::guard::LockGuard;
 use crate::hold::{self, Hold, HoldKey};
-use crate::janitor::Target;
-use crate::loss::HoldKind;
+use crate::kind::HoldKind;
 use crate::raw::{self, Call, LateAcquire, LeaveMode, Mode, RawLock};
 use crate::status::LockStatus;
+use guard::LockGuard;
 
 /// A fair, reentrant distributed lock on Redis. Cheap to clone; `Send + Sync`.
 ///

@@ -240,7 +240,7 @@ impl LockGuard {
                 }
                 Err(Error::NotHeld {
                     name: self.lock.name().to_string(),
-                    kind: crate::loss::HoldKind::Lock,
+                    kind: crate::kind::HoldKind::Lock,
                     holder,
                 })
             }
