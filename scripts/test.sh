@@ -30,8 +30,8 @@ echo "== cargo test --all-features"
 cargo test --all-features "$@"
 
 echo "== the core behaviour again with a connection per waiting thread (WaitMode::PerThread)"
-FAIRLOCK_TEST_WAIT_MODE=per-thread cargo test --quiet --all-features \
-  --test basic --test fairness --test counter --test lease --test crash --test semaphore
+FAIRLOCK_TEST_WAIT_MODE=per-thread cargo test --quiet --all-features --test it -- \
+  basic:: fairness:: counter:: lease:: crash:: semaphore::
 
 echo "== the server matrix: the core suites against Redis 6.2.14 and Valkey 8.1.8"
 scripts/matrix.sh

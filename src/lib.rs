@@ -139,7 +139,7 @@
 //! The README covers the command-line tool, deployments and configuration. In `docs/`, shipped
 //! with the crate: `guarantees.md` (guarantees, limits, fencing), `deployments.md` (Sentinel,
 //! Cluster, replica acknowledgements, the server's configuration), `design.md` (how it works,
-//! and the layers of the source, which `tests/layers.rs` checks), `evidence.md` (tests, fault
+//! and the layers of the source, which `tests/it/layers.rs` checks), `evidence.md` (tests, fault
 //! injection, the protocol fuzzer) and `benchmarks.md`.
 
 #![warn(missing_docs)]

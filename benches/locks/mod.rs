@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-#[path = "../../tests/support/mono_clock.rs"]
+#[path = "../../tests/it/support/mono_clock.rs"]
 mod mono_clock;
 /// CLOCK_MONOTONIC in nanoseconds: a release stamped in one process and the acquire it enabled,
 /// stamped in another, can be subtracted.

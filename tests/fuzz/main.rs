@@ -159,7 +159,7 @@
 //!   seed after a violation (`scripts/mutants.sh`, where only "fails or not" matters).
 //! - `scripts/fuzz.sh [STEPS]`: the long mode (`long`, ignored by default), 1,000,000 steps.
 
-#[path = "../support/mod.rs"]
+#[path = "../it/support/mod.rs"]
 mod support;
 
 use support::{faketime, rng};
