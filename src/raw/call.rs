@@ -5,7 +5,7 @@ use std::fmt;
 
 use redis::{ConnectionLike, Value};
 
-use super::{Runner, Script};
+use super::{millis, Runner, Script, Settings};
 use crate::error::{Error, Result};
 
 /// A request built and not yet sent: the EVALSHA command, the script it names and the parser of
@@ -43,6 +43,33 @@ impl<T> Clone for Call<T> {
 }
 
 impl<T> Call<T> {
+    /// A call of `script` on `keys` as `settings` run scripts, with the two arguments every
+    /// script takes first (the fence's TTL, the waiter timeout); the caller adds the script's
+    /// own. `during` says what it does, for error messages.
+    pub(super) fn new<K: redis::ToRedisArgs>(
+        script: &'static Script,
+        settings: &Settings,
+        keys: &[K],
+        during: &'static str,
+        parse: fn(Value) -> Result<T>,
+    ) -> Call<T> {
+        let mut cmd = match settings.runner {
+            Runner::Functions => redis::cmd("FCALL").arg(script.function()).to_owned(),
+            Runner::Eval => redis::cmd("EVALSHA").arg(script.sha()).to_owned(),
+        };
+        cmd.arg(keys.len())
+            .arg(keys)
+            .arg(millis(settings.fence_ttl).max(1))
+            .arg(millis(settings.waiter_timeout).max(3));
+        Call {
+            script,
+            runner: settings.runner,
+            cmd,
+            parse,
+            during,
+        }
+    }
+
     /// The command, to send on any connection or in a pipeline.
     pub fn cmd(&self) -> &redis::Cmd {
         &self.cmd

@@ -231,21 +231,7 @@ impl RawLock {
         during: &'static str,
         parse: fn(Value) -> Result<T>,
     ) -> Call<T> {
-        let mut cmd = match self.settings.runner {
-            Runner::Functions => redis::cmd("FCALL").arg(script.function()).to_owned(),
-            Runner::Eval => redis::cmd("EVALSHA").arg(script.sha()).to_owned(),
-        };
-        cmd.arg(4)
-            .arg(&self.keys.all()[..])
-            .arg(millis(self.settings.fence_ttl).max(1))
-            .arg(millis(self.settings.waiter_timeout).max(3));
-        Call {
-            script,
-            runner: self.settings.runner,
-            cmd,
-            parse,
-            during,
-        }
+        Call::new(script, &self.settings, &self.keys.all(), during, parse)
     }
 
     /// An attempt to take the lock (`Mode::Wait`: or queue for it).

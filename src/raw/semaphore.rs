@@ -11,7 +11,7 @@ use redis::Value;
 use super::scripts::{
     SEM_ACQUIRE, SEM_CAPACITY, SEM_HEARTBEAT, SEM_LEAVE, SEM_RELEASE, SEM_RENEW, SEM_STATUS,
 };
-use super::{millis, Call, Mode, Runner, Script, Settings};
+use super::{millis, Call, Mode, Script, Settings};
 use crate::error::{Error, Result};
 
 /// The capacity of a read/write lock: a read takes one permit, a write all of them.
@@ -257,21 +257,7 @@ impl RawSemaphore {
         during: &'static str,
         parse: fn(Value) -> Result<T>,
     ) -> Call<T> {
-        let mut cmd = match self.settings.runner {
-            Runner::Functions => redis::cmd("FCALL").arg(script.function()).to_owned(),
-            Runner::Eval => redis::cmd("EVALSHA").arg(script.sha()).to_owned(),
-        };
-        cmd.arg(6)
-            .arg(&self.keys[..])
-            .arg(millis(self.settings.fence_ttl).max(1))
-            .arg(millis(self.settings.waiter_timeout).max(3));
-        Call {
-            script,
-            runner: self.settings.runner,
-            cmd,
-            parse,
-            during,
-        }
+        Call::new(script, &self.settings, &self.keys, during, parse)
     }
 
     /// An attempt to take `permits` (`Mode::Wait`: or queue for them).
