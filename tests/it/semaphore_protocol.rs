@@ -1410,7 +1410,10 @@ fn a_hand_off_popped_but_not_taken_is_told_again_while_its_attempt_still_waits()
     let mut c = server.conn();
     let s = Sem::new("lost-hand-off", "sem", 1);
     let th = granted(s.acquire(&mut c, "h:1", 1, 1, 1_000, true));
-    assert_eq!(s.acquire(&mut c, "w:2", 6621, 1, 1_000, true), Reply::Queued);
+    assert_eq!(
+        s.acquire(&mut c, "w:2", 6621, 1, 1_000, true),
+        Reply::Queued
+    );
     assert_eq!(s.acquire(&mut c, "x:1", 1, 1, 1_000, true), Reply::Queued);
     assert!(s.release(&mut c, "h:1", 1, th));
     // the waker pops w's hand-off, and w's thread never sees it
