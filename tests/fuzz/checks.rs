@@ -10,7 +10,7 @@ use std::sync::LazyLock;
 
 use redis::Value;
 
-use crate::fifo::Prim;
+use crate::model::Prim;
 use crate::model::{Handoff, State};
 use crate::world::World;
 
@@ -356,7 +356,7 @@ impl World {
         for (c, cl) in self.clients.iter().enumerate() {
             for (t, th) in cl.threads.iter().enumerate() {
                 if th.owner == owner {
-                    if let State::Waiting(w) = &th.state {
+                    if let State::Waiting(w) = &th.lock.state {
                         if w.lock == lock && w.attempt == attempt {
                             return Some((c, t));
                         }
@@ -439,7 +439,7 @@ impl World {
                     if Some((c, t)) == actor {
                         continue;
                     }
-                    let State::Waiting(w) = &self.clients[c].threads[t].state else {
+                    let State::Waiting(w) = &self.clients[c].threads[t].lock.state else {
                         continue;
                     };
                     if w.live(&self.cfg, snap.real) && !w.granted_seen {
@@ -461,16 +461,16 @@ impl World {
                 // (a thread that still holds a guard of that attempt, whose hold was lost,
                 // ends the new one with its release: release_marking frees a hold of its own
                 // attempt)
-                let under_way = th.calling == Some((l, cur.attempt))
-                    || matches!(&th.state, State::Waiting(w) if w.lock == l && w.attempt == cur.attempt)
-                    || matches!(&th.state, State::Holding(h) if h.lock == l && h.attempt == cur.attempt && h.late_acquire.is_some());
+                let under_way = th.lock.calling == Some((l, cur.attempt))
+                    || matches!(&th.lock.state, State::Waiting(w) if w.lock == l && w.attempt == cur.attempt)
+                    || matches!(&th.lock.state, State::Holding(h) if h.lock == l && h.attempt == cur.attempt && h.late_acquire.is_some());
                 if !under_way {
                     if cur.attempt <= th.marks_lost_upto {
                         self.stats.add(
                             "exempt: late acquire of an attempt whose mark was lost with the data",
                             1,
                         );
-                    } else if th.unsure_end.get(&(l, cur.attempt)).is_some_and(|u| {
+                    } else if th.lock.unsure_end.get(&(l, cur.attempt)).is_some_and(|u| {
                         !u.expired(snap.real, self.back_steps_ms, self.cfg.waiter_timeout_ms)
                     }) {
                         self.stats
@@ -492,9 +492,9 @@ impl World {
             // 7. in a try-only quiet phase every waiter is dead (the live ones left first):
             //    a hand-off (a grant to anyone but a caller in its own call) goes to a dead
             //    waiter, and that must stop within a few waiter timeouts of traffic
-            let own_call = self
-                .thread_of(&cur.owner)
-                .is_some_and(|(c, t)| self.clients[c].threads[t].calling == Some((l, cur.attempt)));
+            let own_call = self.thread_of(&cur.owner).is_some_and(|(c, t)| {
+                self.clients[c].threads[t].lock.calling == Some((l, cur.attempt))
+            });
             if let (Some(q), false) = (&mut self.try_only_quiet, own_call) {
                 let grace = self.cfg.waiter_timeout_ms as f64 + 2.0 * self.cfg.cap_ms();
                 let after = snap.real - q.since;
@@ -515,7 +515,7 @@ impl World {
             }
             if let Some((c, t)) = self.waiter(&cur.owner, l, cur.attempt) {
                 let forward = self.clock.forward();
-                if let State::Waiting(w) = &mut self.clients[c].threads[t].state {
+                if let State::Waiting(w) = &mut self.clients[c].threads[t].lock.state {
                     w.granted_seen = true;
                     w.grant_forward.get_or_insert(forward);
                     w.handoff = Some(Handoff {
@@ -570,7 +570,7 @@ impl World {
             let mut holders = vec![];
             for (c, cl) in self.clients.iter().enumerate() {
                 for (t, th) in cl.threads.iter().enumerate() {
-                    if let State::Holding(h) = &th.state {
+                    if let State::Holding(h) = &th.lock.state {
                         if h.lock == l && h.expires > snap.fz && !self.checker.is_exempt(l, h.token)
                         {
                             holders.push((c, t, th.owner.clone(), h.clone()));
@@ -617,7 +617,7 @@ impl World {
         for (c, cl) in self.clients.iter_mut().enumerate() {
             let popped = &cl.popped;
             for (t, th) in cl.threads.iter_mut().enumerate() {
-                let State::Waiting(w) = &mut th.state else {
+                let State::Waiting(w) = &mut th.lock.state else {
                     continue;
                 };
                 let cur = &snap.locks[w.lock];

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::faketime::server_time_us;
-use crate::fifo::Prim;
+use crate::model::Prim;
 use crate::model::{Client, State, Unsure};
 use crate::steps::{EvictKey, Fault, Who};
 use crate::world::{describe, World, MAX_BEHIND_MS};
@@ -80,6 +80,7 @@ impl World {
         let unsure = self.unsure();
         if let (Who::Thread(c, t), Some((lock, attempt))) = (who, acquire_of(last.label())) {
             self.clients[c].threads[t]
+                .lock
                 .unsure_end
                 .insert((lock, attempt), unsure);
         }
@@ -87,7 +88,8 @@ impl World {
             (who, crate::sem::sem_acquire_of(last.label()))
         {
             self.clients[c].threads[t]
-                .sem_unsure_end
+                .sem
+                .unsure_end
                 .insert((sem, attempt), unsure);
         }
         self.refresh_unsure(last.label(), last.owner());
@@ -138,12 +140,12 @@ impl World {
         }
         let thread = owner.and_then(|o| self.thread_of(o));
         if let (Some((c, t)), Some(key)) = (thread, acquire_of(label)) {
-            if let Some(u) = self.clients[c].threads[t].unsure_end.get_mut(&key) {
+            if let Some(u) = self.clients[c].threads[t].lock.unsure_end.get_mut(&key) {
                 *u = unsure;
             }
         }
         if let (Some((c, t)), Some(key)) = (thread, crate::sem::sem_acquire_of(label)) {
-            if let Some(u) = self.clients[c].threads[t].sem_unsure_end.get_mut(&key) {
+            if let Some(u) = self.clients[c].threads[t].sem.unsure_end.get_mut(&key) {
                 *u = unsure;
             }
         }
@@ -166,9 +168,9 @@ impl World {
             };
             for th in &mut cl.threads {
                 let ends = if what == "heartbeat" {
-                    &mut th.unsure_end
+                    &mut th.lock.unsure_end
                 } else {
-                    &mut th.sem_unsure_end
+                    &mut th.sem.unsure_end
                 };
                 ends.values_mut().for_each(|u| *u = unsure);
             }
@@ -214,9 +216,9 @@ impl World {
         let unsure = self.unsure();
         let th = &mut self.clients[c].threads[t];
         if let Some(lock_attempt) = acquire_of(r.label()) {
-            th.unsure_end.insert(lock_attempt, unsure);
+            th.lock.unsure_end.insert(lock_attempt, unsure);
         } else if let Some(sem_attempt) = crate::sem::sem_acquire_of(r.label()) {
-            th.sem_unsure_end.insert(sem_attempt, unsure);
+            th.sem.unsure_end.insert(sem_attempt, unsure);
         } else {
             return;
         }
@@ -255,14 +257,10 @@ impl World {
         ));
         self.stats.add("slow wake-up delivered", 1);
         if lock >= crate::sem::SEM_POP {
-            self.sem_hand_over(
-                c,
-                lock - crate::sem::SEM_POP,
-                &msg,
-                crate::steps::Fault::None,
-            );
+            let sem = lock - crate::sem::SEM_POP;
+            self.hand_over(Prim::Sem, c, sem, &msg, crate::steps::Fault::None);
         } else {
-            self.hand_over(c, lock, &msg, crate::steps::Fault::None);
+            self.hand_over(Prim::Lock, c, lock, &msg, crate::steps::Fault::None);
         }
         true
     }
@@ -320,7 +318,11 @@ impl World {
     ) -> bool {
         let in_hand = self.clients.iter().any(|cl| {
             cl.threads.iter().any(|th| {
-                let state = if sem.is_some() { &th.sem } else { &th.state };
+                let state = if sem.is_some() {
+                    &th.sem.state
+                } else {
+                    &th.lock.state
+                };
                 matches!(state, State::Holding(h) if h.lock == lock && h.token == token)
             })
         });
@@ -352,7 +354,7 @@ impl World {
             .clients
             .iter()
             .flat_map(|cl| cl.threads.iter())
-            .filter_map(|th| match &th.state {
+            .filter_map(|th| match &th.lock.state {
                 State::Holding(h) if h.lock == lock => Some(h.token),
                 _ => None,
             })
@@ -365,7 +367,7 @@ impl World {
     pub fn places_lost(&mut self, lock: usize) {
         for cl in &mut self.clients {
             for th in &mut cl.threads {
-                if let State::Waiting(w) = &mut th.state {
+                if let State::Waiting(w) = &mut th.lock.state {
                     if w.lock == lock {
                         w.place = false;
                     }
@@ -412,7 +414,7 @@ impl World {
                 }
                 let owner = self.owner(c, t);
                 for th in &mut self.clients[c].threads {
-                    if let State::Waiting(w) = &mut th.state {
+                    if let State::Waiting(w) = &mut th.lock.state {
                         if let (true, Some(h)) = (w.lock == lock, &mut w.handoff) {
                             h.wake_lost = true;
                         }
@@ -473,11 +475,11 @@ impl World {
             }
             for lock in 0..self.locks.len() {
                 self.say("; ");
-                self.heartbeat(c, lock, Fault::None);
+                self.heartbeat(Prim::Lock, c, lock, Fault::None);
             }
             for sem in 0..self.sems.len() {
                 self.say("; ");
-                self.sem_heartbeat(c, sem, Fault::None);
+                self.heartbeat(Prim::Sem, c, sem, Fault::None);
             }
         }
         true
@@ -500,11 +502,11 @@ impl World {
             self.clock.step_forward((target - current) as f64);
             for cl in &mut self.clients {
                 for th in &mut cl.threads {
-                    if let State::Waiting(w) = &mut th.state {
+                    if let State::Waiting(w) = &mut th.lock.state {
                         w.forward_steps += 1;
                         w.forward_ms += (target - current) as f64;
                     }
-                    if let State::Waiting(w) = &mut th.sem {
+                    if let State::Waiting(w) = &mut th.sem.state {
                         w.forward_steps += 1;
                         w.forward_ms += (target - current) as f64;
                     }

@@ -169,6 +169,7 @@ mod checks;
 mod faults;
 mod fifo;
 mod model;
+mod prim;
 mod runner;
 mod sem;
 mod shrink;

@@ -13,20 +13,16 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::LazyLock;
-use std::time::Duration;
 
-use fairlock::raw::{
-    self, judge_handoff, Handoff, Mode, RawSemaphore, SemAcquire, SemCapacity, SemKind, SemLeave,
-    SemRelease, Settings, Wake, Witness, RW_CAPACITY,
-};
+use fairlock::raw::{RawSemaphore, SemCapacity, SemKind, Settings, RW_CAPACITY};
 use redis::Value;
 
 use crate::checks::{grant_prefix, Check};
-use crate::fifo::Prim;
-use crate::model::{Handoff as SeenHandoff, Hold, LocalMs, State, Wait};
+use crate::model::Prim;
+use crate::model::{Handoff as SeenHandoff, State, Wait};
 use crate::rng::Rng;
 use crate::steps::{fault, Fault, Who};
-use crate::world::{describe, fault_name, Plan, World};
+use crate::world::{describe, World};
 
 /// `World::late_pops` entries of a semaphore carry its index plus this (the lock's: below).
 pub const SEM_POP: usize = 1 << 20;
@@ -238,7 +234,7 @@ impl SemChoices {
                 continue;
             }
             for (t, th) in client.threads.iter().enumerate() {
-                match &th.sem {
+                match &th.sem.state {
                     State::Idle => s.idle.push((c, t)),
                     State::Waiting(wt) => {
                         s.waiting.push((c, t));
@@ -589,32 +585,8 @@ pub fn sem_acquire_of(label: &str) -> Option<(usize, u64)> {
 }
 
 impl World {
-    /// An ending call of `attempt` that asks for a left mark (`mark`) is about to go out.
-    fn note_mark(&mut self, c: usize, t: usize, sem: usize, attempt: u64, mark: bool) {
-        if mark {
-            self.clients[c].threads[t].sem_marked.insert((sem, attempt));
-        }
-    }
-
-    pub fn sem_state(&mut self, c: usize, t: usize) -> &mut State {
-        &mut self.clients[c].threads[t].sem
-    }
-
-    fn sem_waiting(&mut self, c: usize, t: usize) -> Option<&mut Wait> {
-        match self.sem_state(c, t) {
-            State::Waiting(w) => Some(w),
-            _ => None,
-        }
-    }
-
-    fn sem_holding(&mut self, c: usize, t: usize) -> Option<&mut Hold> {
-        match self.sem_state(c, t) {
-            State::Holding(h) => Some(h),
-            _ => None,
-        }
-    }
-
     pub fn apply_sem(&mut self, step: &SemStep) -> bool {
+        let p = Prim::Sem;
         match *step {
             SemStep::Acquire {
                 c,
@@ -626,643 +598,24 @@ impl World {
                 deadline_ms,
                 fault,
                 then,
-            } => self.sem_acquire(c, t, sem, permits, wait, lease_ms, deadline_ms, fault, then),
-            SemStep::Pop { c, t, fault, then } => self.sem_pop(c, t, fault, then),
-            SemStep::Release { c, t, fault } => self.sem_release(c, t, fault),
-            SemStep::Renew { c, t, fault } => self.sem_renew(c, t, fault),
-            SemStep::LeaveClaim { c, t, fault, then } => self.sem_leave_claim(c, t, fault, then),
-            SemStep::LeavePass { c, t, fault } => self.sem_leave_pass(c, t, fault),
-            SemStep::Heartbeat { c, sem, fault } => self.sem_heartbeat(c, sem, fault),
+            } => self.acquire(
+                p,
+                (c, t, sem),
+                permits,
+                wait,
+                lease_ms,
+                deadline_ms,
+                (fault, then),
+            ),
+            SemStep::Pop { c, t, fault, then } => self.pop(p, c, t, fault, then),
+            SemStep::Release { c, t, fault } => self.release(p, c, t, fault),
+            SemStep::Renew { c, t, fault } => self.renew(p, c, t, fault),
+            SemStep::LeaveClaim { c, t, fault, then } => self.leave_claim(p, c, t, fault, then),
+            SemStep::LeavePass { c, t, fault } => self.leave_pass(p, c, t, fault),
+            SemStep::Heartbeat { c, sem, fault } => self.heartbeat(p, c, sem, fault),
             SemStep::ForceRelease { sem, fault } => self.sem_force_release(sem, fault),
             SemStep::SetCapacity { sem, fault } => self.sem_set_capacity(sem, fault),
             SemStep::Evict { sem, key } => self.sem_evict(sem, key),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub fn sem_acquire(
-        &mut self,
-        c: usize,
-        t: usize,
-        sem: usize,
-        permits: u64,
-        wait: bool,
-        lease_ms: u64,
-        deadline_ms: Option<u64>,
-        fault: Fault,
-        then: Fault,
-    ) -> bool {
-        if !self.fits(c, t) || sem >= self.sems.len() {
-            return false;
-        }
-        if !matches!(self.sem_state(c, t), State::Idle) {
-            return false;
-        }
-        let permits = permits.min(self.cfg.sems[sem].cap).max(1);
-        let attempt = self.clients[c].next_attempt;
-        self.clients[c].next_attempt += 1;
-        self.clients[c].threads[t].sem_permits = permits;
-        let plan = Plan {
-            lock: sem,
-            attempt,
-            lease_ms,
-            wait,
-            deadline: deadline_ms.map(|d| self.clock.fz() + d as f64),
-            unanswered: false,
-        };
-        let mode = if wait { "wait" } else { "try" };
-        self.say(format!(
-            "c{c}:t{t} sem acquire {mode} sem={sem} permits={permits} attempt={attempt} \
-             lease={lease_ms}ms"
-        ));
-        if let Some(d) = deadline_ms {
-            self.say(format!(" timeout={d}ms"));
-        }
-        self.run_sem_acquire(c, t, plan, fault, then);
-        true
-    }
-
-    fn run_sem_acquire(&mut self, c: usize, t: usize, plan: Plan, fault: Fault, then: Fault) {
-        let outer = self.clients[c].threads[t]
-            .sem_calling
-            .replace((plan.lock, plan.attempt));
-        self.run_sem_acquire_calls(c, t, plan, fault, then);
-        self.clients[c].threads[t].sem_calling = outer;
-    }
-
-    /// A grant in a reply sent at `sent` becomes a hold unless its lease is over by the
-    /// estimate (send time + the pttl, at most the lease, as the acquisition engine takes it).
-    #[allow(clippy::too_many_arguments)]
-    fn sem_hold_grant(
-        &mut self,
-        c: usize,
-        t: usize,
-        plan: &Plan,
-        token: u64,
-        pttl: Duration,
-        sent: f64,
-        via: &str,
-    ) -> bool {
-        let pttl_ms = (pttl.as_secs_f64() * 1000.0).min(plan.lease_ms as f64);
-        let expires = sent + pttl_ms;
-        if expires <= self.clock.fz() {
-            self.say(" (lease over by the estimate)");
-            return false;
-        }
-        *self.sem_state(c, t) = State::Holding(Hold {
-            lock: plan.lock,
-            attempt: plan.attempt,
-            token,
-            depth: 1,
-            lease_ms: plan.lease_ms,
-            expires,
-            origin: format!("{via} pttl={pttl_ms:.0}ms sent at {sent:.0}ms"),
-            late_acquire: plan.unanswered.then_some(plan.attempt),
-        });
-        true
-    }
-
-    fn run_sem_acquire_calls(
-        &mut self,
-        c: usize,
-        t: usize,
-        mut plan: Plan,
-        fault: Fault,
-        then: Fault,
-    ) {
-        let mut fault = fault;
-        let permits = self.clients[c].threads[t].sem_permits;
-        for round in 0..3 {
-            if round > 0 {
-                self.say(format!("; re-run sem acquire attempt={}", plan.attempt));
-            }
-            let owner = self.owner(c, t);
-            let mode = if plan.wait { Mode::Wait } else { Mode::Try };
-            let call = self.sems[plan.lock].acquire(
-                &owner,
-                plan.attempt,
-                permits,
-                Duration::from_millis(plan.lease_ms),
-                mode,
-                &format!("fuzz|{c}|{t}"),
-            );
-            let label = format!(
-                "c{c}:t{t} sem acquire sem={} attempt={}",
-                plan.lock, plan.attempt
-            );
-            let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
-            plan.unanswered |= fault != Fault::None;
-            fault = then;
-            let reply = match s.reply {
-                Err(_) => {
-                    self.say(" -> error");
-                    self.sem_leave_quietly(c, t, plan, then);
-                    return;
-                }
-                Ok(r) => r,
-            };
-            self.say(format!(" -> {reply:?}"));
-            match reply {
-                SemAcquire::Granted { token, pttl, .. } => {
-                    if self.sem_hold_grant(c, t, &plan, token, pttl, s.sent, "acquire reply") {
-                        return;
-                    }
-                }
-                SemAcquire::Busy { .. } => {
-                    if plan.wait {
-                        self.violate(
-                            Check::BadReply,
-                            "sem acquire in wait mode answered busy".into(),
-                        );
-                    }
-                    if plan.unanswered {
-                        self.sem_leave_quietly(c, t, plan, then);
-                    }
-                    *self.sem_state(c, t) = State::Idle;
-                    return;
-                }
-                SemAcquire::Queued {
-                    server_ms,
-                    last_token,
-                } => {
-                    if !plan.wait {
-                        self.violate(Check::BadReply, "sem acquire in try mode queued".into());
-                    }
-                    self.note_queued(Prim::Sem, c, t, plan.lock, plan.attempt);
-                    let mut witness = match self.sem_state(c, t) {
-                        State::Waiting(w) if w.attempt == plan.attempt => w.witness,
-                        _ => Witness::none(LocalMs(s.sent_real)),
-                    };
-                    witness.observe(LocalMs(s.sent_real), last_token);
-                    *self.sem_state(c, t) = State::Waiting(Wait {
-                        lock: plan.lock,
-                        attempt: plan.attempt,
-                        lease_ms: plan.lease_ms,
-                        deadline: plan.deadline,
-                        sent: s.sent,
-                        server_ms,
-                        witness,
-                        grant_forward: None,
-                        place: true,
-                        refreshed: s.sent_real,
-                        forward_steps: 0,
-                        forward_ms: 0.0,
-                        granted_seen: false,
-                        handoff: None,
-                        unanswered: plan.unanswered,
-                    });
-                    return;
-                }
-                SemAcquire::Stale => {
-                    let owner = self.owner(c, t);
-                    self.violate(
-                        Check::BadReply,
-                        format!(
-                            "sem acquire of {owner} attempt {} (its newest) answered stale",
-                            plan.attempt
-                        ),
-                    );
-                    *self.sem_state(c, t) = State::Idle;
-                    return;
-                }
-                SemAcquire::Mismatch { kind, capacity } => {
-                    self.violate(
-                        Check::BadReply,
-                        format!("sem acquire answered mismatch ({kind}, {capacity})"),
-                    );
-                    *self.sem_state(c, t) = State::Idle;
-                    return;
-                }
-            }
-        }
-        self.say("; gives up after 3 late grants");
-        self.sem_leave_quietly(c, t, plan, Fault::None);
-    }
-
-    /// After an error: leave passing on what reached the attempt (best effort), go idle.
-    pub fn sem_leave_quietly(&mut self, c: usize, t: usize, plan: Plan, fault: Fault) {
-        let owner = self.owner(c, t);
-        self.say(format!("; sem leave pass attempt={}", plan.attempt));
-        self.note_mark(c, t, plan.lock, plan.attempt, plan.unanswered);
-        let call = self.sems[plan.lock].leave(&owner, plan.attempt, plan.unanswered, false);
-        let label = format!("c{c}:t{t} sem leave pass attempt={}", plan.attempt);
-        let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
-        self.say(format!(" -> {}", describe(&s.reply)));
-        if matches!(fault, Fault::Dropped | Fault::Late) {
-            let unsure = self.unsure();
-            self.clients[c].threads[t]
-                .sem_unsure_end
-                .insert((plan.lock, plan.attempt), unsure);
-        }
-        if s.reply.is_ok() {
-            // 11. a leave that answered has ended its attempt in Redis (as the lock's)
-            let cur = self.sem_snapshot().swap_remove(plan.lock);
-            let holds = cur.holds.contains_key(&format!("{owner}#{}", plan.attempt));
-            let placed = cur.waiters.get(&owner) == Some(&plan.attempt);
-            if holds || placed {
-                self.violate(
-                    Check::ReleaseIneffective,
-                    format!(
-                        "c{c}:t{t}'s sem leave of attempt {} answered {}, but Redis still has it \
-                         {} (sem {}: holds {:?}, waiters {:?})",
-                        plan.attempt,
-                        describe(&s.reply),
-                        if holds { "holding" } else { "queued" },
-                        plan.lock,
-                        cur.holds,
-                        cur.waiters
-                    ),
-                );
-            }
-        }
-        *self.sem_state(c, t) = State::Idle;
-    }
-
-    /// The client's waker pops the wake list of the semaphore thread `t` waits on (as `pop`).
-    pub fn sem_pop(&mut self, c: usize, t: usize, fault: Fault, then: Fault) -> bool {
-        if !self.fits(c, t) {
-            return false;
-        }
-        let Some(w) = self.sem_waiting(c, t) else {
-            return false;
-        };
-        let sem = w.lock;
-        let owner = self.owner(c, t);
-        self.say(format!("c{c} waker pops sem {sem} (for t{t})"));
-        let key = self.sems[sem].wake_key(&owner);
-        let popped: Result<Option<String>, String> = if fault == Fault::Dropped {
-            self.say(" [request lost]");
-            Err("request lost".into())
-        } else {
-            let conn = Self::conn_of(Some(Who::Thread(c, t)));
-            let r = redis::cmd("LPOP")
-                .arg(&key)
-                .query::<Option<String>>(&mut self.conns[conn])
-                .map_err(|e| e.to_string());
-            if let Ok(Some(m)) = &r {
-                self.clients[c].popped.insert(m.clone());
-            }
-            self.after_call(Some((c, t)), self.clock.fz());
-            match (&r, fault) {
-                (Err(e), _) => {
-                    let e = e.clone();
-                    self.violate(Check::ScriptError, format!("LPOP failed: {e}"));
-                    return true;
-                }
-                (Ok(v), Fault::Lost) => {
-                    self.say(format!(" [reply lost: {v:?}]"));
-                    Err("reply lost".into())
-                }
-                _ => r,
-            }
-        };
-        if fault != Fault::None {
-            self.stats
-                .add(&format!("fault: sem pop {}", fault_name(fault)), 1);
-        }
-        let msg = match popped {
-            Err(_) => {
-                self.say(" -> error; its waiting threads re-check");
-                for t2 in 0..self.clients[c].threads.len() {
-                    if let Some(w2) = self.sem_waiting(c, t2) {
-                        let plan = Plan::of(w2);
-                        self.say(format!("; c{c}:t{t2}"));
-                        self.run_sem_acquire(c, t2, plan, then, Fault::None);
-                    }
-                }
-                return true;
-            }
-            Ok(None) => {
-                self.say(" -> empty");
-                return true;
-            }
-            Ok(Some(msg)) => msg,
-        };
-        if fault == Fault::Late {
-            self.say(format!(" -> {msg:?} [held up on its way to the client]"));
-            self.late_pops.push((c, SEM_POP + sem, msg));
-            return true;
-        }
-        self.say(format!(" -> {msg:?}"));
-        self.sem_hand_over(c, sem, &msg, then);
-        true
-    }
-
-    /// As `hand_over`: the thread waiting with the message's attempt judges a grant with its
-    /// witness (`judge_handoff`), or re-runs acquire (a retry, or a hand-off to confirm).
-    pub fn sem_hand_over(&mut self, c: usize, sem: usize, msg: &str, then: Fault) {
-        let wake = match raw::parse_wake(msg) {
-            Ok(w) => w,
-            Err(e) => {
-                self.violate(Check::BadReply, format!("sem wake-up message {msg:?}: {e}"));
-                return;
-            }
-        };
-        let to = (0..self.clients[c].threads.len()).find(|&t2| {
-            matches!(&self.clients[c].threads[t2].sem,
-                State::Waiting(w) if w.lock == sem && w.attempt == wake.attempt())
-        });
-        let Some(t) = to else {
-            self.say(" (no thread waits with that attempt: dropped)");
-            return;
-        };
-        if !self.active(c) {
-            self.late_pops.push((c, SEM_POP + sem, msg.to_string()));
-            self.say(" (its process is paused: held up further)");
-            return;
-        }
-        self.say(format!(" to t{t}"));
-        let now_real = self.clock.real();
-        let forward_now = self.clock.forward();
-        let w = self.sem_waiting(c, t).expect("found waiting above");
-        let plan = Plan::of(w);
-        let (lease, witness, grant_forward) = (w.lease_ms, w.witness, w.grant_forward);
-        match wake {
-            Wake::Grant {
-                token, server_ms, ..
-            } => match judge_handoff(
-                token,
-                witness,
-                Duration::from_millis(lease),
-                LocalMs(now_real),
-            ) {
-                Handoff::Hold { expires } => {
-                    let forward = grant_forward.unwrap_or_else(|| {
-                        self.stats
-                            .add("sem hand-off whose grant the model did not see", 1);
-                        forward_now
-                    });
-                    *self.sem_state(c, t) = State::Holding(Hold {
-                        lock: plan.lock,
-                        attempt: plan.attempt,
-                        token,
-                        depth: 1,
-                        lease_ms: lease,
-                        expires: expires.0 + forward,
-                        origin: format!(
-                            "sem hand-off at server {server_ms}ms, witness sent at real {:.0}ms \
-                             (last token {}), handed over at real {now_real:.0}ms",
-                            witness.sent.0, witness.last_token
-                        ),
-                        late_acquire: plan.unanswered.then_some(plan.attempt),
-                    });
-                }
-                Handoff::Confirm => {
-                    self.say(" (confirmed with Redis before it is held)");
-                    self.stats.add("sem hand-off confirmed with a re-run", 1);
-                    self.run_sem_acquire(c, t, plan, then, Fault::None);
-                }
-            },
-            Wake::Retry { .. } => self.run_sem_acquire(c, t, plan, then, Fault::None),
-        }
-    }
-
-    fn sem_check_gone(&mut self, c: usize, t: usize, h: &Hold, what: &str) {
-        if self.sem_checker.exempt[h.lock].contains(&h.token) {
-            self.violate(
-                Check::BadReply,
-                format!(
-                    "c{c}:t{t} {what} token {} of sem {}, a hold that was force-released or \
-                     whose data was lost",
-                    h.token, h.lock
-                ),
-            );
-        }
-    }
-
-    pub fn sem_release(&mut self, c: usize, t: usize, fault: Fault) -> bool {
-        if !self.fits(c, t) {
-            return false;
-        }
-        let Some(h) = self.sem_holding(c, t).cloned() else {
-            return false;
-        };
-        // like the permit's drop: given up before the request goes out
-        *self.sem_state(c, t) = State::Idle;
-        let owner = self.owner(c, t);
-        self.say(format!("c{c}:t{t} sem release token={}", h.token));
-        let mark = h.late_acquire.is_some();
-        self.note_mark(c, t, h.lock, h.attempt, mark);
-        let call = self.sems[h.lock].release(&owner, h.attempt, h.token, mark);
-        let label = format!("c{c}:t{t} sem release token={}", h.token);
-        let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
-        if mark && matches!(fault, Fault::Dropped | Fault::Late) {
-            let unsure = self.unsure();
-            self.clients[c].threads[t]
-                .sem_unsure_end
-                .insert((h.lock, h.attempt), unsure);
-        }
-        self.say(format!(" -> {}", describe(&s.reply)));
-        if let Ok(SemRelease::Released { .. }) = s.reply {
-            let id = hold_id(&owner, h.attempt);
-            if self.sem_checker.last[h.lock].holds.get(&id).map(|x| x.0) == Some(h.token) {
-                self.violate(
-                    Check::ReleaseIneffective,
-                    format!(
-                        "c{c}:t{t} released sem {} token {} and was told so, but Redis still \
-                         has the hold {id}",
-                        h.lock, h.token
-                    ),
-                );
-            }
-        }
-        true
-    }
-
-    pub fn sem_renew(&mut self, c: usize, t: usize, fault: Fault) -> bool {
-        if !self.fits(c, t) {
-            return false;
-        }
-        let now = self.clock.fz();
-        let Some(h) = self.sem_holding(c, t).filter(|h| h.expires > now).cloned() else {
-            return false;
-        };
-        let owner = self.owner(c, t);
-        self.say(format!("c{c}:t{t} sem renew token={}", h.token));
-        let call = self.sems[h.lock].renew(
-            &owner,
-            h.attempt,
-            h.token,
-            Duration::from_millis(h.lease_ms),
-        );
-        let label = format!("c{c}:t{t} sem renew token={}", h.token);
-        let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
-        self.say(format!(" -> {}", describe(&s.reply)));
-        match s.reply {
-            Ok(true) => {
-                self.sem_check_gone(c, t, &h, "renewed");
-                if let Some(hh) = self.sem_holding(c, t) {
-                    hh.expires = hh.expires.max(s.sent + h.lease_ms as f64);
-                    hh.origin = format!("sem renewal sent at {:.0}ms", s.sent);
-                }
-            }
-            Ok(false) => {
-                // the permit is lost: its holder drops it, whose release marks the attempt
-                // when a copy of its acquire may still arrive
-                if h.late_acquire.is_some() {
-                    self.say("; its permit is dropped");
-                    self.note_mark(c, t, h.lock, h.attempt, true);
-                    let call = self.sems[h.lock].release(&owner, h.attempt, h.token, true);
-                    let label = format!("c{c}:t{t} sem release token={}", h.token);
-                    let s = self.exec(Some(Who::Thread(c, t)), label, call, Fault::None);
-                    self.say(format!(" -> {}", describe(&s.reply)));
-                }
-                *self.sem_state(c, t) = State::Idle;
-            }
-            Err(_) => {}
-        }
-        true
-    }
-
-    pub fn sem_leave_claim(&mut self, c: usize, t: usize, fault: Fault, then: Fault) -> bool {
-        if !self.fits(c, t) {
-            return false;
-        }
-        let now = self.clock.fz();
-        let Some(w) = self.sem_waiting(c, t) else {
-            return false;
-        };
-        if w.deadline.is_none_or(|d| d > now) {
-            return false;
-        }
-        let plan = Plan::of(w);
-        let owner = self.owner(c, t);
-        self.say(format!(
-            "c{c}:t{t} deadline: sem leave claim attempt={}",
-            plan.attempt
-        ));
-        self.note_mark(c, t, plan.lock, plan.attempt, plan.unanswered);
-        let call = self.sems[plan.lock].leave(&owner, plan.attempt, plan.unanswered, true);
-        let label = format!("c{c}:t{t} sem leave claim attempt={}", plan.attempt);
-        let outer = self.clients[c].threads[t]
-            .sem_calling
-            .replace((plan.lock, plan.attempt));
-        let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
-        self.clients[c].threads[t].sem_calling = outer;
-        self.say(format!(" -> {}", describe(&s.reply)));
-        match s.reply {
-            Ok(SemLeave::Granted { token, pttl, .. }) => {
-                if !self.sem_hold_grant(c, t, &plan, token, pttl, s.sent, "leave claim reply") {
-                    self.run_sem_acquire(c, t, plan, then, Fault::None);
-                }
-            }
-            Ok(SemLeave::Left) => *self.sem_state(c, t) = State::Idle,
-            Ok(SemLeave::Passed { .. }) => {
-                self.violate(Check::BadReply, "sem leave claim answered passed".into());
-                *self.sem_state(c, t) = State::Idle;
-            }
-            Err(_) => self.sem_leave_quietly(c, t, plan, then),
-        }
-        true
-    }
-
-    pub fn sem_leave_pass(&mut self, c: usize, t: usize, fault: Fault) -> bool {
-        if !self.fits(c, t) {
-            return false;
-        }
-        let Some(w) = self.sem_waiting(c, t) else {
-            return false;
-        };
-        let plan = Plan::of(w);
-        self.say(format!("c{c}:t{t} gives up waiting for permits"));
-        self.sem_leave_quietly(c, t, plan, fault);
-        true
-    }
-
-    /// One heartbeat of client `c` for all its waiting attempts on semaphore `sem`.
-    pub fn sem_heartbeat(&mut self, c: usize, sem: usize, fault: Fault) -> bool {
-        if c >= self.clients.len() || !self.active(c) || sem >= self.sems.len() {
-            return false;
-        }
-        let pairs: Vec<(usize, String, u64)> = self.clients[c]
-            .threads
-            .iter()
-            .enumerate()
-            .filter_map(|(t, th)| match &th.sem {
-                State::Waiting(w) if w.lock == sem => Some((t, th.owner.clone(), w.attempt)),
-                _ => None,
-            })
-            .collect();
-        if pairs.is_empty() {
-            return false;
-        }
-        let attempts: Vec<String> = pairs.iter().map(|(t, _, a)| format!("t{t}={a}")).collect();
-        self.say(format!(
-            "c{c} sem heartbeat sem={sem} {}",
-            attempts.join(",")
-        ));
-        let call = self.sems[sem].heartbeat(pairs.iter().map(|(_, o, a)| (o.as_str(), *a)));
-        let s = self.exec(None, format!("c{c} sem heartbeat"), call, fault);
-        self.say(format!(" -> {}", describe(&s.reply)));
-        if let Ok(hb) = &s.reply {
-            // 5'. liveness with a bound of one heartbeat: with no permit held, every head fits,
-            // and a heartbeat grants the live heads that fit (purging dead heads first). Not
-            // while the capacity is unknown (the hash was evicted or lost: the next
-            // acquisition stores it again), counted
-            if hb.used == 0 && hb.capacity.is_none() {
-                self.stats
-                    .add("sem heartbeat with the capacity unknown (hash lost)", 1);
-            }
-            if hb.used == 0 && hb.capacity.is_some() {
-                let queue = self.sem_snapshot()[sem].queue.clone();
-                if !queue.is_empty() {
-                    self.violate(
-                        Check::Liveness,
-                        format!(
-                            "sem {sem} left with no permit held by c{c}'s heartbeat and \
-                             {queue:?} queued (a heartbeat grants the heads that fit)"
-                        ),
-                    );
-                }
-            }
-        }
-        if let Ok(hb) = s.reply {
-            let now = self.clock.real();
-            if let Some(excused) = &mut self.sem_checker.queue_lost[sem] {
-                for (_, owner, _) in &pairs {
-                    excused.remove(owner);
-                }
-            }
-            for (t, owner, attempt) in pairs {
-                if hb.told_to_retry.contains(&owner) {
-                    self.told_retry(Prim::Sem, sem, (c, t), attempt, now);
-                }
-                if let Some(w) = self.sem_waiting(c, t).filter(|w| w.attempt == attempt) {
-                    w.witness.observe(LocalMs(s.sent_real), hb.last_token);
-                    if let Some(h) = &mut w.handoff {
-                        h.heartbeat_after = true;
-                    }
-                    if hb.told_to_retry.contains(&owner) {
-                        w.place = false;
-                    } else {
-                        w.refreshed_at(s.sent_real);
-                    }
-                }
-            }
-        }
-        true
-    }
-
-    /// The janitor's heartbeats and the watchdog's renewals of the semaphore side.
-    pub fn sem_keepalive(&mut self) {
-        for c in 0..self.clients.len() {
-            if !self.active(c) {
-                continue;
-            }
-            for sem in 0..self.sems.len() {
-                let before = self.line.len();
-                self.say("; ");
-                if !self.sem_heartbeat(c, sem, Fault::None) {
-                    self.line.truncate(before);
-                }
-            }
-            for t in 0..self.clients[c].threads.len() {
-                let before = self.line.len();
-                self.say("; ");
-                if !self.sem_renew(c, t, Fault::None) {
-                    self.line.truncate(before);
-                }
-            }
         }
     }
 
@@ -1345,7 +698,7 @@ impl World {
             .collect();
         for cl in &self.clients {
             for th in &cl.threads {
-                if let State::Holding(h) = &th.sem {
+                if let State::Holding(h) = &th.sem.state {
                     if h.lock == sem {
                         tokens.push(h.token);
                     }
@@ -1358,7 +711,7 @@ impl World {
     pub fn sem_places_lost(&mut self, sem: usize) {
         for cl in &mut self.clients {
             for th in &mut cl.threads {
-                if let State::Waiting(w) = &mut th.sem {
+                if let State::Waiting(w) = &mut th.sem.state {
                     if w.lock == sem {
                         w.place = false;
                     }
@@ -1401,12 +754,14 @@ impl World {
                 for cl in &mut self.clients {
                     for th in &mut cl.threads {
                         let marked: Vec<(usize, u64)> = th
-                            .sem_marked
+                            .sem
+                            .marked
                             .iter()
                             .filter(|m| m.0 == sem)
                             .copied()
                             .collect();
-                        th.sem_unsure_end
+                        th.sem
+                            .unsure_end
                             .extend(marked.into_iter().map(|m| (m, unsure)));
                     }
                 }
@@ -1418,7 +773,7 @@ impl World {
                 }
                 let owner = self.owner(c, t);
                 for th in &mut self.clients[c].threads {
-                    if let State::Waiting(w) = &mut th.sem {
+                    if let State::Waiting(w) = &mut th.sem.state {
                         if let (true, Some(h)) = (w.lock == sem, &mut w.handoff) {
                             h.wake_lost = true;
                         }
@@ -1572,7 +927,7 @@ impl World {
                     if Some((c, t)) == actor {
                         continue;
                     }
-                    let State::Waiting(w) = &self.clients[c].threads[t].sem else {
+                    let State::Waiting(w) = &self.clients[c].threads[t].sem.state else {
                         continue;
                     };
                     if w.lock == s && w.attempt == ay && w.live(&self.cfg, real) && !w.granted_seen
@@ -1589,9 +944,9 @@ impl World {
                 // 6. no ghost hold
                 if let Some((c, t)) = self.sem_thread_of(owner) {
                     let th = &self.clients[c].threads[t];
-                    let under_way = th.sem_calling == Some((s, attempt))
-                        || matches!(&th.sem, State::Waiting(w) if w.lock == s && w.attempt == attempt)
-                        || matches!(&th.sem, State::Holding(h) if h.lock == s && h.attempt == attempt && h.late_acquire.is_some());
+                    let under_way = th.sem.calling == Some((s, attempt))
+                        || matches!(&th.sem.state, State::Waiting(w) if w.lock == s && w.attempt == attempt)
+                        || matches!(&th.sem.state, State::Holding(h) if h.lock == s && h.attempt == attempt && h.late_acquire.is_some());
                     if !under_way {
                         if attempt <= th.marks_lost_upto {
                             self.stats.add(
@@ -1599,7 +954,7 @@ impl World {
                                  the data",
                                 1,
                             );
-                        } else if th.sem_unsure_end.get(&(s, attempt)).is_some_and(|u| {
+                        } else if th.sem.unsure_end.get(&(s, attempt)).is_some_and(|u| {
                             !u.expired(real, self.back_steps_ms, self.cfg.waiter_timeout_ms)
                         }) {
                             self.stats.add(
@@ -1622,7 +977,7 @@ impl World {
                 let forward = self.clock.forward();
                 if let Some((c, t)) = self.sem_thread_of(owner) {
                     let lease_end = |w: &Wait| sent + w.lease_ms as f64;
-                    if let State::Waiting(w) = &mut self.clients[c].threads[t].sem {
+                    if let State::Waiting(w) = &mut self.clients[c].threads[t].sem.state {
                         if w.lock == s && w.attempt == attempt {
                             w.granted_seen = true;
                             w.grant_forward.get_or_insert(forward);
@@ -1673,12 +1028,12 @@ impl World {
             let mut holders = vec![];
             for (c, cl) in self.clients.iter().enumerate() {
                 for (t, th) in cl.threads.iter().enumerate() {
-                    if let State::Holding(h) = &th.sem {
+                    if let State::Holding(h) = &th.sem.state {
                         if h.lock == s
                             && h.expires > fz
                             && !self.sem_checker.exempt[s].contains(&h.token)
                         {
-                            holders.push((c, t, th.owner.clone(), th.sem_permits, h.clone()));
+                            holders.push((c, t, th.owner.clone(), th.sem.permits, h.clone()));
                         }
                     }
                 }
@@ -1728,7 +1083,7 @@ impl World {
         for (c, cl) in self.clients.iter_mut().enumerate() {
             let popped = &cl.popped;
             for (t, th) in cl.threads.iter_mut().enumerate() {
-                let State::Waiting(w) = &mut th.sem else {
+                let State::Waiting(w) = &mut th.sem.state else {
                     continue;
                 };
                 let cur = &snaps[w.lock];
@@ -1855,21 +1210,21 @@ impl World {
         }
         let now = self.clock.fz();
         self.say("; ");
-        let held = match self.sem_state(c, t) {
+        let held = match self.state(Prim::Sem, c, t) {
             State::Holding(_) => {
-                self.sem_release(c, t, Fault::None);
+                self.release(Prim::Sem, c, t, Fault::None);
                 true
             }
             State::Waiting(_) if !heartbeats => {
-                self.sem_leave_pass(c, t, Fault::None);
+                self.leave_pass(Prim::Sem, c, t, Fault::None);
                 false
             }
             State::Waiting(w) if w.deadline.is_some_and(|d| d <= now) => {
-                self.sem_leave_claim(c, t, Fault::None, Fault::None);
+                self.leave_claim(Prim::Sem, c, t, Fault::None, Fault::None);
                 false
             }
             State::Waiting(_) => {
-                self.sem_pop(c, t, Fault::None, Fault::None);
+                self.pop(Prim::Sem, c, t, Fault::None, Fault::None);
                 false
             }
             State::Idle if !served => {
@@ -1879,21 +1234,20 @@ impl World {
                 } else {
                     1 + (c as u64 % self.cfg.sems[sem].cap.min(3))
                 };
-                self.sem_acquire(
-                    c,
-                    t,
-                    sem,
+                let faults = (Fault::None, Fault::None);
+                self.acquire(
+                    Prim::Sem,
+                    (c, t, sem),
                     permits,
                     heartbeats,
                     500,
                     None,
-                    Fault::None,
-                    Fault::None,
+                    faults,
                 );
                 false
             }
             State::Idle => false,
         };
-        held || matches!(self.sem_state(c, t), State::Holding(_))
+        held || matches!(self.state(Prim::Sem, c, t), State::Holding(_))
     }
 }

@@ -313,7 +313,7 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
             if th.last.is_some() {
                 with_last.push(Who::Thread(c, t));
             }
-            match &th.state {
+            match &th.lock.state {
                 State::Idle => idle.push((c, t)),
                 State::Waiting(wt) => {
                     waiting.push((c, t));

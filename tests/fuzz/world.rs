@@ -13,7 +13,7 @@ use fairlock::raw::{Call, RawLock, RawSemaphore, Runner, Settings};
 
 use crate::checks::{Check, Checker, Violation};
 use crate::faketime::FakeClockRedis;
-use crate::model::{Client, Clock, Config, State, Wait};
+use crate::model::{Client, Clock, Config, Prim, Wait};
 use crate::sem::{make_sems, SemChecker};
 use crate::steps::{Fault, Step, Who};
 
@@ -255,10 +255,6 @@ impl World {
         self.clients[c].threads[t].owner.clone()
     }
 
-    pub fn state(&mut self, c: usize, t: usize) -> &mut State {
-        &mut self.clients[c].threads[t].state
-    }
-
     pub fn fits(&self, c: usize, t: usize) -> bool {
         c < self.clients.len() && t < self.clients[c].threads.len() && self.active(c)
     }
@@ -354,14 +350,24 @@ impl World {
     /// Apply one step; `false` when it does not fit the current state (skipped).
     pub fn apply(&mut self, step: &Step) -> bool {
         let applied = match *step {
-            Step::Acquire(a) => self.acquire(a),
-            Step::Pop { c, t, fault, then } => self.pop(c, t, fault, then),
+            Step::Acquire(a) => self.acquire(
+                Prim::Lock,
+                (a.c, a.t, a.lock),
+                1,
+                a.wait,
+                a.lease_ms,
+                a.deadline_ms,
+                (a.fault, a.then),
+            ),
+            Step::Pop { c, t, fault, then } => self.pop(Prim::Lock, c, t, fault, then),
             Step::Reenter { c, t, fault } => self.reenter(c, t, fault),
-            Step::Release { c, t, fault } => self.release(c, t, fault),
-            Step::Renew { c, t, fault } => self.renew(c, t, fault),
-            Step::LeaveClaim { c, t, fault, then } => self.leave_claim(c, t, fault, then),
-            Step::LeavePass { c, t, fault } => self.leave_pass(c, t, fault),
-            Step::Heartbeat { c, lock, fault } => self.heartbeat(c, lock, fault),
+            Step::Release { c, t, fault } => self.release(Prim::Lock, c, t, fault),
+            Step::Renew { c, t, fault } => self.renew(Prim::Lock, c, t, fault),
+            Step::LeaveClaim { c, t, fault, then } => {
+                self.leave_claim(Prim::Lock, c, t, fault, then)
+            }
+            Step::LeavePass { c, t, fault } => self.leave_pass(Prim::Lock, c, t, fault),
+            Step::Heartbeat { c, lock, fault } => self.heartbeat(Prim::Lock, c, lock, fault),
             Step::ForceUnlock { lock, fault } => self.force_unlock(lock, fault),
             Step::Resend { who } => self.resend(who),
             Step::DeliverLate { n } => self.deliver_late(n),
