@@ -10,6 +10,7 @@ use std::sync::LazyLock;
 
 use redis::Value;
 
+use crate::judges::View;
 use crate::model::Prim;
 use crate::model::{Handoff, State};
 use crate::world::World;
@@ -55,6 +56,22 @@ impl fmt::Display for Violation {
 pub fn grant_prefix(owner: &str, attempt: u64, token: u64) -> String {
     let thread = owner.rsplit_once(':').map_or("", |(_, t)| t);
     format!("{thread}|g|{attempt}|{token}|")
+}
+
+impl LockSnap {
+    /// In the judges' common shape (`judges.rs`): one hold of one permit, or none.
+    pub fn view(&self) -> View {
+        View {
+            holds: if self.owner.is_empty() {
+                vec![]
+            } else {
+                vec![(self.owner.clone(), self.attempt, self.token, 1)]
+            },
+            queue: self.queue.iter().map(|(o, _)| o.clone()).collect(),
+            waiters: self.waiters.clone(),
+            detail: format!("holder {:?} token {}", self.owner, self.token),
+        }
+    }
 }
 
 /// One lock as Redis had it at a snapshot (`token` 0: no hash).
@@ -541,154 +558,8 @@ impl World {
         if !bad.is_empty() {
             self.violate(Check::KeyWithoutTtl, format!("keys without a TTL: {bad:?}"));
         }
-        for (l, cur) in snap.locks.iter().enumerate() {
-            // 8. key sizes: a waiters entry exists only for a queued owner, so the waiters
-            //    hash never outgrows the queue (each entry is a participant's place)
-            //    (after a queue eviction: only the owners the hash had then, each until a
-            //    heartbeat naming it was answered; F13)
-            if cur.waiters.is_empty() {
-                self.checker.queue_lost[l] = None;
-            } else {
-                let excused = self.checker.queue_lost[l].as_ref();
-                let extra: Vec<&String> = cur
-                    .waiters
-                    .keys()
-                    .filter(|o| !cur.queue.iter().any(|(q, _)| q == *o))
-                    .filter(|o| !excused.is_some_and(|e| e.contains(*o)))
-                    .collect();
-                if !extra.is_empty() {
-                    self.violate(
-                        Check::KeySize,
-                        format!(
-                            "lock {l}: waiters entries {extra:?} without a queue place (queue {:?})",
-                            cur.queue
-                        ),
-                    );
-                }
-            }
-            // 1. mutual exclusion, and Redis agrees with the holder
-            let mut holders = vec![];
-            for (c, cl) in self.clients.iter().enumerate() {
-                for (t, th) in cl.threads.iter().enumerate() {
-                    if let State::Holding(h) = &th.lock.state {
-                        if h.lock == l && h.expires > snap.fz && !self.checker.is_exempt(l, h.token)
-                        {
-                            holders.push((c, t, th.owner.clone(), h.clone()));
-                        }
-                    }
-                }
-            }
-            let list = |hs: &[(usize, usize, String, crate::model::Hold)]| {
-                hs.iter()
-                    .map(|(c, t, _, h)| {
-                        format!(
-                            "c{c}:t{t} (attempt {}) token {} for {:.0}ms more (estimate from {})",
-                            h.attempt,
-                            h.token,
-                            h.expires - snap.fz,
-                            h.origin
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            if holders.len() > 1 {
-                self.violate(
-                    Check::MutualExclusion,
-                    format!("lock {l} held by {} at once", list(&holders)),
-                );
-            } else if let Some((_, _, owner, h)) = holders.first() {
-                if cur.owner != *owner || cur.token != h.token {
-                    self.violate(
-                        Check::RedisDisagrees,
-                        format!(
-                            "{} holds lock {l} by its estimate, but Redis has owner {:?} token {}",
-                            list(&holders),
-                            cur.owner,
-                            cur.token
-                        ),
-                    );
-                }
-            }
-        }
-        // 4'. live waiters keep their places, and their hand-offs until their lease could end
-        let mut found = vec![];
-        let mut unpopped = vec![];
-        for (c, cl) in self.clients.iter_mut().enumerate() {
-            let popped = &cl.popped;
-            for (t, th) in cl.threads.iter_mut().enumerate() {
-                let State::Waiting(w) = &mut th.lock.state else {
-                    continue;
-                };
-                let cur = &snap.locks[w.lock];
-                let granted = cur.owner == th.owner && cur.attempt == w.attempt;
-                let live = w.live(&self.cfg, snap.real);
-                if let Some(h) = w.handoff {
-                    if granted
-                        && cur.token == h.token
-                        && live
-                        && snap.fz < h.earliest_end
-                        && h.heartbeat_after
-                        && !h.wake_lost
-                        && !self.checker.is_exempt(w.lock, h.token)
-                    {
-                        // 4''. its wake-up waits in the wake list until its waker pops it
-                        let prefix = grant_prefix(&th.owner, w.attempt, h.token);
-                        if !popped.iter().any(|m| m.starts_with(&prefix)) {
-                            let key = self.locks[w.lock].wake_key(&th.owner);
-                            unpopped.push((
-                                key,
-                                prefix,
-                                format!("lock {} to c{c}:t{t}", w.lock),
-                                h.earliest_end,
-                            ));
-                        }
-                    }
-                    if cur.token != h.token {
-                        w.handoff = None;
-                        if live
-                            && snap.fz < h.earliest_end
-                            && !self.checker.is_exempt(w.lock, h.token)
-                            && !self.checker.forced[w.lock].contains(&h.token)
-                        {
-                            found.push((
-                                Check::HandoffVanished,
-                                format!(
-                                    "the hand-off of lock {} to live waiter c{c}:t{t} ({} attempt \
-                                     {}, token {}) vanished before its lease could end; Redis \
-                                     has owner {:?} token {}",
-                                    w.lock, th.owner, w.attempt, h.token, cur.owner, cur.token
-                                ),
-                            ));
-                        }
-                    }
-                    continue;
-                }
-                if granted {
-                    w.granted_seen = true;
-                    continue;
-                }
-                if w.granted_seen || !live {
-                    continue;
-                }
-                let queued = cur.waiters.get(&th.owner) == Some(&w.attempt)
-                    && cur.queue.iter().any(|(o, _)| *o == th.owner);
-                if !queued {
-                    found.push((
-                        Check::WaiterLost,
-                        format!(
-                            "live waiter c{c}:t{t} ({} attempt {}) has neither a queue place nor \
-                             a grant on lock {}: queue {:?}, waiters {:?}, holder {:?}",
-                            th.owner, w.attempt, w.lock, cur.queue, cur.waiters, cur.owner
-                        ),
-                    ));
-                }
-            }
-        }
-        found.extend(self.wakeups_missing(unpopped));
-        for (check, msg) in found {
-            self.violate(check, msg);
-        }
+        let views: Vec<View> = snap.locks.iter().map(LockSnap::view).collect();
+        self.judge_sides(Prim::Lock, &views, snap.fz, snap.real);
         self.keys_bounded(&snap);
         self.checker.last = snap.locks;
         self.sem_step_checks();

@@ -168,6 +168,7 @@ mod actions;
 mod checks;
 mod faults;
 mod fifo;
+mod judges;
 mod model;
 mod prim;
 mod runner;

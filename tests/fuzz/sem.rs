@@ -17,7 +17,8 @@ use std::sync::LazyLock;
 use fairlock::raw::{RawSemaphore, SemCapacity, SemKind, Settings, RW_CAPACITY};
 use redis::Value;
 
-use crate::checks::{grant_prefix, Check};
+use crate::checks::Check;
+use crate::judges::View;
 use crate::model::Prim;
 use crate::model::{Handoff as SeenHandoff, State, Wait};
 use crate::rng::Rng;
@@ -427,6 +428,23 @@ pub struct SemSnap {
 }
 
 impl SemSnap {
+    /// In the judges' common shape (`judges.rs`).
+    pub fn view(&self) -> View {
+        View {
+            holds: self
+                .holds
+                .iter()
+                .map(|(id, (token, permits))| {
+                    let (owner, attempt) = split_id(id);
+                    (owner.to_string(), attempt, *token, *permits)
+                })
+                .collect(),
+            queue: self.queue.iter().map(|(o, _)| o.clone()).collect(),
+            waiters: self.waiters.clone(),
+            detail: format!("used {}", self.used),
+        }
+    }
+
     /// The permits of holds whose lease has not run out on the server's clock (a hold without
     /// a lease entry counts: nothing expires it).
     pub fn live_permits(&self) -> u64 {
@@ -1003,171 +1021,8 @@ impl World {
         }
         let snaps = self.sem_snapshot();
         let (fz, real) = (self.clock.fz(), self.clock.real());
-        let mut found = vec![];
-        for (s, cur) in snaps.iter().enumerate() {
-            let cap = self.cfg.sems[s].cap;
-            // 8. waiters entries only for queued owners
-            if cur.waiters.is_empty() {
-                self.sem_checker.queue_lost[s] = None;
-            } else {
-                let excused = self.sem_checker.queue_lost[s].as_ref();
-                let extra: Vec<&String> = cur
-                    .waiters
-                    .keys()
-                    .filter(|o| !cur.queue.iter().any(|(q, _)| q == *o))
-                    .filter(|o| !excused.is_some_and(|e| e.contains(*o)))
-                    .collect();
-                if !extra.is_empty() {
-                    found.push((
-                        Check::KeySize,
-                        format!("sem {s}: waiters entries {extra:?} without a queue place"),
-                    ));
-                }
-            }
-            // 1. never more than capacity by the holders' own estimates, and Redis has them
-            let mut holders = vec![];
-            for (c, cl) in self.clients.iter().enumerate() {
-                for (t, th) in cl.threads.iter().enumerate() {
-                    if let State::Holding(h) = &th.sem.state {
-                        if h.lock == s
-                            && h.expires > fz
-                            && !self.sem_checker.exempt[s].contains(&h.token)
-                        {
-                            holders.push((c, t, th.owner.clone(), th.sem.permits, h.clone()));
-                        }
-                    }
-                }
-            }
-            let total: u64 = holders.iter().map(|x| x.3).sum();
-            let list = || {
-                holders
-                    .iter()
-                    .map(|(c, t, _, p, h)| {
-                        format!(
-                            "c{c}:t{t} (attempt {}) {p} permits token {} for {:.0}ms more \
-                             (estimate from {})",
-                            h.attempt,
-                            h.token,
-                            h.expires - fz,
-                            h.origin
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            if total > cap {
-                found.push((
-                    Check::MutualExclusion,
-                    format!("sem {s} (capacity {cap}) held by {}", list()),
-                ));
-            }
-            for (c, t, owner, p, h) in &holders {
-                let id = hold_id(owner, h.attempt);
-                if cur.holds.get(&id) != Some(&(h.token, *p)) {
-                    found.push((
-                        Check::RedisDisagrees,
-                        format!(
-                            "c{c}:t{t} holds {p} permits of sem {s} (token {}) by its estimate \
-                             ({}), but Redis has {:?} for {id}",
-                            h.token,
-                            h.origin,
-                            cur.holds.get(&id)
-                        ),
-                    ));
-                }
-            }
-        }
-        // 4'. live waiters keep their places, and their hand-offs until their lease could end
-        let forward_now = self.clock.forward();
-        let mut unpopped = vec![];
-        for (c, cl) in self.clients.iter_mut().enumerate() {
-            let popped = &cl.popped;
-            for (t, th) in cl.threads.iter_mut().enumerate() {
-                let State::Waiting(w) = &mut th.sem.state else {
-                    continue;
-                };
-                let cur = &snaps[w.lock];
-                let id = hold_id(&th.owner, w.attempt);
-                let granted = cur.holds.contains_key(&id);
-                let live = w.live(&self.cfg, real);
-                if let Some(h) = w.handoff {
-                    if cur.holds.get(&id).map(|x| x.0) == Some(h.token)
-                        && live
-                        && fz < h.earliest_end
-                        && h.heartbeat_after
-                        && !h.wake_lost
-                        && !self.sem_checker.exempt[w.lock].contains(&h.token)
-                    {
-                        // 4''. its wake-up waits in the wake list until its waker pops it
-                        let prefix = grant_prefix(&th.owner, w.attempt, h.token);
-                        if !popped.iter().any(|m| m.starts_with(&prefix)) {
-                            let key = self.sems[w.lock].wake_key(&th.owner);
-                            unpopped.push((
-                                key,
-                                prefix,
-                                format!("sem {} to c{c}:t{t}", w.lock),
-                                h.earliest_end,
-                            ));
-                        }
-                    }
-                    if cur.holds.get(&id).map(|x| x.0) != Some(h.token) {
-                        w.handoff = None;
-                        if live
-                            && fz < h.earliest_end
-                            && !self.sem_checker.exempt[w.lock].contains(&h.token)
-                            && !self.sem_checker.forced[w.lock].contains(&h.token)
-                        {
-                            // the hand-off deadline is on the server clock
-                            // (docs/semaphores.md): forward steps revoke early, but only once
-                            // they and the real time since the waiter's last refresh could
-                            // have run its waiter timeout out
-                            let server_clock_aged = (real - w.refreshed) + w.forward_ms + 40.0
-                                >= self.cfg.waiter_timeout_ms as f64;
-                            if w.grant_forward.is_some_and(|g| g < forward_now) && server_clock_aged
-                            {
-                                self.stats.add(
-                                    "exempt: sem hand-off revoked after a forward clock step",
-                                    1,
-                                );
-                            } else {
-                                found.push((
-                                    Check::HandoffVanished,
-                                    format!(
-                                        "the hand-off of sem {} to live waiter c{c}:t{t} ({id}, \
-                                         token {}) vanished before its lease could end",
-                                        w.lock, h.token
-                                    ),
-                                ));
-                            }
-                        }
-                    }
-                    continue;
-                }
-                if granted {
-                    w.granted_seen = true;
-                    continue;
-                }
-                if w.granted_seen || !live {
-                    continue;
-                }
-                let queued = cur.waiters.get(&th.owner) == Some(&w.attempt)
-                    && cur.queue.iter().any(|(o, _)| *o == th.owner);
-                if !queued {
-                    found.push((
-                        Check::WaiterLost,
-                        format!(
-                            "live waiter c{c}:t{t} ({} attempt {}) has neither a queue place nor \
-                             a grant on sem {}: queue {:?}, waiters {:?}, holds {:?}",
-                            th.owner, w.attempt, w.lock, cur.queue, cur.waiters, cur.holds
-                        ),
-                    ));
-                }
-            }
-        }
-        found.extend(self.wakeups_missing(unpopped));
-        for (check, msg) in found {
-            self.violate(check, msg);
-        }
+        let views: Vec<View> = snaps.iter().map(SemSnap::view).collect();
+        self.judge_sides(Prim::Sem, &views, fz, real);
         self.sem_checker.last = snaps;
     }
 
