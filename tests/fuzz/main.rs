@@ -540,8 +540,8 @@ fn late_acquire_after_its_leave_leaves_no_ghost_waiter() {
 /// step, and a waiter behind it was granted the permits first.
 #[test]
 fn sem_stale_handoff_entry_does_not_starve_a_live_waiter() {
-    use sem::{SemKey, SemStep};
-    use steps::{Fault, Step, Who};
+    use sem::SemStep;
+    use steps::{EvictKey, Fault, Step, Who};
     let cfg = Config::for_seed(1);
     assert_eq!((cfg.clients, cfg.threads, cfg.sems.len()), (5, 2, 1));
     let acquire = |c, t, permits, lease_ms, deadline_ms| {
@@ -571,7 +571,7 @@ fn sem_stale_handoff_entry_does_not_starve_a_live_waiter() {
         force(Fault::Retried),
         Step::Sem(SemStep::Evict {
             sem: 0,
-            key: SemKey::Hash,
+            key: EvictKey::Hash,
         }),
         Step::Sem(SemStep::Pop {
             c: 4,
@@ -595,8 +595,8 @@ fn sem_stale_handoff_entry_does_not_starve_a_live_waiter() {
 /// hash alive, so the permits were never given back and the quiet phase never settled.
 #[test]
 fn sem_evicted_leases_do_not_strand_permits() {
-    use sem::{SemKey, SemStep};
-    use steps::{Fault, Step};
+    use sem::SemStep;
+    use steps::{EvictKey, Fault, Step};
     let cfg = Config::for_seed(1);
     assert_eq!(cfg.sems[0].cap, 2);
     let steps = [
@@ -614,7 +614,7 @@ fn sem_evicted_leases_do_not_strand_permits() {
         Step::Crash { c: 0 },
         Step::Sem(SemStep::Evict {
             sem: 0,
-            key: SemKey::Leases,
+            key: EvictKey::Leases,
         }),
     ];
     let out = run(&cfg, Source::Replay(&steps), Some(runner::QUIET_LIMIT));

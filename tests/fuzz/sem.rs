@@ -22,24 +22,11 @@ use crate::judges::View;
 use crate::model::Prim;
 use crate::model::{Handoff as SeenHandoff, State, Wait};
 use crate::rng::Rng;
-use crate::steps::{fault, Fault, Who};
+use crate::steps::{fault, EvictKey, Fault, Who};
 use crate::world::{describe, World};
 
 /// `World::late_pops` entries of a semaphore carry its index plus this (the lock's: below).
 pub const SEM_POP: usize = 1 << 20;
-
-/// A key of a semaphore an eviction deletes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SemKey {
-    Hash,
-    Fence,
-    Queue,
-    Waiters,
-    Leases,
-    Handoffs,
-    Left,
-    Wake(usize, usize),
-}
 
 #[derive(Clone, Copy, Debug)]
 pub enum SemStep {
@@ -99,7 +86,7 @@ pub enum SemStep {
     },
     Evict {
         sem: usize,
-        key: SemKey,
+        key: EvictKey,
     },
 }
 
@@ -397,14 +384,14 @@ impl SemChoices {
                 SemStep::Evict {
                     sem: rng.below(n) as usize,
                     key: rng.weighted(&[
-                        (20.0, SemKey::Hash),
-                        (10.0, SemKey::Fence),
-                        (10.0, SemKey::Queue),
-                        (10.0, SemKey::Waiters),
-                        (15.0, SemKey::Leases),
-                        (10.0, SemKey::Handoffs),
-                        (5.0, SemKey::Left),
-                        (20.0, SemKey::Wake(c, t)),
+                        (20.0, EvictKey::Hash),
+                        (10.0, EvictKey::Fence),
+                        (10.0, EvictKey::Queue),
+                        (10.0, EvictKey::Waiters),
+                        (15.0, EvictKey::Leases),
+                        (10.0, EvictKey::Handoffs),
+                        (5.0, EvictKey::Left),
+                        (20.0, EvictKey::Wake(c, t)),
                     ]),
                 }
             }
@@ -633,7 +620,7 @@ impl World {
             SemStep::Heartbeat { c, sem, fault } => self.heartbeat(p, c, sem, fault),
             SemStep::ForceRelease { sem, fault } => self.sem_force_release(sem, fault),
             SemStep::SetCapacity { sem, fault } => self.sem_set_capacity(sem, fault),
-            SemStep::Evict { sem, key } => self.sem_evict(sem, key),
+            SemStep::Evict { sem, key } => self.evict(p, sem, key),
         }
     }
 
@@ -704,112 +691,6 @@ impl World {
             s = self.exec(Some(Who::Operator), label, call, Fault::None);
         }
         self.say(format!(" -> {}", describe(&s.reply)));
-        true
-    }
-
-    /// Holds of `sem` that a lost hash or data loss takes from under their holders: exempt.
-    pub fn sem_exempt_current_holds(&mut self, sem: usize) {
-        let mut tokens: Vec<u64> = self.sem_checker.last[sem]
-            .holds
-            .values()
-            .map(|x| x.0)
-            .collect();
-        for cl in &self.clients {
-            for th in &cl.threads {
-                if let State::Holding(h) = &th.sem.state {
-                    if h.lock == sem {
-                        tokens.push(h.token);
-                    }
-                }
-            }
-        }
-        self.sem_checker.exempt[sem].extend(tokens);
-    }
-
-    pub fn sem_places_lost(&mut self, sem: usize) {
-        for cl in &mut self.clients {
-            for th in &mut cl.threads {
-                if let State::Waiting(w) = &mut th.sem.state {
-                    if w.lock == sem {
-                        w.place = false;
-                    }
-                }
-            }
-        }
-    }
-
-    pub fn sem_evict(&mut self, sem: usize, key: SemKey) -> bool {
-        if sem >= self.sems.len() {
-            return false;
-        }
-        let names = self.sems[sem].key_names().map(str::to_string);
-        let victim = match key {
-            SemKey::Hash => {
-                self.sem_exempt_current_holds(sem);
-                names[0].clone()
-            }
-            SemKey::Fence => {
-                self.sem_checker.fence_lost[sem] = true;
-                names[1].clone()
-            }
-            SemKey::Queue | SemKey::Waiters => {
-                self.sem_places_lost(sem);
-                if key == SemKey::Queue {
-                    let owners = self.waiters_owners(&names[3]);
-                    self.sem_checker.queue_lost[sem]
-                        .get_or_insert_with(HashSet::new)
-                        .extend(owners);
-                    names[2].clone()
-                } else {
-                    names[3].clone()
-                }
-            }
-            SemKey::Leases => names[4].clone(),
-            SemKey::Handoffs => names[5].clone(),
-            SemKey::Left => {
-                // every attempt that ended with a mark may have its late copy act now
-                let unsure = self.unsure();
-                for cl in &mut self.clients {
-                    for th in &mut cl.threads {
-                        let marked: Vec<(usize, u64)> = th
-                            .sem
-                            .marked
-                            .iter()
-                            .filter(|m| m.0 == sem)
-                            .copied()
-                            .collect();
-                        th.sem
-                            .unsure_end
-                            .extend(marked.into_iter().map(|m| (m, unsure)));
-                    }
-                }
-                format!("{}:left", names[0])
-            }
-            SemKey::Wake(c, t) => {
-                if c >= self.clients.len() || t >= self.clients[c].threads.len() {
-                    return false;
-                }
-                let owner = self.owner(c, t);
-                for th in &mut self.clients[c].threads {
-                    if let State::Waiting(w) = &mut th.sem.state {
-                        if let (true, Some(h)) = (w.lock == sem, &mut w.handoff) {
-                            h.wake_lost = true;
-                        }
-                    }
-                }
-                self.sems[sem].wake_key(&owner)
-            }
-        };
-        let n: i64 = redis::cmd("DEL")
-            .arg(&victim)
-            .query(&mut self.conns[0])
-            .unwrap_or(0);
-        self.after_call(None, self.clock.fz());
-        self.say(format!(
-            "evict {victim}{}",
-            if n == 0 { " (absent)" } else { "" }
-        ));
-        self.stats.add("fault: sem eviction", 1);
         true
     }
 

@@ -54,6 +54,11 @@ pub enum EvictKey {
     Fence,
     Queue,
     Waiters,
+    /// A semaphore's leases zset and hand-offs zset (a lock has neither).
+    Leases,
+    Handoffs,
+    /// The left marks.
+    Left,
     Wake(usize, usize),
 }
 
@@ -485,6 +490,7 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
                     (15.0, EvictKey::Fence),
                     (15.0, EvictKey::Queue),
                     (15.0, EvictKey::Waiters),
+                    (5.0, EvictKey::Left),
                     (20.0, EvictKey::Wake(c, t)),
                 ]),
             }

@@ -375,7 +375,7 @@ impl World {
             Step::Crash { c } => self.crash(c),
             Step::Pause { c, ms } => self.pause(c, ms),
             Step::Sleep { ms } => self.sleep(ms),
-            Step::Evict { lock, key } => self.evict(lock, key),
+            Step::Evict { lock, key } => self.evict(Prim::Lock, lock, key),
             Step::DataLoss => self.data_loss(),
             Step::Clock { ms } => self.clock_step(ms),
             Step::LongClock { ms } => self.long_clock_step(ms),
