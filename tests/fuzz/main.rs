@@ -180,7 +180,7 @@ mod world;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use model::Config;
+use model::{Config, Prim};
 use runner::{run, Outcome, Source, QUIET_LIMIT};
 use world::Stats;
 
@@ -416,6 +416,7 @@ fn backward_step_then_lost_renewal() {
         acquire(0),
         acquire(1),
         Step::Release {
+            p: Prim::Lock,
             c: 0,
             t: 0,
             fault: Fault::None,
@@ -423,6 +424,7 @@ fn backward_step_then_lost_renewal() {
         Step::Clock { ms: -3000 },
         // the hand-off's pop is lost: acquire again with the same attempt (pttl ~3600 ms)
         Step::Pop {
+            p: Prim::Lock,
             c: 1,
             t: 0,
             fault: Fault::Lost,
@@ -430,6 +432,7 @@ fn backward_step_then_lost_renewal() {
         },
         // applied (TTL back to 600 ms), reply lost: the client keeps its estimate
         Step::Renew {
+            p: Prim::Lock,
             c: 1,
             t: 0,
             fault: Fault::Lost,
@@ -474,6 +477,7 @@ fn lapsed_handoff_revived_by_a_backward_step() {
         acquire(1, 0, false, 617),
         acquire(1, 1, true, 307),
         Step::Release {
+            p: Prim::Lock,
             c: 1,
             t: 0,
             fault: Fault::None,
@@ -482,6 +486,7 @@ fn lapsed_handoff_revived_by_a_backward_step() {
         acquire(0, 0, true, 319),
         // the pop never reaches Redis, which would have deleted the expired message
         Step::Pop {
+            p: Prim::Lock,
             c: 1,
             t: 1,
             fault: Fault::Dropped,
@@ -489,6 +494,7 @@ fn lapsed_handoff_revived_by_a_backward_step() {
         },
         Step::Clock { ms: -580 },
         Step::Pop {
+            p: Prim::Lock,
             c: 1,
             t: 1,
             fault: Fault::None,
@@ -541,20 +547,15 @@ fn late_acquire_after_its_leave_leaves_no_ghost_waiter() {
 #[test]
 fn sem_stale_handoff_entry_does_not_starve_a_live_waiter() {
     use sem::SemStep;
-    use steps::{EvictKey, Fault, Step, Who};
+    use steps::{AcquireStep, EvictKey, Fault, Step, Who};
     let cfg = Config::for_seed(1);
     assert_eq!((cfg.clients, cfg.threads, cfg.sems.len()), (5, 2, 1));
     let acquire = |c, t, permits, lease_ms, deadline_ms| {
-        Step::Sem(SemStep::Acquire {
-            c,
-            t,
-            sem: 0,
+        Step::Acquire(AcquireStep {
+            p: Prim::Sem,
             permits,
-            wait: true,
-            lease_ms,
             deadline_ms,
-            fault: Fault::None,
-            then: Fault::None,
+            ..AcquireStep::plain(c, t, 0, true, lease_ms)
         })
     };
     let force = |fault| Step::Sem(SemStep::ForceRelease { sem: 0, fault });
@@ -569,16 +570,18 @@ fn sem_stale_handoff_entry_does_not_starve_a_live_waiter() {
             who: Who::Thread(1, 0),
         },
         force(Fault::Retried),
-        Step::Sem(SemStep::Evict {
-            sem: 0,
+        Step::Evict {
+            p: Prim::Sem,
+            lock: 0,
             key: EvictKey::Hash,
-        }),
-        Step::Sem(SemStep::Pop {
+        },
+        Step::Pop {
+            p: Prim::Sem,
             c: 4,
             t: 0,
             fault: Fault::Lost,
             then: Fault::None,
-        }),
+        },
         Step::Clock { ms: 202 },
         acquire(1, 1, 2, 611, None),
         Step::Clock { ms: 284 },
@@ -595,27 +598,21 @@ fn sem_stale_handoff_entry_does_not_starve_a_live_waiter() {
 /// hash alive, so the permits were never given back and the quiet phase never settled.
 #[test]
 fn sem_evicted_leases_do_not_strand_permits() {
-    use sem::SemStep;
-    use steps::{EvictKey, Fault, Step};
+    use steps::{AcquireStep, EvictKey, Step};
     let cfg = Config::for_seed(1);
     assert_eq!(cfg.sems[0].cap, 2);
     let steps = [
-        Step::Sem(SemStep::Acquire {
-            c: 0,
-            t: 1,
-            sem: 0,
+        Step::Acquire(AcquireStep {
+            p: Prim::Sem,
             permits: 2,
-            wait: true,
-            lease_ms: 600,
-            deadline_ms: None,
-            fault: Fault::None,
-            then: Fault::None,
+            ..AcquireStep::plain(0, 1, 0, true, 600)
         }),
         Step::Crash { c: 0 },
-        Step::Sem(SemStep::Evict {
-            sem: 0,
+        Step::Evict {
+            p: Prim::Sem,
+            lock: 0,
             key: EvictKey::Leases,
-        }),
+        },
     ];
     let out = run(&cfg, Source::Replay(&steps), Some(runner::QUIET_LIMIT));
     assert!(

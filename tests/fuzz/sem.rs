@@ -22,57 +22,16 @@ use crate::judges::View;
 use crate::model::Prim;
 use crate::model::{Handoff as SeenHandoff, State, Wait};
 use crate::rng::Rng;
-use crate::steps::{fault, EvictKey, Fault, Who};
+use crate::steps::{Choices, EvictKey, Fault, Step, ThreadKind, Who};
 use crate::world::{describe, World};
 
 /// `World::late_pops` entries of a semaphore carry its index plus this (the lock's: below).
 pub const SEM_POP: usize = 1 << 20;
 
+/// A semaphore operator's step (the threads' and clients' steps are `Step`'s, with
+/// `Prim::Sem`), or one of its keys' eviction.
 #[derive(Clone, Copy, Debug)]
 pub enum SemStep {
-    Acquire {
-        c: usize,
-        t: usize,
-        sem: usize,
-        permits: u64,
-        wait: bool,
-        lease_ms: u64,
-        deadline_ms: Option<u64>,
-        fault: Fault,
-        then: Fault,
-    },
-    Pop {
-        c: usize,
-        t: usize,
-        fault: Fault,
-        then: Fault,
-    },
-    Release {
-        c: usize,
-        t: usize,
-        fault: Fault,
-    },
-    Renew {
-        c: usize,
-        t: usize,
-        fault: Fault,
-    },
-    LeaveClaim {
-        c: usize,
-        t: usize,
-        fault: Fault,
-        then: Fault,
-    },
-    LeavePass {
-        c: usize,
-        t: usize,
-        fault: Fault,
-    },
-    Heartbeat {
-        c: usize,
-        sem: usize,
-        fault: Fault,
-    },
     ForceRelease {
         sem: usize,
         fault: Fault,
@@ -84,80 +43,26 @@ pub enum SemStep {
         sem: usize,
         fault: Fault,
     },
-    Evict {
-        sem: usize,
-        key: EvictKey,
-    },
 }
 
 impl SemStep {
     pub fn kind(&self) -> &'static str {
         match self {
-            SemStep::Acquire { .. } => "sem acquire",
-            SemStep::Pop { .. } => "sem pop",
-            SemStep::Release { .. } => "sem release",
-            SemStep::Renew { .. } => "sem renew",
-            SemStep::LeaveClaim { .. } => "sem leave claim",
-            SemStep::LeavePass { .. } => "sem leave pass",
-            SemStep::Heartbeat { .. } => "sem heartbeat",
             SemStep::ForceRelease { .. } => "sem force-release",
             SemStep::SetCapacity { .. } => "sem set capacity",
-            SemStep::Evict { .. } => "sem eviction",
         }
-    }
-}
-
-fn then_text(then: Fault) -> String {
-    if then == Fault::None {
-        String::new()
-    } else {
-        format!(" (follow-up{then})")
     }
 }
 
 impl fmt::Display for SemStep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            SemStep::Acquire {
-                c,
-                t,
-                sem,
-                permits,
-                wait,
-                lease_ms,
-                deadline_ms,
-                fault,
-                then,
-            } => {
-                let mode = if wait { "wait" } else { "try" };
-                write!(
-                    f,
-                    "c{c}:t{t} sem acquire {mode} sem={sem} permits={permits} lease={lease_ms}ms"
-                )?;
-                if let Some(d) = deadline_ms {
-                    write!(f, " timeout={d}ms")?;
-                }
-                write!(f, "{fault}{}", then_text(then))
-            }
-            SemStep::Pop { c, t, fault, then } => {
-                write!(f, "c{c}:t{t} sem pop{fault}{}", then_text(then))
-            }
-            SemStep::Release { c, t, fault } => write!(f, "c{c}:t{t} sem release{fault}"),
-            SemStep::Renew { c, t, fault } => write!(f, "c{c}:t{t} sem renew{fault}"),
-            SemStep::LeaveClaim { c, t, fault, then } => {
-                write!(f, "c{c}:t{t} sem leave claim{fault}{}", then_text(then))
-            }
-            SemStep::LeavePass { c, t, fault } => write!(f, "c{c}:t{t} sem leave pass{fault}"),
-            SemStep::Heartbeat { c, sem, fault } => {
-                write!(f, "c{c} sem heartbeat sem={sem}{fault}")
-            }
             SemStep::ForceRelease { sem, fault } => {
                 write!(f, "operator force-release sem={sem}{fault}")
             }
             SemStep::SetCapacity { sem, fault } => {
                 write!(f, "operator set capacity sem={sem}{fault}")
             }
-            SemStep::Evict { sem, key } => write!(f, "evict sem={sem} {key:?}"),
         }
     }
 }
@@ -179,7 +84,7 @@ pub fn make_sems(cfg: &crate::model::Config, settings: Settings) -> Vec<RawSemap
 }
 
 /// The permits an acquire of semaphore `sem` asks for.
-fn draw_permits(w: &World, sem: usize, rng: &mut Rng) -> u64 {
+pub fn draw_permits(w: &World, sem: usize, rng: &mut Rng) -> u64 {
     let shape = w.cfg.sems[sem];
     if shape.rw {
         if rng.chance(0.3) {
@@ -194,53 +99,11 @@ fn draw_permits(w: &World, sem: usize, rng: &mut Rng) -> u64 {
 
 /// The generator's semaphore steps: their weight in the step mix, by state (0 when the run
 /// has no semaphore, which leaves an even seed's choices as they were).
-pub struct SemChoices {
-    idle: Vec<(usize, usize)>,
-    waiting: Vec<(usize, usize)>,
-    claimable: Vec<(usize, usize)>,
-    holding: Vec<(usize, usize)>,
-    valid: Vec<(usize, usize)>,
-    heartbeaters: Vec<(usize, usize)>,
-}
+pub struct SemChoices(Choices);
 
 impl SemChoices {
     pub fn of(w: &World) -> SemChoices {
-        let now = w.clock.fz();
-        let mut s = SemChoices {
-            idle: vec![],
-            waiting: vec![],
-            claimable: vec![],
-            holding: vec![],
-            valid: vec![],
-            heartbeaters: vec![],
-        };
-        if w.sems.is_empty() {
-            return s;
-        }
-        for (c, client) in w.clients.iter().enumerate() {
-            if !w.active(c) {
-                continue;
-            }
-            for (t, th) in client.threads.iter().enumerate() {
-                match &th.sem.state {
-                    State::Idle => s.idle.push((c, t)),
-                    State::Waiting(wt) => {
-                        s.waiting.push((c, t));
-                        s.heartbeaters.push((c, wt.lock));
-                        if wt.deadline.is_some_and(|d| d <= now) {
-                            s.claimable.push((c, t));
-                        }
-                    }
-                    State::Holding(h) => {
-                        s.holding.push((c, t));
-                        if h.expires > now {
-                            s.valid.push((c, t));
-                        }
-                    }
-                }
-            }
-        }
-        s
+        SemChoices(Choices::of(w, Prim::Sem))
     }
 
     /// Total weight of the semaphore's steps.
@@ -248,128 +111,37 @@ impl SemChoices {
         if w.sems.is_empty() {
             return 0.0;
         }
-        let on = |v: bool, weight: f64| if v { weight } else { 0.0 };
-        on(!self.idle.is_empty(), 12.0)
-            + on(!self.waiting.is_empty(), 16.0)
-            + on(!self.claimable.is_empty(), 6.0)
-            + on(!self.waiting.is_empty(), 0.7)
-            + on(!self.holding.is_empty(), 12.0)
-            + on(!self.valid.is_empty(), 5.0)
-            + on(!self.heartbeaters.is_empty(), 4.0)
-            + 1.0
-            + 1.0
+        self.0.weights().iter().map(|k| k.0).sum::<f64>() + 1.0 + 1.0
     }
 
-    pub fn choose(&self, w: &World, rng: &mut Rng) -> SemStep {
+    pub fn choose(&self, w: &World, rng: &mut Rng) -> Step {
         #[derive(Clone, Copy)]
         enum K {
-            Acquire,
-            Pop,
-            Claim,
-            Pass,
-            Release,
-            Renew,
-            Heartbeat,
+            Thread(ThreadKind),
             Force,
             SetCapacity,
             Evict,
         }
-        let on = |v: bool, weight: f64| if v { weight } else { 0.0 };
-        let k = rng.weighted(&[
-            (on(!self.idle.is_empty(), 12.0), K::Acquire),
-            (on(!self.waiting.is_empty(), 16.0), K::Pop),
-            (on(!self.claimable.is_empty(), 6.0), K::Claim),
-            (on(!self.waiting.is_empty(), 0.7), K::Pass),
-            (on(!self.holding.is_empty(), 12.0), K::Release),
-            (on(!self.valid.is_empty(), 5.0), K::Renew),
-            (on(!self.heartbeaters.is_empty(), 4.0), K::Heartbeat),
-            (1.0, K::Force),
-            (0.5, K::SetCapacity),
-            (1.0, K::Evict),
-        ]);
+        let mut kinds: Vec<(f64, K)> = self
+            .0
+            .weights()
+            .into_iter()
+            .map(|(weight, k)| (weight, K::Thread(k)))
+            .collect();
+        kinds.extend([(1.0, K::Force), (0.5, K::SetCapacity), (1.0, K::Evict)]);
         let cfg = &w.cfg;
         let n = w.sems.len() as u64;
-        match k {
-            K::Acquire => {
-                let (c, t) = rng.pick(&self.idle);
-                let sem = rng.below(n) as usize;
-                let wait = rng.chance(0.75);
-                SemStep::Acquire {
-                    c,
-                    t,
-                    sem,
-                    permits: draw_permits(w, sem, rng),
-                    wait,
-                    lease_ms: rng.range(cfg.lease_ms.0, cfg.lease_ms.1),
-                    deadline_ms: (wait && rng.chance(0.4)).then(|| rng.range(200, 1500)),
-                    fault: fault(rng),
-                    then: fault(rng),
-                }
-            }
-            K::Pop => {
-                let (c, t) = rng.pick(&self.waiting);
-                SemStep::Pop {
-                    c,
-                    t,
-                    fault: rng.weighted(&[
-                        (88.0, Fault::None),
-                        (5.0, Fault::Lost),
-                        (3.0, Fault::Dropped),
-                        (4.0, Fault::Late),
-                    ]),
-                    then: fault(rng),
-                }
-            }
-            K::Claim => {
-                let (c, t) = rng.pick(&self.claimable);
-                SemStep::LeaveClaim {
-                    c,
-                    t,
-                    fault: fault(rng),
-                    then: fault(rng),
-                }
-            }
-            K::Pass => {
-                let (c, t) = rng.pick(&self.waiting);
-                SemStep::LeavePass {
-                    c,
-                    t,
-                    fault: fault(rng),
-                }
-            }
-            K::Release => {
-                let (c, t) = rng.pick(&self.holding);
-                SemStep::Release {
-                    c,
-                    t,
-                    fault: fault(rng),
-                }
-            }
-            K::Renew => {
-                let (c, t) = rng.pick(&self.valid);
-                SemStep::Renew {
-                    c,
-                    t,
-                    fault: fault(rng),
-                }
-            }
-            K::Heartbeat => {
-                let (c, sem) = rng.pick(&self.heartbeaters);
-                SemStep::Heartbeat {
-                    c,
-                    sem,
-                    fault: fault(rng),
-                }
-            }
-            K::Force => SemStep::ForceRelease {
+        match rng.weighted(&kinds) {
+            K::Thread(k) => self.0.step(k, w, rng),
+            K::Force => Step::Sem(SemStep::ForceRelease {
                 sem: rng.below(n) as usize,
                 fault: rng.weighted(&[
                     (60.0, Fault::None),
                     (20.0, Fault::Retried),
                     (20.0, Fault::Late),
                 ]),
-            },
-            K::SetCapacity => SemStep::SetCapacity {
+            }),
+            K::SetCapacity => Step::Sem(SemStep::SetCapacity {
                 sem: rng.below(n) as usize,
                 fault: rng.weighted(&[
                     (50.0, Fault::None),
@@ -377,12 +149,13 @@ impl SemChoices {
                     (15.0, Fault::Retried),
                     (15.0, Fault::Late),
                 ]),
-            },
+            }),
             K::Evict => {
                 let c = rng.below(cfg.clients as u64) as usize;
                 let t = rng.below(cfg.threads as u64) as usize;
-                SemStep::Evict {
-                    sem: rng.below(n) as usize,
+                Step::Evict {
+                    p: Prim::Sem,
+                    lock: rng.below(n) as usize,
                     key: rng.weighted(&[
                         (20.0, EvictKey::Hash),
                         (10.0, EvictKey::Fence),
@@ -591,36 +364,9 @@ pub fn sem_acquire_of(label: &str) -> Option<(usize, u64)> {
 
 impl World {
     pub fn apply_sem(&mut self, step: &SemStep) -> bool {
-        let p = Prim::Sem;
         match *step {
-            SemStep::Acquire {
-                c,
-                t,
-                sem,
-                permits,
-                wait,
-                lease_ms,
-                deadline_ms,
-                fault,
-                then,
-            } => self.acquire(
-                p,
-                (c, t, sem),
-                permits,
-                wait,
-                lease_ms,
-                deadline_ms,
-                (fault, then),
-            ),
-            SemStep::Pop { c, t, fault, then } => self.pop(p, c, t, fault, then),
-            SemStep::Release { c, t, fault } => self.release(p, c, t, fault),
-            SemStep::Renew { c, t, fault } => self.renew(p, c, t, fault),
-            SemStep::LeaveClaim { c, t, fault, then } => self.leave_claim(p, c, t, fault, then),
-            SemStep::LeavePass { c, t, fault } => self.leave_pass(p, c, t, fault),
-            SemStep::Heartbeat { c, sem, fault } => self.heartbeat(p, c, sem, fault),
             SemStep::ForceRelease { sem, fault } => self.sem_force_release(sem, fault),
             SemStep::SetCapacity { sem, fault } => self.sem_set_capacity(sem, fault),
-            SemStep::Evict { sem, key } => self.evict(p, sem, key),
         }
     }
 

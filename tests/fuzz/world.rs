@@ -351,23 +351,33 @@ impl World {
     pub fn apply(&mut self, step: &Step) -> bool {
         let applied = match *step {
             Step::Acquire(a) => self.acquire(
-                Prim::Lock,
+                a.p,
                 (a.c, a.t, a.lock),
-                1,
+                a.permits,
                 a.wait,
                 a.lease_ms,
                 a.deadline_ms,
                 (a.fault, a.then),
             ),
-            Step::Pop { c, t, fault, then } => self.pop(Prim::Lock, c, t, fault, then),
-            Step::Reenter { c, t, fault } => self.reenter(c, t, fault),
-            Step::Release { c, t, fault } => self.release(Prim::Lock, c, t, fault),
-            Step::Renew { c, t, fault } => self.renew(Prim::Lock, c, t, fault),
-            Step::LeaveClaim { c, t, fault, then } => {
-                self.leave_claim(Prim::Lock, c, t, fault, then)
-            }
-            Step::LeavePass { c, t, fault } => self.leave_pass(Prim::Lock, c, t, fault),
-            Step::Heartbeat { c, lock, fault } => self.heartbeat(Prim::Lock, c, lock, fault),
+            Step::Pop {
+                p,
+                c,
+                t,
+                fault,
+                then,
+            } => self.pop(p, c, t, fault, then),
+            Step::Reenter { p, c, t, fault } => p == Prim::Lock && self.reenter(c, t, fault),
+            Step::Release { p, c, t, fault } => self.release(p, c, t, fault),
+            Step::Renew { p, c, t, fault } => self.renew(p, c, t, fault),
+            Step::LeaveClaim {
+                p,
+                c,
+                t,
+                fault,
+                then,
+            } => self.leave_claim(p, c, t, fault, then),
+            Step::LeavePass { p, c, t, fault } => self.leave_pass(p, c, t, fault),
+            Step::Heartbeat { p, c, lock, fault } => self.heartbeat(p, c, lock, fault),
             Step::ForceUnlock { lock, fault } => self.force_unlock(lock, fault),
             Step::Resend { who } => self.resend(who),
             Step::DeliverLate { n } => self.deliver_late(n),
@@ -375,7 +385,7 @@ impl World {
             Step::Crash { c } => self.crash(c),
             Step::Pause { c, ms } => self.pause(c, ms),
             Step::Sleep { ms } => self.sleep(ms),
-            Step::Evict { lock, key } => self.evict(Prim::Lock, lock, key),
+            Step::Evict { p, lock, key } => self.evict(p, lock, key),
             Step::DataLoss => self.data_loss(),
             Step::Clock { ms } => self.clock_step(ms),
             Step::LongClock { ms } => self.long_clock_step(ms),
