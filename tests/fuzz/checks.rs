@@ -12,7 +12,6 @@ use redis::Value;
 
 use crate::judges::View;
 use crate::model::Prim;
-use crate::model::{Handoff, State};
 use crate::world::World;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,8 +66,9 @@ impl LockSnap {
             } else {
                 vec![(self.owner.clone(), self.attempt, self.token, 1)]
             },
-            queue: self.queue.iter().map(|(o, _)| o.clone()).collect(),
+            queue: self.queue.clone(),
             waiters: self.waiters.clone(),
+            fence: self.fence,
             detail: format!("holder {:?} token {}", self.owner, self.token),
         }
     }
@@ -123,7 +123,7 @@ pub struct KeySize {
 /// What the checks remember between snapshots.
 pub struct Checker {
     pub last: Vec<LockSnap>,
-    max_token: Vec<u64>,
+    pub max_token: Vec<u64>,
     /// Tokens of holds that lost the guarantee by design (force-unlocked, data lost).
     exempt: Vec<HashSet<u64>>,
     /// Tokens an operator released by force: their hand-offs may vanish (exempt from the
@@ -210,7 +210,7 @@ return out
     )
 });
 
-fn text(v: &Value) -> String {
+pub fn text(v: &Value) -> String {
     match v {
         Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
         Value::SimpleString(s) => s.clone(),
@@ -219,7 +219,7 @@ fn text(v: &Value) -> String {
     }
 }
 
-fn items(v: &Value) -> &[Value] {
+pub fn items(v: &Value) -> &[Value] {
     match v {
         Value::Array(a) => a,
         _ => &[],
@@ -368,181 +368,14 @@ impl World {
         None
     }
 
-    /// The thread waiting on `lock` as `owner` with `attempt`, if any.
-    fn waiter(&self, owner: &str, lock: usize, attempt: u64) -> Option<(usize, usize)> {
-        for (c, cl) in self.clients.iter().enumerate() {
-            for (t, th) in cl.threads.iter().enumerate() {
-                if th.owner == owner {
-                    if let State::Waiting(w) = &th.lock.state {
-                        if w.lock == lock && w.attempt == attempt {
-                            return Some((c, t));
-                        }
-                    }
-                }
-            }
-        }
-        None
-    }
-
     /// After a request reached Redis (sent at fuzzer time `sent`; `actor` is the thread that
     /// sent it, whose model reacts only after this): look for a grant, check it.
     pub fn after_call(&mut self, actor: Option<(usize, usize)>, sent: f64) {
         let snap = self.snapshot(false);
         self.fifo_mark_unsure(snap.real);
         for (l, cur) in snap.locks.iter().enumerate() {
-            let prev = self.checker.last[l].clone();
-            if cur.token == 0 || cur.token == prev.token {
-                continue;
-            }
-            // 4'''. no live waiter overtaken, by the order the Queued replies were seen in
-            let queue_before = format!("{:?}", self.checker.last[l].queue);
-            let holds = |o: &str, a: u64| o == cur.owner && a == cur.attempt;
-            let granted = crate::fifo::Granted {
-                prim: Prim::Lock,
-                index: l,
-                owner: &cur.owner,
-                attempt: cur.attempt,
-                token: cur.token,
-                holds: &holds,
-                queue_before,
-            };
-            self.fifo_by_replies(granted, actor, snap.real);
-            // 2. tokens strictly rise
-            if cur.token <= self.checker.max_token[l] {
-                let behind = self.server.offset_ms() < self.max_offset_ms;
-                if self.checker.fence_lost[l] && behind {
-                    self.say(format!(
-                        " (token check restarts: fence lost while the server clock is behind \
-                         its furthest; token {} <= {})",
-                        cur.token, self.checker.max_token[l]
-                    ));
-                    self.stats
-                        .add("exempt: token after fence loss on a stepped-back clock", 1);
-                } else {
-                    self.violate(
-                        Check::TokenOrder,
-                        format!(
-                            "lock {l} granted token {} to {} but token {} was granted before",
-                            cur.token, cur.owner, self.checker.max_token[l]
-                        ),
-                    );
-                }
-                self.checker.max_token[l] = cur.token;
-            }
-            self.checker.max_token[l] = self.checker.max_token[l].max(cur.token);
-            // a grant writes the fence only when its token passes the reservation, so the fence
-            // is back only once it is above the tokens again
-            if cur.fence >= self.checker.max_token[l] {
-                self.checker.fence_lost[l] = false;
-            }
-            // 4. no live waiter overtaken, not even by the holder's own thread taking the lock
-            //    again with a newer attempt (a leaked or locally lost hold: it queues)
-            if prev.owner != cur.owner || prev.attempt != cur.attempt {
-                let x_score = prev
-                    .queue
-                    .iter()
-                    .find(|(o, _)| *o == cur.owner)
-                    .map(|q| q.1);
-                for (y, score) in &prev.queue {
-                    if *y == cur.owner || x_score.is_some_and(|xs| *score >= xs) {
-                        continue;
-                    }
-                    let Some(&ay) = prev.waiters.get(y) else {
-                        continue;
-                    };
-                    let Some((c, t)) = self.waiter(y, l, ay) else {
-                        continue;
-                    };
-                    if Some((c, t)) == actor {
-                        continue;
-                    }
-                    let State::Waiting(w) = &self.clients[c].threads[t].lock.state else {
-                        continue;
-                    };
-                    if w.live(&self.cfg, snap.real) && !w.granted_seen {
-                        self.violate(
-                            Check::Overtaken,
-                            format!(
-                                "lock {l} granted (token {}) to {} attempt {} while live waiter \
-                                 c{c}:t{t} ({y} attempt {ay}) was queued ahead of it",
-                                cur.token, cur.owner, cur.attempt
-                            ),
-                        );
-                    }
-                }
-            }
-            // 6. no ghost hold: a new hold goes to an attempt that is still under way (queued,
-            //    or in its own acquire or leave call), never to one that has ended
-            if let Some((c, t)) = self.thread_of(&cur.owner) {
-                let th = &self.clients[c].threads[t];
-                // (a thread that still holds a guard of that attempt, whose hold was lost,
-                // ends the new one with its release: release_marking frees a hold of its own
-                // attempt)
-                let under_way = th.lock.calling == Some((l, cur.attempt))
-                    || matches!(&th.lock.state, State::Waiting(w) if w.lock == l && w.attempt == cur.attempt)
-                    || matches!(&th.lock.state, State::Holding(h) if h.lock == l && h.attempt == cur.attempt && h.late_acquire.is_some());
-                if !under_way {
-                    if cur.attempt <= th.marks_lost_upto {
-                        self.stats.add(
-                            "exempt: late acquire of an attempt whose mark was lost with the data",
-                            1,
-                        );
-                    } else if th.lock.unsure_end.get(&(l, cur.attempt)).is_some_and(|u| {
-                        !u.expired(snap.real, self.back_steps_ms, self.cfg.waiter_timeout_ms)
-                    }) {
-                        self.stats
-                            .add("exempt: late acquire of an attempt whose mark was lost", 1);
-                    } else {
-                        self.violate(
-                            Check::GhostHold,
-                            format!(
-                                "lock {l} granted (token {}) to c{c}:t{t} ({} attempt {}), an \
-                                 attempt that has ended: nobody holds a guard of it",
-                                cur.token, cur.owner, cur.attempt
-                            ),
-                        );
-                    }
-                }
-            } else {
-                self.crashed_client_granted(&format!("lock {l}"), &cur.owner, snap.real);
-            }
-            // 7. in a try-only quiet phase every waiter is dead (the live ones left first):
-            //    a hand-off (a grant to anyone but a caller in its own call) goes to a dead
-            //    waiter, and that must stop within a few waiter timeouts of traffic
-            let own_call = self.thread_of(&cur.owner).is_some_and(|(c, t)| {
-                self.clients[c].threads[t].lock.calling == Some((l, cur.attempt))
-            });
-            if let (Some(q), false) = (&mut self.try_only_quiet, own_call) {
-                let grace = self.cfg.waiter_timeout_ms as f64 + 2.0 * self.cfg.cap_ms();
-                let after = snap.real - q.since;
-                q.handoffs.insert(l, (cur.token, snap.real));
-                self.stats
-                    .add("try-only quiet: hand-off to a dead waiter", 1);
-                if after > grace {
-                    self.violate(
-                        Check::DeadWaiter,
-                        format!(
-                            "lock {l} handed (token {}) to {} attempt {}, a waiter dead since \
-                             before the quiet phase, {after:.0}ms into it (only try_lock callers \
-                             came by; dead waiters must be passed over within {grace:.0}ms)",
-                            cur.token, cur.owner, cur.attempt
-                        ),
-                    );
-                }
-            }
-            if let Some((c, t)) = self.waiter(&cur.owner, l, cur.attempt) {
-                let forward = self.clock.forward();
-                if let State::Waiting(w) = &mut self.clients[c].threads[t].lock.state {
-                    w.granted_seen = true;
-                    w.grant_forward.get_or_insert(forward);
-                    w.handoff = Some(Handoff {
-                        token: cur.token,
-                        earliest_end: sent + w.lease_ms as f64,
-                        wake_lost: false,
-                        heartbeat_after: false,
-                    });
-                }
-            }
+            let prev = self.checker.last[l].view();
+            self.judge_grants(Prim::Lock, l, &prev, &cur.view(), actor, sent, snap.real);
         }
         self.checker.last = snap.locks;
         self.sem_after_call(actor, sent);

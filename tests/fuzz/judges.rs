@@ -10,17 +10,19 @@
 use std::collections::HashMap;
 
 use crate::checks::{grant_prefix, Check};
-use crate::model::{Hold, Prim, State, Wait};
+use crate::model::{Handoff, Hold, Prim, State, Wait};
 use crate::world::World;
 
 /// What Redis has of one lock or semaphore, in one shape.
 pub struct View {
     /// (owner, attempt, token, permits) of each hold.
     pub holds: Vec<(String, u64, u64, u64)>,
-    /// Owners in queue order.
-    pub queue: Vec<String>,
+    /// (owner, score) in queue order.
+    pub queue: Vec<(String, f64)>,
     /// owner -> attempt of its waiters entry.
     pub waiters: HashMap<String, u64>,
+    /// The fence key's value (0: none), a bound above the tokens handed out.
+    pub fence: u64,
     /// What a violation's message shows of the rest.
     pub detail: String,
 }
@@ -32,6 +34,10 @@ impl View {
             .iter()
             .find(|h| h.0 == owner && h.1 == attempt)
             .map(|h| h.2)
+    }
+
+    fn queued(&self, owner: &str) -> bool {
+        self.queue.iter().any(|(o, _)| o == owner)
     }
 }
 
@@ -61,7 +67,7 @@ impl World {
                 let extra: Vec<&String> = cur
                     .waiters
                     .keys()
-                    .filter(|o| !cur.queue.contains(*o))
+                    .filter(|o| !cur.queued(o))
                     .filter(|o| !excused.as_ref().is_some_and(|e| e.contains(*o)))
                     .collect();
                 if !extra.is_empty() {
@@ -199,8 +205,7 @@ impl World {
                 if w.granted_seen || !live {
                     continue;
                 }
-                let queued =
-                    cur.waiters.get(&owner) == Some(&w.attempt) && cur.queue.contains(&owner);
+                let queued = cur.waiters.get(&owner) == Some(&w.attempt) && cur.queued(&owner);
                 if !queued {
                     found.push((
                         Check::WaiterLost,
@@ -222,6 +227,216 @@ impl World {
         found.extend(self.wakeups_missing(unpopped));
         for (check, msg) in found {
             self.violate(check, msg);
+        }
+    }
+
+    /// After a request reached Redis: each new hold of `i` (in `cur`, not in `prev`) is a grant.
+    /// Check 2 (tokens strictly rise), 4 (no live waiter queued ahead of the grantee passed
+    /// over; one granted in the same call is served), 4''' (the same by the order the `Queued`
+    /// replies were seen in, `fifo.rs`), 6 (no ghost hold: a new hold goes to an attempt under
+    /// way) and, on a lock, 7 (no hand-off to a dead waiter late in a try-only ending); then
+    /// the grantee's hand-off is recorded for 4' and 9.
+    #[allow(clippy::too_many_arguments)]
+    pub fn judge_grants(
+        &mut self,
+        p: Prim,
+        i: usize,
+        prev: &View,
+        cur: &View,
+        actor: Option<(usize, usize)>,
+        sent: f64,
+        real: f64,
+    ) {
+        let (noun, pfx) = (p.name(), p.prefix());
+        let mut new: Vec<&(String, u64, u64, u64)> = cur
+            .holds
+            .iter()
+            .filter(|h| prev.token_of(&h.0, h.1) != Some(h.2))
+            .collect();
+        new.sort_by_key(|h| h.2);
+        for (owner, attempt, token, _) in new {
+            let (owner, attempt, token) = (owner.as_str(), *attempt, *token);
+            self.stats.add(&format!("{pfx}grants"), 1);
+            // 4'''. no live waiter overtaken, by the order the Queued replies were seen in
+            let holds = |o: &str, a: u64| cur.token_of(o, a).is_some();
+            let granted = crate::fifo::Granted {
+                prim: p,
+                index: i,
+                owner,
+                attempt,
+                token,
+                holds: &holds,
+                queue_before: format!("{:?}", prev.queue),
+            };
+            self.fifo_by_replies(granted, actor, real);
+            // 2. tokens strictly rise
+            let max = *self.max_token(p, i);
+            if token <= max {
+                let behind = self.server.offset_ms() < self.max_offset_ms;
+                if *self.fence_lost_flag(p, i) && behind {
+                    self.say(format!(
+                        " (token check restarts: fence lost while the server clock is behind \
+                         its furthest; token {token} <= {max})"
+                    ));
+                    let what =
+                        format!("exempt: {pfx}token after fence loss on a stepped-back clock");
+                    self.stats.add(&what, 1);
+                } else {
+                    self.violate(
+                        Check::TokenOrder,
+                        format!(
+                            "{noun} {i} granted token {token} to {owner} attempt {attempt} but \
+                             token {max} was granted before"
+                        ),
+                    );
+                }
+                *self.max_token(p, i) = token;
+            }
+            let max = self.max_token(p, i);
+            *max = (*max).max(token);
+            // a grant writes the fence only when its token passes the reservation, so the fence
+            // is back only once it is above the tokens again
+            if cur.fence >= *self.max_token(p, i) {
+                *self.fence_lost_flag(p, i) = false;
+            }
+            // 4. no live waiter overtaken, not even by the holder's own thread taking a lock
+            //    again with a newer attempt (a leaked or locally lost hold: it queues); a lock
+            //    re-granted to the attempt that held it is not a new holder
+            let regrant = p == Prim::Lock && prev.token_of(owner, attempt).is_some();
+            let x_score = prev.queue.iter().find(|(o, _)| o == owner).map(|q| q.1);
+            for (y, score) in prev.queue.iter().filter(|_| !regrant) {
+                if y == owner || x_score.is_some_and(|xs| *score >= xs) {
+                    continue;
+                }
+                let Some(&ay) = prev.waiters.get(y) else {
+                    continue;
+                };
+                if cur.token_of(y, ay).is_some() {
+                    continue;
+                }
+                let Some((c, t)) = self.waiter(p, y, i, ay) else {
+                    continue;
+                };
+                if Some((c, t)) == actor {
+                    continue;
+                }
+                let Some(w) = p.wait(&self.clients[c].threads[t]) else {
+                    continue;
+                };
+                if w.live(&self.cfg, real) && !w.granted_seen {
+                    self.violate(
+                        Check::Overtaken,
+                        format!(
+                            "{noun} {i} granted (token {token}) to {owner} attempt {attempt} \
+                             while live waiter c{c}:t{t} ({y} attempt {ay}) was queued ahead of it"
+                        ),
+                    );
+                }
+            }
+            // 6. no ghost hold: a new hold goes to an attempt that is still under way (queued,
+            //    or in its own acquire or leave call), never to one that has ended
+            if let Some((c, t)) = self.thread_of(owner) {
+                let th = &self.clients[c].threads[t];
+                let side = th.side(p);
+                // (a thread that still holds a guard of that attempt, whose hold was lost,
+                // ends the new one with its release, which frees a hold of its own attempt)
+                let under_way = side.calling == Some((i, attempt))
+                    || side.waits_with(i, attempt)
+                    || matches!(&side.state, State::Holding(h) if h.lock == i && h.attempt == attempt && h.late_acquire.is_some());
+                if !under_way {
+                    if attempt <= th.marks_lost_upto {
+                        let what = format!(
+                            "exempt: {pfx}late acquire of an attempt whose mark was lost with the \
+                             data"
+                        );
+                        self.stats.add(&what, 1);
+                    } else if side.unsure_end.get(&(i, attempt)).is_some_and(|u| {
+                        !u.expired(real, self.back_steps_ms, self.cfg.waiter_timeout_ms)
+                    }) {
+                        let what =
+                            format!("exempt: {pfx}late acquire of an attempt whose mark was lost");
+                        self.stats.add(&what, 1);
+                    } else {
+                        self.violate(
+                            Check::GhostHold,
+                            format!(
+                                "{noun} {i} granted (token {token}) to c{c}:t{t} ({owner} attempt \
+                                 {attempt}), an attempt that has ended: nobody holds a guard or \
+                                 permit of it"
+                            ),
+                        );
+                    }
+                }
+            } else {
+                self.crashed_client_granted(&format!("{noun} {i}"), owner, real);
+            }
+            if p == Prim::Lock {
+                self.dead_waiter_handoff(i, owner, attempt, token, real);
+            }
+            if let Some((c, t)) = self.waiter(p, owner, i, attempt) {
+                let forward = self.clock.forward();
+                if let State::Waiting(w) = &mut self.clients[c].threads[t].side_mut(p).state {
+                    w.granted_seen = true;
+                    w.grant_forward.get_or_insert(forward);
+                    w.handoff = Some(Handoff {
+                        token,
+                        earliest_end: sent + w.lease_ms as f64,
+                        wake_lost: false,
+                        heartbeat_after: false,
+                    });
+                }
+            }
+        }
+    }
+
+    /// 7. In a try-only quiet phase every waiter is dead (the live ones left first): a hand-off
+    /// of lock `l` (a grant to anyone but a caller in its own call) goes to a dead waiter, and
+    /// that must stop within a few waiter timeouts of traffic. Not for a semaphore: its
+    /// try-only ending also queues dead waiters for all of its permits, which only the end's
+    /// liveness judges.
+    fn dead_waiter_handoff(&mut self, l: usize, owner: &str, attempt: u64, token: u64, real: f64) {
+        let own_call = self
+            .thread_of(owner)
+            .is_some_and(|(c, t)| self.clients[c].threads[t].lock.calling == Some((l, attempt)));
+        if let (Some(q), false) = (&mut self.try_only_quiet, own_call) {
+            let grace = self.cfg.waiter_timeout_ms as f64 + 2.0 * self.cfg.cap_ms();
+            let after = real - q.since;
+            q.handoffs.insert(l, (token, real));
+            self.stats
+                .add("try-only quiet: hand-off to a dead waiter", 1);
+            if after > grace {
+                self.violate(
+                    Check::DeadWaiter,
+                    format!(
+                        "lock {l} handed (token {token}) to {owner} attempt {attempt}, a waiter \
+                         dead since before the quiet phase, {after:.0}ms into it (only try_lock \
+                         callers came by; dead waiters must be passed over within {grace:.0}ms)"
+                    ),
+                );
+            }
+        }
+    }
+
+    /// The thread waiting on `i` of `p` as `owner` with `attempt`, if any.
+    pub fn waiter(&self, p: Prim, owner: &str, i: usize, attempt: u64) -> Option<(usize, usize)> {
+        let (c, t) = self.thread_of(owner)?;
+        self.clients[c].threads[t]
+            .side(p)
+            .waits_with(i, attempt)
+            .then_some((c, t))
+    }
+
+    fn max_token(&mut self, p: Prim, i: usize) -> &mut u64 {
+        match p {
+            Prim::Lock => &mut self.checker.max_token[i],
+            Prim::Sem => &mut self.sem_checker.max_token[i],
+        }
+    }
+
+    fn fence_lost_flag(&mut self, p: Prim, i: usize) -> &mut bool {
+        match p {
+            Prim::Lock => &mut self.checker.fence_lost[i],
+            Prim::Sem => &mut self.sem_checker.fence_lost[i],
         }
     }
 

@@ -17,10 +17,10 @@ use std::sync::LazyLock;
 use fairlock::raw::{RawSemaphore, SemCapacity, SemKind, Settings, RW_CAPACITY};
 use redis::Value;
 
-use crate::checks::Check;
+use crate::checks::{items, text, Check};
 use crate::judges::View;
 use crate::model::Prim;
-use crate::model::{Handoff as SeenHandoff, State, Wait};
+use crate::model::State;
 use crate::rng::Rng;
 use crate::steps::{Choices, EvictKey, Fault, Step, ThreadKind, Who};
 use crate::world::{describe, World};
@@ -199,8 +199,9 @@ impl SemSnap {
                     (owner.to_string(), attempt, *token, *permits)
                 })
                 .collect(),
-            queue: self.queue.iter().map(|(o, _)| o.clone()).collect(),
+            queue: self.queue.clone(),
             waiters: self.waiters.clone(),
+            fence: self.fence,
             detail: format!("used {}", self.used),
         }
     }
@@ -270,22 +271,6 @@ return out
     )
 });
 
-fn text(v: &Value) -> String {
-    match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::Int(i) => i.to_string(),
-        _ => String::new(),
-    }
-}
-
-fn items(v: &Value) -> &[Value] {
-    match v {
-        Value::Array(a) => a,
-        _ => &[],
-    }
-}
-
 fn parse_sem(v: &Value, server_ms: i64) -> SemSnap {
     let f = items(v);
     let mut s = SemSnap {
@@ -342,10 +327,6 @@ fn parse_sem(v: &Value, server_ms: i64) -> SemSnap {
         })
         .collect();
     s
-}
-
-fn hold_id(owner: &str, attempt: u64) -> String {
-    format!("{owner}#{attempt}")
 }
 
 fn split_id(id: &str) -> (&str, u64) {
@@ -462,17 +443,6 @@ impl World {
         all[..n].iter().map(|x| parse_sem(x, server_ms)).collect()
     }
 
-    fn sem_thread_of(&self, owner: &str) -> Option<(usize, usize)> {
-        for (c, cl) in self.clients.iter().enumerate() {
-            for (t, th) in cl.threads.iter().enumerate() {
-                if th.owner == owner {
-                    return Some((c, t));
-                }
-            }
-        }
-        None
-    }
-
     /// After a request reached Redis: every new hold is a grant; check its token, that no live
     /// waiter queued ahead of it was passed over, and that its attempt is under way.
     pub fn sem_after_call(&mut self, actor: Option<(usize, usize)>, sent: f64) {
@@ -483,13 +453,6 @@ impl World {
         let real = self.clock.real();
         for (s, cur) in snaps.iter().enumerate() {
             let prev = self.sem_checker.last[s].clone();
-            let mut new: Vec<(String, u64, u64)> = cur
-                .holds
-                .iter()
-                .filter(|(id, (tok, _))| prev.holds.get(*id).map(|x| x.0) != Some(*tok))
-                .map(|(id, (tok, p))| (id.clone(), *tok, *p))
-                .collect();
-            new.sort_by_key(|x| x.1);
             // 1'. Redis's own count agrees with its holds, and its live holds fit
             let sum: u64 = cur.holds.values().map(|x| x.1).sum();
             if cur.used != sum {
@@ -514,128 +477,8 @@ impl World {
                     );
                 }
             }
-            for (id, token, _) in &new {
-                self.stats.add("sem grants", 1);
-                let (owner, attempt) = split_id(id);
-                // 4'''. no live waiter overtaken, by the order the Queued replies were seen in
-                let holds = |o: &str, a: u64| cur.holds.contains_key(&hold_id(o, a));
-                let granted = crate::fifo::Granted {
-                    prim: Prim::Sem,
-                    index: s,
-                    owner,
-                    attempt,
-                    token: *token,
-                    holds: &holds,
-                    queue_before: format!("{:?}", prev.queue),
-                };
-                self.fifo_by_replies(granted, actor, real);
-                // 2. tokens strictly rise
-                if *token <= self.sem_checker.max_token[s] {
-                    let behind = self.server.offset_ms() < self.max_offset_ms;
-                    if self.sem_checker.fence_lost[s] && behind {
-                        self.stats.add(
-                            "exempt: sem token after fence loss on a stepped-back clock",
-                            1,
-                        );
-                    } else {
-                        self.violate(
-                            Check::TokenOrder,
-                            format!(
-                                "sem {s} granted token {token} to {id} but token {} was granted \
-                                 before",
-                                self.sem_checker.max_token[s]
-                            ),
-                        );
-                    }
-                    self.sem_checker.max_token[s] = *token;
-                }
-                self.sem_checker.max_token[s] = self.sem_checker.max_token[s].max(*token);
-                if cur.fence >= self.sem_checker.max_token[s] {
-                    self.sem_checker.fence_lost[s] = false;
-                }
-                // 4. no live waiter queued ahead of the grantee passed over (one granted in the
-                //    same call is served, not passed over)
-                let x_score = prev.queue.iter().find(|(o, _)| o == owner).map(|q| q.1);
-                for (y, score) in &prev.queue {
-                    if y == owner || x_score.is_some_and(|xs| *score >= xs) {
-                        continue;
-                    }
-                    let Some(&ay) = prev.waiters.get(y) else {
-                        continue;
-                    };
-                    if cur.holds.contains_key(&hold_id(y, ay)) {
-                        continue;
-                    }
-                    let Some((c, t)) = self.sem_thread_of(y) else {
-                        continue;
-                    };
-                    if Some((c, t)) == actor {
-                        continue;
-                    }
-                    let State::Waiting(w) = &self.clients[c].threads[t].sem.state else {
-                        continue;
-                    };
-                    if w.lock == s && w.attempt == ay && w.live(&self.cfg, real) && !w.granted_seen
-                    {
-                        self.violate(
-                            Check::Overtaken,
-                            format!(
-                                "sem {s} granted (token {token}) to {id} while live waiter \
-                                 c{c}:t{t} ({y} attempt {ay}) was queued ahead of it"
-                            ),
-                        );
-                    }
-                }
-                // 6. no ghost hold
-                if let Some((c, t)) = self.sem_thread_of(owner) {
-                    let th = &self.clients[c].threads[t];
-                    let under_way = th.sem.calling == Some((s, attempt))
-                        || matches!(&th.sem.state, State::Waiting(w) if w.lock == s && w.attempt == attempt)
-                        || matches!(&th.sem.state, State::Holding(h) if h.lock == s && h.attempt == attempt && h.late_acquire.is_some());
-                    if !under_way {
-                        if attempt <= th.marks_lost_upto {
-                            self.stats.add(
-                                "exempt: sem late acquire of an attempt whose mark was lost with \
-                                 the data",
-                                1,
-                            );
-                        } else if th.sem.unsure_end.get(&(s, attempt)).is_some_and(|u| {
-                            !u.expired(real, self.back_steps_ms, self.cfg.waiter_timeout_ms)
-                        }) {
-                            self.stats.add(
-                                "exempt: sem late acquire of an attempt whose mark was lost",
-                                1,
-                            );
-                        } else {
-                            self.violate(
-                                Check::GhostHold,
-                                format!(
-                                    "sem {s} granted (token {token}) to c{c}:t{t} ({id}), an \
-                                     attempt that has ended: nobody holds a permit of it"
-                                ),
-                            );
-                        }
-                    }
-                } else {
-                    self.crashed_client_granted(&format!("sem {s}"), owner, real);
-                }
-                let forward = self.clock.forward();
-                if let Some((c, t)) = self.sem_thread_of(owner) {
-                    let lease_end = |w: &Wait| sent + w.lease_ms as f64;
-                    if let State::Waiting(w) = &mut self.clients[c].threads[t].sem.state {
-                        if w.lock == s && w.attempt == attempt {
-                            w.granted_seen = true;
-                            w.grant_forward.get_or_insert(forward);
-                            w.handoff = Some(SeenHandoff {
-                                token: *token,
-                                earliest_end: lease_end(w),
-                                wake_lost: false,
-                                heartbeat_after: false,
-                            });
-                        }
-                    }
-                }
-            }
+            let prev = prev.view();
+            self.judge_grants(Prim::Sem, s, &prev, &cur.view(), actor, sent, real);
         }
         self.sem_checker.last = snaps;
     }
