@@ -10,7 +10,7 @@ use fairlock::raw::{self, judge_handoff, Handoff, Wake, Witness};
 
 use crate::checks::Check;
 use crate::model::{Hold, LocalMs, Prim, Side, State, Wait};
-use crate::prim::{Acq, Left, Rel};
+use crate::prim::{Acq, Gone, Rel};
 use crate::steps::{Fault, Who};
 use crate::world::{describe, fault_name, Plan, World};
 
@@ -639,14 +639,14 @@ impl World {
         self.side(p, c, t).calling = outer;
         self.say(format!(" -> {text}"));
         match s.reply {
-            Ok(Left::Granted { token, pttl_ms }) => {
+            Ok(Gone::Granted { token, pttl_ms }) => {
                 let via = "leave claim reply";
                 if !self.hold_grant(p, (c, t), &plan, token, pttl_ms, s.sent, via) {
                     self.run_acquire(p, c, t, plan, then, Fault::None);
                 }
             }
-            Ok(Left::Left) => *self.state(p, c, t) = State::Idle,
-            Ok(Left::Passed) => {
+            Ok(Gone::Left) => *self.state(p, c, t) = State::Idle,
+            Ok(Gone::Passed) => {
                 self.violate(
                     Check::BadReply,
                     format!("{}leave claim answered passed", p.prefix()),

@@ -389,11 +389,11 @@ impl World {
         }
     }
 
-    /// 7. In a try-only quiet phase every waiter is dead (the live ones left first): a hand-off
-    /// of lock `l` (a grant to anyone but a caller in its own call) goes to a dead waiter, and
-    /// that must stop within a few waiter timeouts of traffic. Not for a semaphore: its
-    /// try-only ending also queues dead waiters for all of its permits, which only the end's
-    /// liveness judges.
+    /// Check 7: in a try-only quiet phase every waiter is dead (the live ones left first): a
+    /// hand-off of lock `l` (a grant to anyone but a caller in its own call) goes to a dead
+    /// waiter, and that must stop within a few waiter timeouts of traffic. Not for a semaphore:
+    /// its try-only ending also queues dead waiters for all of its permits, which only the
+    /// end's liveness judges.
     fn dead_waiter_handoff(&mut self, l: usize, owner: &str, attempt: u64, token: u64, real: f64) {
         let own_call = self
             .thread_of(owner)

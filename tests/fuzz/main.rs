@@ -9,9 +9,16 @@
 //! a lost reply, a late delivery, a lost request, a connection-layer retry, a stray duplicate
 //! of a thread's last command, a crash, a pause longer than the waiter timeout, time passing,
 //! an evicted key, data loss (FLUSHALL + SCRIPT FLUSH + FUNCTION FLUSH), a server clock step. Threads react to
-//! replies and errors as the real client does (`src/lock/`, `guard.rs`, the janitor and the
-//! watchdog): see `fuzz/actions.rs`; requests and their network faults go through
-//! `fuzz/world.rs`, the other faults are in `fuzz/faults.rs`.
+//! replies and errors as the real client does (the engine of `src/acquire/`, `LockGuard`,
+//! `Permit`, the janitor and the watchdog): see `fuzz/actions.rs`; requests and their network
+//! faults go through `fuzz/world.rs`, the other faults are in `fuzz/faults.rs`.
+//!
+//! **One model for every primitive** (`model::Prim`): a thread has a lock side and a semaphore
+//! side of one kind (`model::Side`), and the actions, steps, generator, faults and judges are
+//! written once for both; `fuzz/prim.rs` holds what differs (the scripts a thread calls, how a
+//! reply reads, what Redis has of an attempt), `fuzz/judges.rs` the judges run for both over a
+//! common view of Redis (`judges::View`). Admission is one sum: the permits held never exceed
+//! the capacity (a lock: 1, a hold takes 1; a read/write lock: a write takes all).
 //!
 //! Threads take the real client's decisions where it has them as functions: a popped hand-off is
 //! judged by `fairlock::raw::judge_handoff` on the client's own clock (real time, which a server
@@ -22,7 +29,8 @@
 //! connection layer sends it again and the caller sees the second reply (`Fault::SlowFirst`, the
 //! success path of a repeat); and every third seed's quiet phase without heartbeats (below).
 //!
-//! **Semaphores** (`fuzz/sem.rs`): every odd seed also has one or two semaphores, each a
+//! **Semaphores** (`fuzz/sem.rs`: their shapes, generator, snapshot and operator steps): every
+//! odd seed also has one or two semaphores, each a
 //! counting semaphore of capacity 1-4 whose acquires ask for 1-3 permits, or the read/write
 //! shape (capacity `RW_CAPACITY`: a read takes 1 permit, a write all). The same threads act on
 //! them beside their locks (a thread has a lock side and a semaphore side), as the real
@@ -36,8 +44,8 @@
 //! key (hash, fence, queue, waiters, leases, hand-offs, left marks, a wake list) is evicted on
 //! its own. Even seeds have none, and draw the same steps as before.
 //!
-//! Checked after every request and every step (`fuzz/checks.rs`; for the semaphores,
-//! `fuzz/sem.rs` checks the same properties, each named below):
+//! Checked after every request and every step (`fuzz/judges.rs` and `fuzz/checks.rs`, for
+//! locks and semaphores alike unless said; `docs/evidence.md` tabulates which applies to which):
 //! 1. **Mutual exclusion**: at most one thread holds a lock by its own conservative estimate
 //!    (send time of the granting request + the pttl in its reply; a popped hand-off: the
 //!    client's `judge_handoff`, counting forward clock steps only from the grant on; a renewal:

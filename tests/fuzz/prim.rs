@@ -33,7 +33,7 @@ pub enum Acq {
 }
 
 /// A leave's reply.
-pub enum Left {
+pub enum Gone {
     Granted { token: u64, pttl_ms: i64 },
     Left,
     Passed,
@@ -189,7 +189,7 @@ impl World {
         plan: &Plan,
         claim: bool,
         fault: Fault,
-    ) -> (Sent<Left>, String) {
+    ) -> (Sent<Gone>, String) {
         let owner = self.owner(c, t);
         let (i, a, mark) = (plan.lock, plan.attempt, plan.unanswered);
         let who = Some(Who::Thread(c, t));
@@ -212,23 +212,23 @@ impl World {
                 };
                 let call = self.locks[i].leave(&owner, a, mode, late);
                 read(self.exec(who, label, call, fault), |r| match r {
-                    Leave::Granted(g) => Left::Granted {
+                    Leave::Granted(g) => Gone::Granted {
                         token: g.token,
                         pttl_ms: g.pttl_ms,
                     },
-                    Leave::Left => Left::Left,
-                    Leave::Passed { .. } => Left::Passed,
+                    Leave::Left => Gone::Left,
+                    Leave::Passed { .. } => Gone::Passed,
                 })
             }
             Prim::Sem => {
                 let call = self.sems[i].leave(&owner, a, mark, claim);
                 read(self.exec(who, label, call, fault), |r| match r {
-                    SemLeave::Granted { token, pttl, .. } => Left::Granted {
+                    SemLeave::Granted { token, pttl, .. } => Gone::Granted {
                         token,
                         pttl_ms: ms(pttl),
                     },
-                    SemLeave::Left => Left::Left,
-                    SemLeave::Passed { .. } => Left::Passed,
+                    SemLeave::Left => Gone::Left,
+                    SemLeave::Passed { .. } => Gone::Passed,
                 })
             }
         }

@@ -1,14 +1,11 @@
-//! The semaphores of a run (every odd seed: one or two, each a counting semaphore of capacity
-//! 1-4 whose threads ask for 1-3 permits, or the read/write shape: capacity `RW_CAPACITY`, a
-//! read takes 1, a write all). Their threads and clients act as the real client's
-//! the acquisition engine, `Permit` and the janitor do (`src/acquire/engine.rs`, `src/semaphore/permit.rs`, `src/background/janitor.rs`),
-//! through [`World::exec`], so every network fault applies; the process, clock and data faults
-//! of `faults.rs` apply to them as to the locks, and the semaphore's keys are evicted one by
-//! one as the lock's are. A thread has a semaphore side beside its lock side
-//! (`Thread::sem`, a `Wait` or `Hold` whose `lock` is the semaphore's index).
-//!
-//! Checked after every request (`sem_after_call`: every new hold is a grant) and every step
-//! (`sem_step_checks`); see the header of `main.rs`.
+//! What only the semaphores have (every odd seed: one or two, each a counting semaphore of
+//! capacity 1-4 whose threads ask for 1-3 permits, or the read/write shape: capacity
+//! `RW_CAPACITY`, a read takes 1, a write all): their shapes, the permits an acquire asks for,
+//! their share of the generator, their snapshot, the operator's force-release and
+//! set-capacity, Redis's own count (`sem_after_call`: `~used`, live permits within capacity)
+//! and what they may leave at the end. Their threads act through the actions, faults and
+//! judges every primitive shares (`actions.rs`, `faults.rs`, `judges.rs`; the differences in
+//! `prim.rs`); see the header of `main.rs`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
