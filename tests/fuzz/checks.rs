@@ -226,19 +226,18 @@ pub fn items(v: &Value) -> &[Value] {
     }
 }
 
-fn parse_lock(v: &Value) -> LockSnap {
-    let f = items(v);
-    let num = |i: usize| f.get(i).map(text).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let queue = f
-        .get(3)
-        .map(items)
+/// A queue zset's (owner, score) pairs in order, from ZRANGE ... WITHSCORES.
+pub fn parse_queue(v: Option<&Value>) -> Vec<(String, f64)> {
+    v.map(items)
         .unwrap_or(&[])
         .chunks(2)
         .map(|p| (text(&p[0]), text(&p[1]).parse().unwrap_or(0.0)))
-        .collect();
-    let waiters = f
-        .get(4)
-        .map(items)
+        .collect()
+}
+
+/// A waiters hash's owner -> attempt (its entries start with the attempt), from HGETALL.
+pub fn parse_waiters(v: Option<&Value>) -> HashMap<String, u64> {
+    v.map(items)
         .unwrap_or(&[])
         .chunks(2)
         .filter(|p| !text(&p[0]).starts_with('~'))
@@ -250,13 +249,18 @@ fn parse_lock(v: &Value) -> LockSnap {
                 .unwrap_or(0);
             (text(&p[0]), attempt)
         })
-        .collect();
+        .collect()
+}
+
+fn parse_lock(v: &Value) -> LockSnap {
+    let f = items(v);
+    let num = |i: usize| f.get(i).map(text).and_then(|s| s.parse().ok()).unwrap_or(0);
     LockSnap {
         owner: f.first().map(text).unwrap_or_default(),
         attempt: num(1),
         token: num(2),
-        queue,
-        waiters,
+        queue: parse_queue(f.get(3)),
+        waiters: parse_waiters(f.get(4)),
         fence: num(5),
     }
 }

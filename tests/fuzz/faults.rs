@@ -46,20 +46,29 @@ impl World {
         };
         self.say(format!(" -> holder {owner:?} token={token}; force_unlock"));
         let label = format!("operator force_unlock {owner:?} token={token}");
-        let call = self.locks[lock].force_unlock(&owner, token);
+        self.operator_force(label, fault, |w| w.locks[lock].force_unlock(&owner, token));
+        true
+    }
+
+    /// The operator's forced release (a lock's or a semaphore's), under `fault`: a lost reply
+    /// is retried by its connection layer, and a copy held up is sent again now while the
+    /// first comes later.
+    pub fn operator_force<T: std::fmt::Debug + 'static>(
+        &mut self,
+        label: String,
+        fault: Fault,
+        call: impl Fn(&World) -> fairlock::raw::Call<T>,
+    ) {
         let fault = match fault {
             Fault::Lost | Fault::Retried => Fault::Retried,
             Fault::Late | Fault::SlowFirst => Fault::Late,
             Fault::None | Fault::Dropped => Fault::None,
         };
-        let mut s = self.exec(Some(Who::Operator), label.clone(), call, fault);
+        let mut s = self.exec(Some(Who::Operator), label.clone(), call(self), fault);
         if fault == Fault::Late {
-            // the operator's connection layer sends it again now; the first copy comes later
-            let call = self.locks[lock].force_unlock(&owner, token);
-            s = self.exec(Some(Who::Operator), label, call, Fault::None);
+            s = self.exec(Some(Who::Operator), label, call(self), Fault::None);
         }
         self.say(format!(" -> {}", describe(&s.reply)));
-        true
     }
 
     /// A stray duplicate of the last command of a thread (or the operator); nobody reads it.

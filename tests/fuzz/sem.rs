@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 use fairlock::raw::{RawSemaphore, SemCapacity, SemKind, Settings, RW_CAPACITY};
 use redis::Value;
 
-use crate::checks::{items, text, Check};
+use crate::checks::{items, parse_queue, parse_waiters, text, Check};
 use crate::judges::View;
 use crate::model::Prim;
 use crate::model::State;
@@ -288,28 +288,8 @@ fn parse_sem(v: &Value, server_ms: i64) -> SemSnap {
             }
         }
     }
-    s.queue = f
-        .get(1)
-        .map(items)
-        .unwrap_or(&[])
-        .chunks(2)
-        .map(|p| (text(&p[0]), text(&p[1]).parse().unwrap_or(0.0)))
-        .collect();
-    s.waiters = f
-        .get(2)
-        .map(items)
-        .unwrap_or(&[])
-        .chunks(2)
-        .filter(|p| !text(&p[0]).starts_with('~'))
-        .map(|p| {
-            let attempt = text(&p[1])
-                .split('|')
-                .next()
-                .and_then(|a| a.parse().ok())
-                .unwrap_or(0);
-            (text(&p[0]), attempt)
-        })
-        .collect();
+    s.queue = parse_queue(f.get(1));
+    s.waiters = parse_waiters(f.get(2));
     s.fence = f.get(3).map(text).and_then(|x| x.parse().ok()).unwrap_or(0);
     s.leases = f
         .get(4)
@@ -403,18 +383,9 @@ impl World {
         }
         self.say(format!(" -> hold {} token={token}; force_release", h.id));
         let label = format!("operator sem force_release {owner:?} token={token}");
-        let call = self.sems[sem].force_release(&owner, attempt, token);
-        let fault = match fault {
-            Fault::Lost | Fault::Retried => Fault::Retried,
-            Fault::Late | Fault::SlowFirst => Fault::Late,
-            Fault::None | Fault::Dropped => Fault::None,
-        };
-        let mut s = self.exec(Some(Who::Operator), label.clone(), call, fault);
-        if fault == Fault::Late {
-            let call = self.sems[sem].force_release(&owner, attempt, token);
-            s = self.exec(Some(Who::Operator), label, call, Fault::None);
-        }
-        self.say(format!(" -> {}", describe(&s.reply)));
+        self.operator_force(label, fault, |w| {
+            w.sems[sem].force_release(&owner, attempt, token)
+        });
         true
     }
 
