@@ -1,19 +1,17 @@
-//! The actions of threads and clients, as the real client performs them (`src/lock/`,
-//! `guard.rs`, the janitor and the watchdog): acquire and its re-runs, pop, re-enter, release,
-//! renew, leave, heartbeat. Errors get the real client's reaction; replies are checked for
-//! shapes the scripts never give.
+//! The actions of threads and clients, as the real client performs them (the acquisition
+//! engine `src/acquire/`, `LockGuard`, `Permit`, the janitor and the watchdog): acquire and its
+//! re-runs, pop, re-enter, release, renew, leave, heartbeat. One implementation for every
+//! primitive (`Prim`): what a lock and a semaphore do differently is in `prim.rs`. Errors get
+//! the real client's reaction; replies are checked for shapes the scripts never give.
 
 use std::time::Duration;
 
-use fairlock::raw::{
-    self, judge_handoff, Acquire, Handoff, LateAcquire, Leave, LeaveMode, Mode, Release, Wake,
-    Witness,
-};
+use fairlock::raw::{self, judge_handoff, Handoff, Wake, Witness};
 
 use crate::checks::Check;
-use crate::fifo::Prim;
-use crate::model::{Hold, LocalMs, State, Wait};
-use crate::steps::{AcquireStep, Fault, Who};
+use crate::model::{Hold, LocalMs, Prim, Side, State, Wait};
+use crate::prim::{Acq, Gone, Rel};
+use crate::steps::{Fault, Who};
 use crate::world::{describe, fault_name, Plan, World};
 
 impl World {
@@ -31,139 +29,193 @@ impl World {
         pttl_ms
     }
 
-    pub fn acquire(&mut self, step: AcquireStep) -> bool {
-        let (c, t, lock, lease_ms) = (step.c, step.t, step.lock, step.lease_ms);
-        if !self.fits(c, t) || lock >= self.locks.len() {
+    pub fn side(&mut self, p: Prim, c: usize, t: usize) -> &mut Side {
+        self.clients[c].threads[t].side_mut(p)
+    }
+
+    pub fn state(&mut self, p: Prim, c: usize, t: usize) -> &mut State {
+        &mut self.side(p, c, t).state
+    }
+
+    pub fn waiting(&mut self, p: Prim, c: usize, t: usize) -> Option<&mut Wait> {
+        match self.state(p, c, t) {
+            State::Waiting(w) => Some(w),
+            _ => None,
+        }
+    }
+
+    pub fn holding(&mut self, p: Prim, c: usize, t: usize) -> Option<&mut Hold> {
+        match self.state(p, c, t) {
+            State::Holding(h) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// Thread `(c, t)` starts a new attempt on `i` for `permits` (a lock's: 1; a semaphore's
+    /// at most its capacity), waiting or trying, with a deadline or none.
+    #[allow(clippy::too_many_arguments)]
+    pub fn acquire(
+        &mut self,
+        p: Prim,
+        (c, t, i): (usize, usize, usize),
+        permits: u64,
+        wait: bool,
+        lease_ms: u64,
+        deadline_ms: Option<u64>,
+        (fault, then): (Fault, Fault),
+    ) -> bool {
+        if !self.fits(c, t) || i >= self.count(p) {
             return false;
         }
-        if !matches!(self.state(c, t), State::Idle) {
+        if !matches!(self.state(p, c, t), State::Idle) {
             return false;
         }
+        let permits = match p {
+            Prim::Lock => 1,
+            Prim::Sem => permits.min(self.cfg.sems[i].cap).max(1),
+        };
         let attempt = self.clients[c].next_attempt;
         self.clients[c].next_attempt += 1;
+        self.side(p, c, t).permits = permits;
         let plan = Plan {
-            lock,
+            lock: i,
             attempt,
             lease_ms,
-            wait: step.wait,
-            deadline: step.deadline_ms.map(|d| self.clock.fz() + d as f64),
+            wait,
+            deadline: deadline_ms.map(|d| self.clock.fz() + d as f64),
             unanswered: false,
         };
-        let mode = if step.wait { "wait" } else { "try" };
+        let mode = if wait { "wait" } else { "try" };
+        let pfx = p.prefix();
+        let (noun, asked) = match p {
+            Prim::Lock => ("lock", String::new()),
+            Prim::Sem => ("sem", format!(" permits={permits}")),
+        };
         self.say(format!(
-            "c{c}:t{t} acquire {mode} lock={lock} attempt={attempt} lease={lease_ms}ms"
+            "c{c}:t{t} {pfx}acquire {mode} {noun}={i}{asked} attempt={attempt} lease={lease_ms}ms"
         ));
-        if let Some(d) = step.deadline_ms {
+        if let Some(d) = deadline_ms {
             self.say(format!(" timeout={d}ms"));
         }
-        self.run_acquire(c, t, plan, step.fault, step.then);
+        self.run_acquire(p, c, t, plan, fault, then);
         true
     }
 
-    /// An acquire call and the real client's reaction; a grant whose lease is already over by
-    /// the estimate is re-checked with the same attempt (three times at most, then it fails).
     /// A grant in a reply (`via`) sent at `sent` becomes a hold, as in the real client, unless
-    /// its lease is already over by the estimate. Returns whether it did.
+    /// its lease is already over by the estimate (send time + the pttl, at most the lease).
+    /// Returns whether it did.
+    #[allow(clippy::too_many_arguments)]
     fn hold_grant(
         &mut self,
-        c: usize,
-        t: usize,
+        p: Prim,
+        (c, t): (usize, usize),
         plan: &Plan,
-        g: raw::Grant,
+        token: u64,
+        pttl_ms: i64,
         sent: f64,
         via: &str,
     ) -> bool {
-        let expires = sent + self.pttl(g.pttl_ms, plan.lease_ms) as f64;
+        let expires = sent + self.pttl(pttl_ms, plan.lease_ms) as f64;
         if expires <= self.clock.fz() {
             self.say(" (lease over by the estimate)");
             return false;
         }
-        *self.state(c, t) = State::Holding(Hold {
+        *self.state(p, c, t) = State::Holding(Hold {
             lock: plan.lock,
             attempt: plan.attempt,
-            token: g.token,
+            token,
             depth: 1,
             lease_ms: plan.lease_ms,
             expires,
-            origin: format!("{via} pttl={}ms sent at {sent:.0}ms", g.pttl_ms),
+            origin: format!("{}{via} pttl={pttl_ms}ms sent at {sent:.0}ms", p.prefix()),
             late_acquire: plan.unanswered.then_some(plan.attempt),
         });
         true
     }
 
-    pub fn run_acquire(&mut self, c: usize, t: usize, plan: Plan, fault: Fault, then: Fault) {
-        let outer = self.clients[c].threads[t]
+    /// An acquire call and the real client's reaction; a grant whose lease is already over by
+    /// the estimate is re-checked with the same attempt (three times at most, then it fails).
+    pub fn run_acquire(
+        &mut self,
+        p: Prim,
+        c: usize,
+        t: usize,
+        plan: Plan,
+        fault: Fault,
+        then: Fault,
+    ) {
+        let outer = self
+            .side(p, c, t)
             .calling
             .replace((plan.lock, plan.attempt));
-        self.run_acquire_calls(c, t, plan, fault, then);
-        self.clients[c].threads[t].calling = outer;
+        self.run_acquire_calls(p, c, t, plan, fault, then);
+        self.side(p, c, t).calling = outer;
     }
 
-    fn run_acquire_calls(&mut self, c: usize, t: usize, mut plan: Plan, fault: Fault, then: Fault) {
+    fn run_acquire_calls(
+        &mut self,
+        p: Prim,
+        c: usize,
+        t: usize,
+        mut plan: Plan,
+        fault: Fault,
+        then: Fault,
+    ) {
         let mut fault = fault;
+        let pfx = p.prefix();
         for round in 0..3 {
             if round > 0 {
-                self.say(format!("; re-run acquire attempt={}", plan.attempt));
+                self.say(format!("; re-run {pfx}acquire attempt={}", plan.attempt));
             }
-            let owner = self.owner(c, t);
-            let mode = if plan.wait { Mode::Wait } else { Mode::Try };
-            let call = self.locks[plan.lock].acquire(
-                &owner,
-                plan.attempt,
-                Duration::from_millis(plan.lease_ms),
-                mode,
-                &format!("fuzz|{c}|{t}"),
-            );
-            let label = format!(
-                "c{c}:t{t} acquire lock={} attempt={}",
-                plan.lock, plan.attempt
-            );
-            let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
+            let (s, text) = self.call_acquire(p, c, t, &plan, fault);
             plan.unanswered |= fault != Fault::None;
             fault = then;
             let reply = match s.reply {
                 Err(_) => {
                     self.say(" -> error");
-                    self.leave_quietly(c, t, plan, then);
+                    self.leave_quietly(p, c, t, plan, then);
                     return;
                 }
                 Ok(r) => r,
             };
-            self.say(format!(" -> {reply:?}"));
+            self.say(format!(" -> {text}"));
             match reply {
-                Acquire::Granted(g) => {
-                    if self.hold_grant(c, t, &plan, g, s.sent, "acquire reply") {
+                Acq::Granted { token, pttl_ms } => {
+                    let via = "acquire reply";
+                    if self.hold_grant(p, (c, t), &plan, token, pttl_ms, s.sent, via) {
                         return;
                     }
                 }
-                Acquire::Busy { .. } => {
+                Acq::Busy => {
                     if plan.wait {
-                        self.violate(Check::BadReply, "acquire in wait mode answered busy".into());
+                        self.violate(
+                            Check::BadReply,
+                            format!("{pfx}acquire in wait mode answered busy"),
+                        );
                     }
                     if plan.unanswered {
-                        // a copy of this try may still arrive and find the lock free: as the
-                        // real client, leave with a mark so it does nothing
-                        self.leave_quietly(c, t, plan, then);
+                        // a copy of this try may still arrive and find it free: as the real
+                        // client, leave with a mark so it does nothing
+                        self.leave_quietly(p, c, t, plan, then);
                     }
-                    *self.state(c, t) = State::Idle;
+                    *self.state(p, c, t) = State::Idle;
                     return;
                 }
-                Acquire::Queued {
+                Acq::Queued {
                     server_ms,
                     last_token,
-                    ..
                 } => {
                     if !plan.wait {
-                        self.violate(Check::BadReply, "acquire in try mode queued".into());
+                        self.violate(Check::BadReply, format!("{pfx}acquire in try mode queued"));
                     }
-                    self.note_queued(Prim::Lock, c, t, plan.lock, plan.attempt);
+                    self.note_queued(p, c, t, plan.lock, plan.attempt);
                     // the client's witness: kept across re-runs of the attempt, the newest wins
-                    let mut witness = match self.state(c, t) {
+                    let mut witness = match self.state(p, c, t) {
                         State::Waiting(w) if w.attempt == plan.attempt => w.witness,
                         _ => Witness::none(LocalMs(s.sent_real)),
                     };
                     witness.observe(LocalMs(s.sent_real), last_token);
-                    *self.state(c, t) = State::Waiting(Wait {
+                    *self.state(p, c, t) = State::Waiting(Wait {
                         lock: plan.lock,
                         attempt: plan.attempt,
                         lease_ms: plan.lease_ms,
@@ -182,93 +234,84 @@ impl World {
                     });
                     return;
                 }
-                Acquire::Stale => {
+                Acq::Stale => {
                     let owner = self.owner(c, t);
                     self.violate(
                         Check::BadReply,
                         format!(
-                            "acquire of {owner} attempt {} (its newest) answered stale",
+                            "{pfx}acquire of {owner} attempt {} (its newest) answered stale",
                             plan.attempt
                         ),
                     );
-                    *self.state(c, t) = State::Idle;
+                    *self.state(p, c, t) = State::Idle;
+                    return;
+                }
+                Acq::Mismatch(what) => {
+                    self.violate(
+                        Check::BadReply,
+                        format!("{pfx}acquire answered mismatch ({what})"),
+                    );
+                    *self.state(p, c, t) = State::Idle;
                     return;
                 }
             }
         }
         self.say("; gives up after 3 late grants");
-        self.leave_quietly(c, t, plan, Fault::None);
+        self.leave_quietly(p, c, t, plan, Fault::None);
     }
 
-    /// After an error: leave with `pass` (best effort) and go idle.
-    pub fn leave_quietly(&mut self, c: usize, t: usize, plan: Plan, fault: Fault) {
+    /// After an error: leave passing on what reached the attempt (best effort), go idle.
+    pub fn leave_quietly(&mut self, p: Prim, c: usize, t: usize, plan: Plan, fault: Fault) {
         let owner = self.owner(c, t);
-        self.say(format!("; leave pass attempt={}", plan.attempt));
-        let call = self.locks[plan.lock].leave(&owner, plan.attempt, LeaveMode::Pass, late(&plan));
-        let label = format!("c{c}:t{t} leave pass attempt={}", plan.attempt);
-        let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
-        self.say(format!(" -> {}", describe(&s.reply)));
+        self.say(format!(
+            "; {}leave pass attempt={}",
+            p.prefix(),
+            plan.attempt
+        ));
+        let (s, text) = self.call_leave(p, c, t, &plan, false, fault);
+        self.say(format!(" -> {text}"));
         if matches!(fault, Fault::Dropped | Fault::Late) {
             let unsure = self.unsure();
-            self.clients[c].threads[t]
+            self.side(p, c, t)
                 .unsure_end
                 .insert((plan.lock, plan.attempt), unsure);
         }
         if s.reply.is_ok() {
             // 11. a leave that answered has ended its attempt in Redis: no hold (a grant that
             //     reached it is passed on) and no place of that attempt is left
-            let cur = self.snapshot(false).locks[plan.lock].clone();
-            let holds = cur.owner == owner && cur.attempt == plan.attempt;
-            let placed = cur.waiters.get(&owner) == Some(&plan.attempt);
+            let (holds, placed, detail) = self.attempt_in_redis(p, plan.lock, &owner, plan.attempt);
             if holds || placed {
                 self.violate(
                     Check::ReleaseIneffective,
                     format!(
-                        "c{c}:t{t}'s leave of attempt {} answered {}, but Redis still has it {} \
-                         (lock {}: owner {:?} attempt {}, waiters {:?})",
+                        "c{c}:t{t}'s {}leave of attempt {} answered {text}, but Redis still has \
+                         it {} ({detail})",
+                        p.prefix(),
                         plan.attempt,
-                        describe(&s.reply),
                         if holds { "holding" } else { "queued" },
-                        plan.lock,
-                        cur.owner,
-                        cur.attempt,
-                        cur.waiters
                     ),
                 );
             }
         }
-        *self.state(c, t) = State::Idle;
+        *self.state(p, c, t) = State::Idle;
     }
 
-    pub fn waiting(&mut self, c: usize, t: usize) -> Option<&mut Wait> {
-        match self.state(c, t) {
-            State::Waiting(w) => Some(w),
-            _ => None,
-        }
-    }
-
-    pub fn holding(&mut self, c: usize, t: usize) -> Option<&mut Hold> {
-        match self.state(c, t) {
-            State::Holding(h) => Some(h),
-            _ => None,
-        }
-    }
-
-    /// The client's waker pops the wake list of the lock thread `t` waits on, and hands the
-    /// message to the thread of the client that waits with its attempt (`src/background/waker.rs`). With
-    /// `Fault::Late` the popped message is held up on its way to the client (a slow link, a
-    /// stalled process, the leader's wait for replica acks) and handed over by a later step.
-    pub fn pop(&mut self, c: usize, t: usize, fault: Fault, then: Fault) -> bool {
+    /// The client's waker pops the wake list of what thread `t` waits on, and hands the
+    /// message to the thread of the client that waits with its attempt
+    /// (`src/background/waker.rs`). With `Fault::Late` the popped message is held up on its way
+    /// to the client (a slow link, a stalled process, the leader's wait for replica acks) and
+    /// handed over by a later step.
+    pub fn pop(&mut self, p: Prim, c: usize, t: usize, fault: Fault, then: Fault) -> bool {
         if !self.fits(c, t) {
             return false;
         }
-        let Some(w) = self.waiting(c, t) else {
+        let Some(w) = self.waiting(p, c, t) else {
             return false;
         };
-        let lock = w.lock;
+        let i = w.lock;
         let owner = self.owner(c, t);
-        self.say(format!("c{c} waker pops lock {lock} (for t{t})"));
-        let key = self.locks[lock].wake_key(&owner);
+        self.say(format!("c{c} waker pops {} {i} (for t{t})", p.name()));
+        let key = self.wake_key(p, i, &owner);
         let popped: Result<Option<String>, String> = if fault == Fault::Dropped {
             self.say(" [request lost]");
             Err("request lost".into())
@@ -296,18 +339,18 @@ impl World {
             }
         };
         if fault != Fault::None {
-            self.stats
-                .add(&format!("fault: pop {}", fault_name(fault)), 1);
+            let what = format!("fault: {}pop {}", p.prefix(), fault_name(fault));
+            self.stats.add(&what, 1);
         }
         let msg = match popped {
             Err(_) => {
                 // the waker's connection failed: every waiting thread of the client re-checks
                 self.say(" -> error; its waiting threads re-check");
                 for t2 in 0..self.clients[c].threads.len() {
-                    if let Some(w2) = self.waiting(c, t2) {
+                    if let Some(w2) = self.waiting(p, c, t2) {
                         let plan = Plan::of(w2);
                         self.say(format!("; c{c}:t{t2}"));
-                        self.run_acquire(c, t2, plan, then, Fault::None);
+                        self.run_acquire(p, c, t2, plan, then, Fault::None);
                     }
                 }
                 return true;
@@ -320,42 +363,50 @@ impl World {
         };
         if fault == Fault::Late {
             self.say(format!(" -> {msg:?} [held up on its way to the client]"));
-            self.late_pops.push((c, lock, msg));
+            self.late_pops.push((c, Self::late_pop_index(p, i), msg));
             return true;
         }
         self.say(format!(" -> {msg:?}"));
-        self.hand_over(c, lock, &msg, then);
+        self.hand_over(p, c, i, &msg, then);
         true
     }
 
-    /// The waker hands a popped message of `lock` to client `c`'s thread that waits with its
-    /// attempt (dropped when none does), which reacts as the real `Attempt` does: a hand-off is
+    /// The waker hands a popped message of `i` to client `c`'s thread that waits with its
+    /// attempt (dropped when none does), which reacts as the real engine does: a hand-off is
     /// held only when `judge_handoff` (the client's own decision) says its lease surely lasts,
     /// else confirmed with a re-run of acquire; a retry re-runs acquire.
-    pub fn hand_over(&mut self, c: usize, lock: usize, msg: &str, then: Fault) {
+    pub fn hand_over(&mut self, p: Prim, c: usize, i: usize, msg: &str, then: Fault) {
+        let pfx = p.prefix();
         let wake = match raw::parse_wake(msg) {
             Ok(w) => w,
             Err(e) => {
-                self.violate(Check::BadReply, format!("wake-up message {msg:?}: {e}"));
+                self.violate(
+                    Check::BadReply,
+                    format!("{pfx}wake-up message {msg:?}: {e}"),
+                );
                 return;
             }
         };
-        let to = (0..self.clients[c].threads.len())
-            .find(|&t2| self.clients[c].threads[t2].state_waits_with(lock, wake.attempt()));
+        let to = (0..self.clients[c].threads.len()).find(|&t2| {
+            self.clients[c].threads[t2]
+                .side(p)
+                .waits_with(i, wake.attempt())
+        });
         let Some(t) = to else {
             self.say(" (no thread waits with that attempt: dropped)");
             return;
         };
         if !self.active(c) {
             // a paused process reads it when it runs again: held up further
-            self.late_pops.push((c, lock, msg.to_string()));
+            self.late_pops
+                .push((c, Self::late_pop_index(p, i), msg.to_string()));
             self.say(" (its process is paused: held up further)");
             return;
         }
         self.say(format!(" to t{t}"));
         let now_real = self.clock.real();
         let forward_now = self.clock.forward();
-        let w = self.waiting(c, t).expect("found waiting above");
+        let w = self.waiting(p, c, t).expect("found waiting above");
         let plan = Plan::of(w);
         let (sent0, server0, lease, witness) = (w.sent, w.server_ms, w.lease_ms, w.witness);
         let grant_forward = w.grant_forward;
@@ -374,11 +425,13 @@ impl World {
                         // on the fuzzer clock: forward steps after the grant age the hold (a
                         // documented limit), those before it do not
                         let forward = grant_forward.unwrap_or_else(|| {
-                            self.stats
-                                .add("hand-off whose grant the model did not see", 1);
+                            self.stats.add(
+                                &format!("{pfx}hand-off whose grant the model did not see"),
+                                1,
+                            );
                             forward_now
                         });
-                        *self.state(c, t) = State::Holding(Hold {
+                        *self.state(p, c, t) = State::Holding(Hold {
                             lock: plan.lock,
                             attempt: plan.attempt,
                             token,
@@ -386,7 +439,7 @@ impl World {
                             lease_ms: lease,
                             expires: expires.0 + forward,
                             origin: format!(
-                                "hand-off at server {server_ms}ms, queued at server \
+                                "{pfx}hand-off at server {server_ms}ms, queued at server \
                                  {server0}ms by a request sent at {sent0:.0}ms, witness sent \
                                  at real {:.0}ms (last token {}), handed over at real \
                                  {now_real:.0}ms",
@@ -397,40 +450,44 @@ impl World {
                     }
                     Handoff::Confirm => {
                         self.say(" (confirmed with Redis before it is held)");
-                        self.stats.add("hand-off confirmed with a re-run", 1);
-                        self.run_acquire(c, t, plan, then, Fault::None);
+                        self.stats
+                            .add(&format!("{pfx}hand-off confirmed with a re-run"), 1);
+                        self.run_acquire(p, c, t, plan, then, Fault::None);
                     }
                 }
             }
-            Wake::Retry { .. } => self.run_acquire(c, t, plan, then, Fault::None),
+            Wake::Retry { .. } => self.run_acquire(p, c, t, plan, then, Fault::None),
         }
     }
 
-    /// A hold that was force-unlocked, evicted or lost with the data is gone for good (tokens
+    /// A hold that was force-released, evicted or lost with the data is gone for good (tokens
     /// are unique): its holder must find out, never renew or re-enter it.
-    pub fn check_gone(&mut self, c: usize, t: usize, h: &Hold, what: &str) {
-        if self.checker.is_exempt(h.lock, h.token) {
+    pub fn check_gone(&mut self, p: Prim, c: usize, t: usize, h: &Hold, what: &str) {
+        if self.token_exempt(p, h.lock, h.token) {
             self.violate(
                 Check::BadReply,
                 format!(
-                    "c{c}:t{t} {what} token {} of lock {}, a hold that was force-unlocked or \
+                    "c{c}:t{t} {what} token {} of {} {}, a hold that was force-released or \
                      whose data was lost",
-                    h.token, h.lock
+                    h.token,
+                    p.name(),
+                    h.lock
                 ),
             );
         }
     }
 
-    pub fn valid_hold(&mut self, c: usize, t: usize) -> Option<Hold> {
+    pub fn valid_hold(&mut self, p: Prim, c: usize, t: usize) -> Option<Hold> {
         let now = self.clock.fz();
         if !self.fits(c, t) {
             return None;
         }
-        self.holding(c, t).filter(|h| h.expires > now).cloned()
+        self.holding(p, c, t).filter(|h| h.expires > now).cloned()
     }
 
+    /// A lock's re-entry (a semaphore has none).
     pub fn reenter(&mut self, c: usize, t: usize, fault: Fault) -> bool {
-        let Some(h) = self.valid_hold(c, t) else {
+        let Some(h) = self.valid_hold(Prim::Lock, c, t) else {
             return false;
         };
         let owner = self.owner(c, t);
@@ -444,187 +501,187 @@ impl World {
         self.say(format!(" -> {}", describe(&s.reply)));
         match s.reply {
             Ok(raw::Reenter::Reentered(n)) => {
-                self.check_gone(c, t, &h, "re-entered");
+                self.check_gone(Prim::Lock, c, t, &h, "re-entered");
                 if n != h.depth + 1 {
                     self.violate(
                         Check::BadReply,
                         format!("reenter at depth {} answered count {n}", h.depth),
                     );
                 }
-                if let Some(h) = self.holding(c, t) {
+                if let Some(h) = self.holding(Prim::Lock, c, t) {
                     h.depth += 1;
                 }
             }
-            Ok(raw::Reenter::Lost) => self.drop_lost_guard(c, t, &h),
+            Ok(raw::Reenter::Lost) => self.drop_lost_guard(Prim::Lock, c, t, &h),
             Err(_) => {}
         }
         true
     }
 
-    /// The hold `h` was found lost (a re-entry or renewal said so): the caller drops its guard,
-    /// whose release asks for the attempt's left mark when a copy of its acquire may still
-    /// arrive (and frees a hold such a copy took), as the real guard's drop does.
-    fn drop_lost_guard(&mut self, c: usize, t: usize, h: &Hold) {
-        if let Some(attempt) = h.late_acquire {
-            let owner = self.owner(c, t);
+    /// The hold `h` was found lost (a re-entry or renewal said so): the caller drops its guard
+    /// or permit, whose release asks for the attempt's left mark when a copy of its acquire may
+    /// still arrive (and frees a hold such a copy took), as the real guard's drop does.
+    fn drop_lost_guard(&mut self, p: Prim, c: usize, t: usize, h: &Hold) {
+        if h.late_acquire.is_some() {
             self.say("; its guard is dropped");
-            let call = self.locks[h.lock].release_marking(&owner, h.token, 1, attempt);
-            let label = format!("c{c}:t{t} release token={} depth=1", h.token);
-            let s = self.exec(Some(Who::Thread(c, t)), label, call, Fault::None);
+            let last = Hold {
+                depth: 1,
+                ..h.clone()
+            };
+            let s = self.call_release(p, c, t, &last, true, Fault::None);
             self.say(format!(" -> {}", describe(&s.reply)));
         }
-        *self.state(c, t) = State::Idle;
+        *self.state(p, c, t) = State::Idle;
     }
 
-    pub fn release(&mut self, c: usize, t: usize, fault: Fault) -> bool {
+    pub fn release(&mut self, p: Prim, c: usize, t: usize, fault: Fault) -> bool {
         if !self.fits(c, t) {
             return false;
         }
-        let Some(h) = self.holding(c, t).cloned() else {
+        let Some(h) = self.holding(p, c, t).cloned() else {
             return false;
         };
         // like the guard: the level is given up before the request goes out
         if h.depth <= 1 {
-            *self.state(c, t) = State::Idle;
-        } else if let Some(hh) = self.holding(c, t) {
+            *self.state(p, c, t) = State::Idle;
+        } else if let Some(hh) = self.holding(p, c, t) {
             hh.depth -= 1;
         }
         let owner = self.owner(c, t);
-        self.say(format!(
-            "c{c}:t{t} release token={} depth={}",
-            h.token, h.depth
-        ));
-        let call = match h.late_acquire {
-            Some(attempt) => self.locks[h.lock].release_marking(&owner, h.token, h.depth, attempt),
-            None => self.locks[h.lock].release(&owner, h.token, h.depth),
-        };
-        let label = format!("c{c}:t{t} release token={} depth={}", h.token, h.depth);
-        let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
-        if h.late_acquire.is_some() && h.depth <= 1 && matches!(fault, Fault::Dropped | Fault::Late)
-        {
+        match p {
+            Prim::Lock => self.say(format!(
+                "c{c}:t{t} release token={} depth={}",
+                h.token, h.depth
+            )),
+            Prim::Sem => self.say(format!("c{c}:t{t} sem release token={}", h.token)),
+        }
+        let mark = h.late_acquire.is_some();
+        let s = self.call_release(p, c, t, &h, mark, fault);
+        if mark && h.depth <= 1 && matches!(fault, Fault::Dropped | Fault::Late) {
             let unsure = self.unsure();
-            self.clients[c].threads[t]
+            self.side(p, c, t)
                 .unsure_end
                 .insert((h.lock, h.attempt), unsure);
         }
         self.say(format!(" -> {}", describe(&s.reply)));
         match s.reply {
-            Ok(Release::Released { .. }) if h.depth > 1 => self.violate(
+            Ok(Rel::Released) if h.depth > 1 => self.violate(
                 Check::BadReply,
                 format!("release at depth {} freed the lock", h.depth),
             ),
-            // the thread believes the lock is free of it now: Redis must agree
-            Ok(Release::Released { .. } | Release::StillHeld)
-                if h.depth == 1 && self.checker.last[h.lock].token == h.token =>
+            // the thread believes it holds nothing now: Redis must agree
+            Ok(Rel::Released | Rel::StillHeld)
+                if h.depth == 1 && self.still_held(p, &owner, &h) =>
             {
                 self.violate(
                     Check::ReleaseIneffective,
                     format!(
-                        "c{c}:t{t} released token {} at depth 1 and was told so, but Redis \
-                         still holds it for {owner}",
+                        "c{c}:t{t} released {} {} token {} (its last level) and was told so, \
+                         but Redis still holds it for {owner}",
+                        p.name(),
+                        h.lock,
                         h.token
                     ),
                 );
             }
-            Ok(Release::StillHeld) if h.depth > 1 => {
-                self.check_gone(c, t, &h, "released a level of")
+            Ok(Rel::StillHeld) if h.depth > 1 => {
+                self.check_gone(p, c, t, &h, "released a level of")
             }
-            Ok(Release::NotHeld { .. }) if h.depth > 1 => self.drop_lost_guard(c, t, &h),
+            Ok(Rel::NotHeld) if h.depth > 1 => self.drop_lost_guard(p, c, t, &h),
             _ => {}
         }
         true
     }
 
-    pub fn renew(&mut self, c: usize, t: usize, fault: Fault) -> bool {
-        let Some(h) = self.valid_hold(c, t) else {
+    pub fn renew(&mut self, p: Prim, c: usize, t: usize, fault: Fault) -> bool {
+        let Some(h) = self.valid_hold(p, c, t) else {
             return false;
         };
-        let owner = self.owner(c, t);
-        self.say(format!("c{c}:t{t} renew token={}", h.token));
-        let call = self.locks[h.lock].renew(&owner, h.token, Duration::from_millis(h.lease_ms));
-        let label = format!("c{c}:t{t} renew token={}", h.token);
-        let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
+        self.say(format!("c{c}:t{t} {}renew token={}", p.prefix(), h.token));
+        let s = self.call_renew(p, c, t, &h, fault);
         self.say(format!(" -> {}", describe(&s.reply)));
         match s.reply {
             Ok(true) => {
-                self.check_gone(c, t, &h, "renewed");
-                if let Some(hh) = self.holding(c, t) {
-                    // renew.lua sets the TTL to the lease: it may shorten it (as the watchdog)
-                    hh.expires = s.sent + h.lease_ms as f64;
-                    hh.origin = format!("renewal sent at {:.0}ms", s.sent);
+                self.check_gone(p, c, t, &h, "renewed");
+                if let Some(hh) = self.holding(p, c, t) {
+                    hh.expires = Self::renewed_until(p, hh, s.sent);
+                    hh.origin = format!("{}renewal sent at {:.0}ms", p.prefix(), s.sent);
                 }
             }
-            Ok(false) => self.drop_lost_guard(c, t, &h),
+            Ok(false) => self.drop_lost_guard(p, c, t, &h),
             Err(_) => {}
         }
         true
     }
 
-    pub fn leave_claim(&mut self, c: usize, t: usize, fault: Fault, then: Fault) -> bool {
+    pub fn leave_claim(&mut self, p: Prim, c: usize, t: usize, fault: Fault, then: Fault) -> bool {
         if !self.fits(c, t) {
             return false;
         }
         let now = self.clock.fz();
-        let Some(w) = self.waiting(c, t) else {
+        let Some(w) = self.waiting(p, c, t) else {
             return false;
         };
         if w.deadline.is_none_or(|d| d > now) {
             return false;
         }
         let plan = Plan::of(w);
-        let owner = self.owner(c, t);
         self.say(format!(
-            "c{c}:t{t} deadline: leave claim attempt={}",
+            "c{c}:t{t} deadline: {}leave claim attempt={}",
+            p.prefix(),
             plan.attempt
         ));
-        let call = self.locks[plan.lock].leave(&owner, plan.attempt, LeaveMode::Claim, late(&plan));
-        let label = format!("c{c}:t{t} leave claim attempt={}", plan.attempt);
-        let outer = self.clients[c].threads[t]
+        let outer = self
+            .side(p, c, t)
             .calling
             .replace((plan.lock, plan.attempt));
-        let s = self.exec(Some(Who::Thread(c, t)), label, call, fault);
-        self.clients[c].threads[t].calling = outer;
-        self.say(format!(" -> {}", describe(&s.reply)));
+        let (s, text) = self.call_leave(p, c, t, &plan, true, fault);
+        self.side(p, c, t).calling = outer;
+        self.say(format!(" -> {text}"));
         match s.reply {
-            Ok(Leave::Granted(g)) => {
-                if !self.hold_grant(c, t, &plan, g, s.sent, "leave claim reply") {
-                    self.run_acquire(c, t, plan, then, Fault::None);
+            Ok(Gone::Granted { token, pttl_ms }) => {
+                let via = "leave claim reply";
+                if !self.hold_grant(p, (c, t), &plan, token, pttl_ms, s.sent, via) {
+                    self.run_acquire(p, c, t, plan, then, Fault::None);
                 }
             }
-            Ok(Leave::Left) => *self.state(c, t) = State::Idle,
-            Ok(Leave::Passed { .. }) => {
-                self.violate(Check::BadReply, "leave claim answered passed".into());
-                *self.state(c, t) = State::Idle;
+            Ok(Gone::Left) => *self.state(p, c, t) = State::Idle,
+            Ok(Gone::Passed) => {
+                self.violate(
+                    Check::BadReply,
+                    format!("{}leave claim answered passed", p.prefix()),
+                );
+                *self.state(p, c, t) = State::Idle;
             }
-            Err(_) => self.leave_quietly(c, t, plan, then),
+            Err(_) => self.leave_quietly(p, c, t, plan, then),
         }
         true
     }
 
-    pub fn leave_pass(&mut self, c: usize, t: usize, fault: Fault) -> bool {
+    pub fn leave_pass(&mut self, p: Prim, c: usize, t: usize, fault: Fault) -> bool {
         if !self.fits(c, t) {
             return false;
         }
-        let Some(w) = self.waiting(c, t) else {
+        let Some(w) = self.waiting(p, c, t) else {
             return false;
         };
         let plan = Plan::of(w);
         self.say(format!("c{c}:t{t} gives up waiting"));
-        self.leave_quietly(c, t, plan, fault);
+        self.leave_quietly(p, c, t, plan, fault);
         true
     }
 
-    /// One heartbeat of client `c` for all its waiting attempts on `lock`.
-    pub fn heartbeat(&mut self, c: usize, lock: usize, fault: Fault) -> bool {
-        if c >= self.clients.len() || !self.active(c) || lock >= self.locks.len() {
+    /// One heartbeat of client `c` for all its waiting attempts on `i`.
+    pub fn heartbeat(&mut self, p: Prim, c: usize, i: usize, fault: Fault) -> bool {
+        if c >= self.clients.len() || !self.active(c) || i >= self.count(p) {
             return false;
         }
         let pairs: Vec<(usize, String, u64)> = self.clients[c]
             .threads
             .iter()
             .enumerate()
-            .filter_map(|(t, th)| match &th.state {
-                State::Waiting(w) if w.lock == lock => Some((t, th.owner.clone(), w.attempt)),
+            .filter_map(|(t, th)| match &th.side(p).state {
+                State::Waiting(w) if w.lock == i => Some((t, th.owner.clone(), w.attempt)),
                 _ => None,
             })
             .collect();
@@ -632,94 +689,81 @@ impl World {
             return false;
         }
         let attempts: Vec<String> = pairs.iter().map(|(t, _, a)| format!("t{t}={a}")).collect();
-        self.say(format!("c{c} heartbeat lock={lock} {}", attempts.join(",")));
-        let call = self.locks[lock].heartbeat(pairs.iter().map(|(_, o, a)| (o.as_str(), *a)));
-        let held_before = !self.checker.last[lock].owner.is_empty();
-        let s = self.exec(None, format!("c{c} heartbeat"), call, fault);
-        self.say(format!(" -> {}", describe(&s.reply)));
-        if let Ok(hb) = &s.reply {
-            // 5'. liveness with a bound of one heartbeat: a heartbeat grants a free lock to the
-            // live head of its queue (purging dead heads first), so it never leaves the lock
-            // free with anyone queued. A lock held before it (its hold may end just as the
-            // heartbeat runs: seen held, 0 ms left) is checked at the next heartbeat instead
-            if hb.pttl_ms == 0 && held_before {
-                self.stats
-                    .add("heartbeat as a hold ends: checked at the next", 1);
-            }
-            if hb.pttl_ms == 0 && !held_before {
-                let cur = self.snapshot(false).locks[lock].clone();
-                if !cur.queue.is_empty() {
-                    self.violate(
-                        Check::Liveness,
-                        format!(
-                            "lock {lock} left free by c{c}'s heartbeat ({hb:?}) with {:?} \
-                             queued (waiters {:?}, owner {:?}): a heartbeat grants a stranded \
-                             lock to its live head",
-                            cur.queue, cur.waiters, cur.owner
-                        ),
-                    );
-                }
+        let (pfx, noun) = (p.prefix(), p.name());
+        self.say(format!(
+            "c{c} {pfx}heartbeat {noun}={i} {}",
+            attempts.join(",")
+        ));
+        let (s, text) = self.call_heartbeat(p, c, i, &pairs, fault);
+        self.say(format!(" -> {text}"));
+        let Ok(hb) = s.reply else {
+            return true;
+        };
+        // 10. liveness with a bound of one heartbeat: a heartbeat grants the live heads that
+        // fit (purging dead heads first), so it never leaves nothing held with anyone queued
+        if hb.left_free {
+            let (queue, detail) = self.queue_now(p, i);
+            if !queue.is_empty() {
+                self.violate(
+                    Check::Liveness,
+                    format!(
+                        "{noun} {i} left with nothing held by c{c}'s heartbeat ({text}) with \
+                         {queue:?} queued ({detail}): a heartbeat grants the heads that fit"
+                    ),
+                );
             }
         }
-        if let Ok(hb) = s.reply {
-            let now = self.clock.real();
-            // a heartbeat drops the waiters entry of each owner it names that has no place
-            if let Some(excused) = &mut self.checker.queue_lost[lock] {
-                for (_, owner, _) in &pairs {
-                    excused.remove(owner);
-                }
+        let now = self.clock.real();
+        // a heartbeat drops the waiters entry of each owner it names that has no place
+        if let Some(excused) = self.queue_lost(p, i) {
+            for (_, owner, _) in &pairs {
+                excused.remove(owner);
             }
-            for (t, owner, attempt) in pairs {
-                if hb.told_to_retry.contains(&owner) {
-                    self.told_retry(Prim::Lock, lock, (c, t), attempt, now);
+        }
+        for (t, owner, attempt) in pairs {
+            let told = hb.told_to_retry.contains(&owner);
+            if told {
+                self.told_retry(p, i, (c, t), attempt, now);
+            }
+            if let Some(w) = self.waiting(p, c, t).filter(|w| w.attempt == attempt) {
+                // the janitor renews every registered attempt's witness
+                w.witness.observe(LocalMs(s.sent_real), hb.last_token);
+                if let Some(h) = &mut w.handoff {
+                    h.heartbeat_after = true;
                 }
-                if let Some(w) = self.waiting(c, t).filter(|w| w.attempt == attempt) {
-                    // the janitor renews every registered attempt's witness
-                    w.witness.observe(LocalMs(s.sent_real), hb.last_token);
-                    if let Some(h) = &mut w.handoff {
-                        h.heartbeat_after = true;
-                    }
-                    if hb.told_to_retry.contains(&owner) {
-                        w.place = false;
-                    } else {
-                        w.refreshed_at(s.sent_real);
-                    }
+                if told {
+                    w.place = false;
+                } else {
+                    w.refreshed_at(s.sent_real);
                 }
             }
         }
         true
     }
 
-    /// Every active client heartbeats its waiters and renews its holds (janitor and watchdog).
+    /// Every active client heartbeats its waiters and renews its holds (janitor and watchdog),
+    /// on its locks, then on its semaphores.
     pub fn keepalive(&mut self) {
-        for c in 0..self.clients.len() {
-            if !self.active(c) {
-                continue;
-            }
-            for lock in 0..self.locks.len() {
-                let before = self.line.len();
-                self.say("; ");
-                if !self.heartbeat(c, lock, Fault::None) {
-                    self.line.truncate(before);
+        for p in Prim::ALL {
+            for c in 0..self.clients.len() {
+                if !self.active(c) {
+                    continue;
                 }
-            }
-            for t in 0..self.clients[c].threads.len() {
-                let before = self.line.len();
-                self.say("; ");
-                if !self.renew(c, t, Fault::None) {
-                    self.line.truncate(before);
+                for i in 0..self.count(p) {
+                    let before = self.line.len();
+                    self.say("; ");
+                    if !self.heartbeat(p, c, i, Fault::None) {
+                        self.line.truncate(before);
+                    }
+                }
+                for t in 0..self.clients[c].threads.len() {
+                    let before = self.line.len();
+                    self.say("; ");
+                    if !self.renew(p, c, t, Fault::None) {
+                        self.line.truncate(before);
+                    }
                 }
             }
         }
-        self.sem_keepalive();
-    }
-}
-
-/// Whether the leave of `plan`'s attempt asks for a left mark (as the real client's does).
-fn late(plan: &Plan) -> LateAcquire {
-    if plan.unanswered {
-        LateAcquire::Possible
-    } else {
-        LateAcquire::Impossible
     }
 }

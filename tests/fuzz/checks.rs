@@ -10,8 +10,8 @@ use std::sync::LazyLock;
 
 use redis::Value;
 
-use crate::fifo::Prim;
-use crate::model::{Handoff, State};
+use crate::judges::View;
+use crate::model::Prim;
 use crate::world::World;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +55,23 @@ impl fmt::Display for Violation {
 pub fn grant_prefix(owner: &str, attempt: u64, token: u64) -> String {
     let thread = owner.rsplit_once(':').map_or("", |(_, t)| t);
     format!("{thread}|g|{attempt}|{token}|")
+}
+
+impl LockSnap {
+    /// In the judges' common shape (`judges.rs`): one hold of one permit, or none.
+    pub fn view(&self) -> View {
+        View {
+            holds: if self.owner.is_empty() {
+                vec![]
+            } else {
+                vec![(self.owner.clone(), self.attempt, self.token, 1)]
+            },
+            queue: self.queue.clone(),
+            waiters: self.waiters.clone(),
+            fence: self.fence,
+            detail: format!("holder {:?} token {}", self.owner, self.token),
+        }
+    }
 }
 
 /// One lock as Redis had it at a snapshot (`token` 0: no hash).
@@ -106,7 +123,7 @@ pub struct KeySize {
 /// What the checks remember between snapshots.
 pub struct Checker {
     pub last: Vec<LockSnap>,
-    max_token: Vec<u64>,
+    pub max_token: Vec<u64>,
     /// Tokens of holds that lost the guarantee by design (force-unlocked, data lost).
     exempt: Vec<HashSet<u64>>,
     /// Tokens an operator released by force: their hand-offs may vanish (exempt from the
@@ -193,7 +210,7 @@ return out
     )
 });
 
-fn text(v: &Value) -> String {
+pub fn text(v: &Value) -> String {
     match v {
         Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
         Value::SimpleString(s) => s.clone(),
@@ -202,26 +219,25 @@ fn text(v: &Value) -> String {
     }
 }
 
-fn items(v: &Value) -> &[Value] {
+pub fn items(v: &Value) -> &[Value] {
     match v {
         Value::Array(a) => a,
         _ => &[],
     }
 }
 
-fn parse_lock(v: &Value) -> LockSnap {
-    let f = items(v);
-    let num = |i: usize| f.get(i).map(text).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let queue = f
-        .get(3)
-        .map(items)
+/// A queue zset's (owner, score) pairs in order, from ZRANGE ... WITHSCORES.
+pub fn parse_queue(v: Option<&Value>) -> Vec<(String, f64)> {
+    v.map(items)
         .unwrap_or(&[])
         .chunks(2)
         .map(|p| (text(&p[0]), text(&p[1]).parse().unwrap_or(0.0)))
-        .collect();
-    let waiters = f
-        .get(4)
-        .map(items)
+        .collect()
+}
+
+/// A waiters hash's owner -> attempt (its entries start with the attempt), from HGETALL.
+pub fn parse_waiters(v: Option<&Value>) -> HashMap<String, u64> {
+    v.map(items)
         .unwrap_or(&[])
         .chunks(2)
         .filter(|p| !text(&p[0]).starts_with('~'))
@@ -233,13 +249,18 @@ fn parse_lock(v: &Value) -> LockSnap {
                 .unwrap_or(0);
             (text(&p[0]), attempt)
         })
-        .collect();
+        .collect()
+}
+
+fn parse_lock(v: &Value) -> LockSnap {
+    let f = items(v);
+    let num = |i: usize| f.get(i).map(text).and_then(|s| s.parse().ok()).unwrap_or(0);
     LockSnap {
         owner: f.first().map(text).unwrap_or_default(),
         attempt: num(1),
         token: num(2),
-        queue,
-        waiters,
+        queue: parse_queue(f.get(3)),
+        waiters: parse_waiters(f.get(4)),
         fence: num(5),
     }
 }
@@ -351,181 +372,14 @@ impl World {
         None
     }
 
-    /// The thread waiting on `lock` as `owner` with `attempt`, if any.
-    fn waiter(&self, owner: &str, lock: usize, attempt: u64) -> Option<(usize, usize)> {
-        for (c, cl) in self.clients.iter().enumerate() {
-            for (t, th) in cl.threads.iter().enumerate() {
-                if th.owner == owner {
-                    if let State::Waiting(w) = &th.state {
-                        if w.lock == lock && w.attempt == attempt {
-                            return Some((c, t));
-                        }
-                    }
-                }
-            }
-        }
-        None
-    }
-
     /// After a request reached Redis (sent at fuzzer time `sent`; `actor` is the thread that
     /// sent it, whose model reacts only after this): look for a grant, check it.
     pub fn after_call(&mut self, actor: Option<(usize, usize)>, sent: f64) {
         let snap = self.snapshot(false);
         self.fifo_mark_unsure(snap.real);
         for (l, cur) in snap.locks.iter().enumerate() {
-            let prev = self.checker.last[l].clone();
-            if cur.token == 0 || cur.token == prev.token {
-                continue;
-            }
-            // 4'''. no live waiter overtaken, by the order the Queued replies were seen in
-            let queue_before = format!("{:?}", self.checker.last[l].queue);
-            let holds = |o: &str, a: u64| o == cur.owner && a == cur.attempt;
-            let granted = crate::fifo::Granted {
-                prim: Prim::Lock,
-                index: l,
-                owner: &cur.owner,
-                attempt: cur.attempt,
-                token: cur.token,
-                holds: &holds,
-                queue_before,
-            };
-            self.fifo_by_replies(granted, actor, snap.real);
-            // 2. tokens strictly rise
-            if cur.token <= self.checker.max_token[l] {
-                let behind = self.server.offset_ms() < self.max_offset_ms;
-                if self.checker.fence_lost[l] && behind {
-                    self.say(format!(
-                        " (token check restarts: fence lost while the server clock is behind \
-                         its furthest; token {} <= {})",
-                        cur.token, self.checker.max_token[l]
-                    ));
-                    self.stats
-                        .add("exempt: token after fence loss on a stepped-back clock", 1);
-                } else {
-                    self.violate(
-                        Check::TokenOrder,
-                        format!(
-                            "lock {l} granted token {} to {} but token {} was granted before",
-                            cur.token, cur.owner, self.checker.max_token[l]
-                        ),
-                    );
-                }
-                self.checker.max_token[l] = cur.token;
-            }
-            self.checker.max_token[l] = self.checker.max_token[l].max(cur.token);
-            // a grant writes the fence only when its token passes the reservation, so the fence
-            // is back only once it is above the tokens again
-            if cur.fence >= self.checker.max_token[l] {
-                self.checker.fence_lost[l] = false;
-            }
-            // 4. no live waiter overtaken, not even by the holder's own thread taking the lock
-            //    again with a newer attempt (a leaked or locally lost hold: it queues)
-            if prev.owner != cur.owner || prev.attempt != cur.attempt {
-                let x_score = prev
-                    .queue
-                    .iter()
-                    .find(|(o, _)| *o == cur.owner)
-                    .map(|q| q.1);
-                for (y, score) in &prev.queue {
-                    if *y == cur.owner || x_score.is_some_and(|xs| *score >= xs) {
-                        continue;
-                    }
-                    let Some(&ay) = prev.waiters.get(y) else {
-                        continue;
-                    };
-                    let Some((c, t)) = self.waiter(y, l, ay) else {
-                        continue;
-                    };
-                    if Some((c, t)) == actor {
-                        continue;
-                    }
-                    let State::Waiting(w) = &self.clients[c].threads[t].state else {
-                        continue;
-                    };
-                    if w.live(&self.cfg, snap.real) && !w.granted_seen {
-                        self.violate(
-                            Check::Overtaken,
-                            format!(
-                                "lock {l} granted (token {}) to {} attempt {} while live waiter \
-                                 c{c}:t{t} ({y} attempt {ay}) was queued ahead of it",
-                                cur.token, cur.owner, cur.attempt
-                            ),
-                        );
-                    }
-                }
-            }
-            // 6. no ghost hold: a new hold goes to an attempt that is still under way (queued,
-            //    or in its own acquire or leave call), never to one that has ended
-            if let Some((c, t)) = self.thread_of(&cur.owner) {
-                let th = &self.clients[c].threads[t];
-                // (a thread that still holds a guard of that attempt, whose hold was lost,
-                // ends the new one with its release: release_marking frees a hold of its own
-                // attempt)
-                let under_way = th.calling == Some((l, cur.attempt))
-                    || matches!(&th.state, State::Waiting(w) if w.lock == l && w.attempt == cur.attempt)
-                    || matches!(&th.state, State::Holding(h) if h.lock == l && h.attempt == cur.attempt && h.late_acquire.is_some());
-                if !under_way {
-                    if cur.attempt <= th.marks_lost_upto {
-                        self.stats.add(
-                            "exempt: late acquire of an attempt whose mark was lost with the data",
-                            1,
-                        );
-                    } else if th.unsure_end.get(&(l, cur.attempt)).is_some_and(|u| {
-                        !u.expired(snap.real, self.back_steps_ms, self.cfg.waiter_timeout_ms)
-                    }) {
-                        self.stats
-                            .add("exempt: late acquire of an attempt whose mark was lost", 1);
-                    } else {
-                        self.violate(
-                            Check::GhostHold,
-                            format!(
-                                "lock {l} granted (token {}) to c{c}:t{t} ({} attempt {}), an \
-                                 attempt that has ended: nobody holds a guard of it",
-                                cur.token, cur.owner, cur.attempt
-                            ),
-                        );
-                    }
-                }
-            } else {
-                self.crashed_client_granted(&format!("lock {l}"), &cur.owner, snap.real);
-            }
-            // 7. in a try-only quiet phase every waiter is dead (the live ones left first):
-            //    a hand-off (a grant to anyone but a caller in its own call) goes to a dead
-            //    waiter, and that must stop within a few waiter timeouts of traffic
-            let own_call = self
-                .thread_of(&cur.owner)
-                .is_some_and(|(c, t)| self.clients[c].threads[t].calling == Some((l, cur.attempt)));
-            if let (Some(q), false) = (&mut self.try_only_quiet, own_call) {
-                let grace = self.cfg.waiter_timeout_ms as f64 + 2.0 * self.cfg.cap_ms();
-                let after = snap.real - q.since;
-                q.handoffs.insert(l, (cur.token, snap.real));
-                self.stats
-                    .add("try-only quiet: hand-off to a dead waiter", 1);
-                if after > grace {
-                    self.violate(
-                        Check::DeadWaiter,
-                        format!(
-                            "lock {l} handed (token {}) to {} attempt {}, a waiter dead since \
-                             before the quiet phase, {after:.0}ms into it (only try_lock callers \
-                             came by; dead waiters must be passed over within {grace:.0}ms)",
-                            cur.token, cur.owner, cur.attempt
-                        ),
-                    );
-                }
-            }
-            if let Some((c, t)) = self.waiter(&cur.owner, l, cur.attempt) {
-                let forward = self.clock.forward();
-                if let State::Waiting(w) = &mut self.clients[c].threads[t].state {
-                    w.granted_seen = true;
-                    w.grant_forward.get_or_insert(forward);
-                    w.handoff = Some(Handoff {
-                        token: cur.token,
-                        earliest_end: sent + w.lease_ms as f64,
-                        wake_lost: false,
-                        heartbeat_after: false,
-                    });
-                }
-            }
+            let prev = self.checker.last[l].view();
+            self.judge_grants(Prim::Lock, l, &prev, &cur.view(), actor, sent, snap.real);
         }
         self.checker.last = snap.locks;
         self.sem_after_call(actor, sent);
@@ -541,154 +395,8 @@ impl World {
         if !bad.is_empty() {
             self.violate(Check::KeyWithoutTtl, format!("keys without a TTL: {bad:?}"));
         }
-        for (l, cur) in snap.locks.iter().enumerate() {
-            // 8. key sizes: a waiters entry exists only for a queued owner, so the waiters
-            //    hash never outgrows the queue (each entry is a participant's place)
-            //    (after a queue eviction: only the owners the hash had then, each until a
-            //    heartbeat naming it was answered; F13)
-            if cur.waiters.is_empty() {
-                self.checker.queue_lost[l] = None;
-            } else {
-                let excused = self.checker.queue_lost[l].as_ref();
-                let extra: Vec<&String> = cur
-                    .waiters
-                    .keys()
-                    .filter(|o| !cur.queue.iter().any(|(q, _)| q == *o))
-                    .filter(|o| !excused.is_some_and(|e| e.contains(*o)))
-                    .collect();
-                if !extra.is_empty() {
-                    self.violate(
-                        Check::KeySize,
-                        format!(
-                            "lock {l}: waiters entries {extra:?} without a queue place (queue {:?})",
-                            cur.queue
-                        ),
-                    );
-                }
-            }
-            // 1. mutual exclusion, and Redis agrees with the holder
-            let mut holders = vec![];
-            for (c, cl) in self.clients.iter().enumerate() {
-                for (t, th) in cl.threads.iter().enumerate() {
-                    if let State::Holding(h) = &th.state {
-                        if h.lock == l && h.expires > snap.fz && !self.checker.is_exempt(l, h.token)
-                        {
-                            holders.push((c, t, th.owner.clone(), h.clone()));
-                        }
-                    }
-                }
-            }
-            let list = |hs: &[(usize, usize, String, crate::model::Hold)]| {
-                hs.iter()
-                    .map(|(c, t, _, h)| {
-                        format!(
-                            "c{c}:t{t} (attempt {}) token {} for {:.0}ms more (estimate from {})",
-                            h.attempt,
-                            h.token,
-                            h.expires - snap.fz,
-                            h.origin
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            if holders.len() > 1 {
-                self.violate(
-                    Check::MutualExclusion,
-                    format!("lock {l} held by {} at once", list(&holders)),
-                );
-            } else if let Some((_, _, owner, h)) = holders.first() {
-                if cur.owner != *owner || cur.token != h.token {
-                    self.violate(
-                        Check::RedisDisagrees,
-                        format!(
-                            "{} holds lock {l} by its estimate, but Redis has owner {:?} token {}",
-                            list(&holders),
-                            cur.owner,
-                            cur.token
-                        ),
-                    );
-                }
-            }
-        }
-        // 4'. live waiters keep their places, and their hand-offs until their lease could end
-        let mut found = vec![];
-        let mut unpopped = vec![];
-        for (c, cl) in self.clients.iter_mut().enumerate() {
-            let popped = &cl.popped;
-            for (t, th) in cl.threads.iter_mut().enumerate() {
-                let State::Waiting(w) = &mut th.state else {
-                    continue;
-                };
-                let cur = &snap.locks[w.lock];
-                let granted = cur.owner == th.owner && cur.attempt == w.attempt;
-                let live = w.live(&self.cfg, snap.real);
-                if let Some(h) = w.handoff {
-                    if granted
-                        && cur.token == h.token
-                        && live
-                        && snap.fz < h.earliest_end
-                        && h.heartbeat_after
-                        && !h.wake_lost
-                        && !self.checker.is_exempt(w.lock, h.token)
-                    {
-                        // 4''. its wake-up waits in the wake list until its waker pops it
-                        let prefix = grant_prefix(&th.owner, w.attempt, h.token);
-                        if !popped.iter().any(|m| m.starts_with(&prefix)) {
-                            let key = self.locks[w.lock].wake_key(&th.owner);
-                            unpopped.push((
-                                key,
-                                prefix,
-                                format!("lock {} to c{c}:t{t}", w.lock),
-                                h.earliest_end,
-                            ));
-                        }
-                    }
-                    if cur.token != h.token {
-                        w.handoff = None;
-                        if live
-                            && snap.fz < h.earliest_end
-                            && !self.checker.is_exempt(w.lock, h.token)
-                            && !self.checker.forced[w.lock].contains(&h.token)
-                        {
-                            found.push((
-                                Check::HandoffVanished,
-                                format!(
-                                    "the hand-off of lock {} to live waiter c{c}:t{t} ({} attempt \
-                                     {}, token {}) vanished before its lease could end; Redis \
-                                     has owner {:?} token {}",
-                                    w.lock, th.owner, w.attempt, h.token, cur.owner, cur.token
-                                ),
-                            ));
-                        }
-                    }
-                    continue;
-                }
-                if granted {
-                    w.granted_seen = true;
-                    continue;
-                }
-                if w.granted_seen || !live {
-                    continue;
-                }
-                let queued = cur.waiters.get(&th.owner) == Some(&w.attempt)
-                    && cur.queue.iter().any(|(o, _)| *o == th.owner);
-                if !queued {
-                    found.push((
-                        Check::WaiterLost,
-                        format!(
-                            "live waiter c{c}:t{t} ({} attempt {}) has neither a queue place nor \
-                             a grant on lock {}: queue {:?}, waiters {:?}, holder {:?}",
-                            th.owner, w.attempt, w.lock, cur.queue, cur.waiters, cur.owner
-                        ),
-                    ));
-                }
-            }
-        }
-        found.extend(self.wakeups_missing(unpopped));
-        for (check, msg) in found {
-            self.violate(check, msg);
-        }
+        let views: Vec<View> = snap.locks.iter().map(LockSnap::view).collect();
+        self.judge_sides(Prim::Lock, &views, snap.fz, snap.real);
         self.keys_bounded(&snap);
         self.checker.last = snap.locks;
         self.sem_step_checks();

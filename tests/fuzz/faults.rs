@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::faketime::server_time_us;
-use crate::fifo::Prim;
+use crate::model::Prim;
 use crate::model::{Client, State, Unsure};
 use crate::steps::{EvictKey, Fault, Who};
 use crate::world::{describe, World, MAX_BEHIND_MS};
@@ -46,20 +46,29 @@ impl World {
         };
         self.say(format!(" -> holder {owner:?} token={token}; force_unlock"));
         let label = format!("operator force_unlock {owner:?} token={token}");
-        let call = self.locks[lock].force_unlock(&owner, token);
+        self.operator_force(label, fault, |w| w.locks[lock].force_unlock(&owner, token));
+        true
+    }
+
+    /// The operator's forced release (a lock's or a semaphore's), under `fault`: a lost reply
+    /// is retried by its connection layer, and a copy held up is sent again now while the
+    /// first comes later.
+    pub fn operator_force<T: std::fmt::Debug + 'static>(
+        &mut self,
+        label: String,
+        fault: Fault,
+        call: impl Fn(&World) -> fairlock::raw::Call<T>,
+    ) {
         let fault = match fault {
             Fault::Lost | Fault::Retried => Fault::Retried,
             Fault::Late | Fault::SlowFirst => Fault::Late,
             Fault::None | Fault::Dropped => Fault::None,
         };
-        let mut s = self.exec(Some(Who::Operator), label.clone(), call, fault);
+        let mut s = self.exec(Some(Who::Operator), label.clone(), call(self), fault);
         if fault == Fault::Late {
-            // the operator's connection layer sends it again now; the first copy comes later
-            let call = self.locks[lock].force_unlock(&owner, token);
-            s = self.exec(Some(Who::Operator), label, call, Fault::None);
+            s = self.exec(Some(Who::Operator), label, call(self), Fault::None);
         }
         self.say(format!(" -> {}", describe(&s.reply)));
-        true
     }
 
     /// A stray duplicate of the last command of a thread (or the operator); nobody reads it.
@@ -80,6 +89,7 @@ impl World {
         let unsure = self.unsure();
         if let (Who::Thread(c, t), Some((lock, attempt))) = (who, acquire_of(last.label())) {
             self.clients[c].threads[t]
+                .lock
                 .unsure_end
                 .insert((lock, attempt), unsure);
         }
@@ -87,7 +97,8 @@ impl World {
             (who, crate::sem::sem_acquire_of(last.label()))
         {
             self.clients[c].threads[t]
-                .sem_unsure_end
+                .sem
+                .unsure_end
                 .insert((sem, attempt), unsure);
         }
         self.refresh_unsure(last.label(), last.owner());
@@ -138,12 +149,12 @@ impl World {
         }
         let thread = owner.and_then(|o| self.thread_of(o));
         if let (Some((c, t)), Some(key)) = (thread, acquire_of(label)) {
-            if let Some(u) = self.clients[c].threads[t].unsure_end.get_mut(&key) {
+            if let Some(u) = self.clients[c].threads[t].lock.unsure_end.get_mut(&key) {
                 *u = unsure;
             }
         }
         if let (Some((c, t)), Some(key)) = (thread, crate::sem::sem_acquire_of(label)) {
-            if let Some(u) = self.clients[c].threads[t].sem_unsure_end.get_mut(&key) {
+            if let Some(u) = self.clients[c].threads[t].sem.unsure_end.get_mut(&key) {
                 *u = unsure;
             }
         }
@@ -166,9 +177,9 @@ impl World {
             };
             for th in &mut cl.threads {
                 let ends = if what == "heartbeat" {
-                    &mut th.unsure_end
+                    &mut th.lock.unsure_end
                 } else {
-                    &mut th.sem_unsure_end
+                    &mut th.sem.unsure_end
                 };
                 ends.values_mut().for_each(|u| *u = unsure);
             }
@@ -214,9 +225,9 @@ impl World {
         let unsure = self.unsure();
         let th = &mut self.clients[c].threads[t];
         if let Some(lock_attempt) = acquire_of(r.label()) {
-            th.unsure_end.insert(lock_attempt, unsure);
+            th.lock.unsure_end.insert(lock_attempt, unsure);
         } else if let Some(sem_attempt) = crate::sem::sem_acquire_of(r.label()) {
-            th.sem_unsure_end.insert(sem_attempt, unsure);
+            th.sem.unsure_end.insert(sem_attempt, unsure);
         } else {
             return;
         }
@@ -255,14 +266,10 @@ impl World {
         ));
         self.stats.add("slow wake-up delivered", 1);
         if lock >= crate::sem::SEM_POP {
-            self.sem_hand_over(
-                c,
-                lock - crate::sem::SEM_POP,
-                &msg,
-                crate::steps::Fault::None,
-            );
+            let sem = lock - crate::sem::SEM_POP;
+            self.hand_over(Prim::Sem, c, sem, &msg, crate::steps::Fault::None);
         } else {
-            self.hand_over(c, lock, &msg, crate::steps::Fault::None);
+            self.hand_over(Prim::Lock, c, lock, &msg, crate::steps::Fault::None);
         }
         true
     }
@@ -320,7 +327,11 @@ impl World {
     ) -> bool {
         let in_hand = self.clients.iter().any(|cl| {
             cl.threads.iter().any(|th| {
-                let state = if sem.is_some() { &th.sem } else { &th.state };
+                let state = if sem.is_some() {
+                    &th.sem.state
+                } else {
+                    &th.lock.state
+                };
                 matches!(state, State::Holding(h) if h.lock == lock && h.token == token)
             })
         });
@@ -343,34 +354,53 @@ impl World {
         exempt
     }
 
-    pub fn exempt_current_holds(&mut self, lock: usize) {
-        let hash_token = self.checker.last[lock].token;
-        if hash_token != 0 {
-            self.checker.exempt(lock, hash_token);
-        }
-        let tokens: Vec<u64> = self
-            .clients
-            .iter()
-            .flat_map(|cl| cl.threads.iter())
-            .filter_map(|th| match &th.state {
-                State::Holding(h) if h.lock == lock => Some(h.token),
-                _ => None,
-            })
-            .collect();
+    /// Holds of `i` that a lost hash or data loss takes from under their holders: exempt.
+    pub fn exempt_current_holds(&mut self, p: Prim, i: usize) {
+        let mut tokens: Vec<u64> = match p {
+            Prim::Lock => vec![self.checker.last[i].token],
+            Prim::Sem => self.sem_checker.last[i]
+                .holds
+                .values()
+                .map(|x| x.0)
+                .collect(),
+        };
+        tokens.retain(|&t| t != 0);
+        tokens.extend(
+            self.clients
+                .iter()
+                .flat_map(|cl| cl.threads.iter())
+                .filter_map(|th| match &th.side(p).state {
+                    State::Holding(h) if h.lock == i => Some(h.token),
+                    _ => None,
+                }),
+        );
         for token in tokens {
-            self.checker.exempt(lock, token);
+            match p {
+                Prim::Lock => self.checker.exempt(i, token),
+                Prim::Sem => {
+                    self.sem_checker.exempt[i].insert(token);
+                }
+            }
         }
     }
 
-    pub fn places_lost(&mut self, lock: usize) {
+    pub fn places_lost(&mut self, p: Prim, i: usize) {
         for cl in &mut self.clients {
             for th in &mut cl.threads {
-                if let State::Waiting(w) = &mut th.state {
-                    if w.lock == lock {
+                if let State::Waiting(w) = &mut th.side_mut(p).state {
+                    if w.lock == i {
                         w.place = false;
                     }
                 }
             }
+        }
+    }
+
+    /// The fence of `i` was lost (evicted, or with all data): check 2 may restart.
+    fn fence_lost(&mut self, p: Prim, i: usize) {
+        match p {
+            Prim::Lock => self.checker.fence_lost[i] = true,
+            Prim::Sem => self.sem_checker.fence_lost[i] = true,
         }
     }
 
@@ -382,29 +412,51 @@ impl World {
             .unwrap_or_default()
     }
 
-    pub fn evict(&mut self, lock: usize, key: EvictKey) -> bool {
-        if lock >= self.locks.len() {
+    /// One key of lock or semaphore `i` is evicted (a lock has no leases or hand-offs key).
+    pub fn evict(&mut self, p: Prim, i: usize, key: EvictKey) -> bool {
+        if i >= self.count(p) {
             return false;
         }
-        let names = self.locks[lock].key_names().map(str::to_string);
+        let names: Vec<String> = match p {
+            Prim::Lock => self.locks[i].key_names().map(str::to_string).to_vec(),
+            Prim::Sem => self.sems[i].key_names().map(str::to_string).to_vec(),
+        };
         let victim = match key {
             EvictKey::Hash => {
-                self.exempt_current_holds(lock);
+                self.exempt_current_holds(p, i);
                 names[0].clone()
             }
             EvictKey::Fence => {
-                self.checker.fence_lost[lock] = true;
+                self.fence_lost(p, i);
                 names[1].clone()
             }
             EvictKey::Queue | EvictKey::Waiters => {
-                self.places_lost(lock);
+                self.places_lost(p, i);
                 if key == EvictKey::Queue {
                     let owners = self.waiters_owners(&names[3]);
-                    self.checker.queue_lost[lock]
+                    self.queue_lost(p, i)
                         .get_or_insert_with(HashSet::new)
                         .extend(owners);
                 }
                 names[if key == EvictKey::Queue { 2 } else { 3 }].clone()
+            }
+            EvictKey::Leases | EvictKey::Handoffs => match p {
+                Prim::Lock => return false,
+                Prim::Sem => names[if key == EvictKey::Leases { 4 } else { 5 }].clone(),
+            },
+            EvictKey::Left => {
+                // every attempt that ended with a mark may have its late copy act now
+                let unsure = self.unsure();
+                for cl in &mut self.clients {
+                    for th in &mut cl.threads {
+                        let side = th.side_mut(p);
+                        let marked: Vec<(usize, u64)> =
+                            side.marked.iter().filter(|m| m.0 == i).copied().collect();
+                        side.unsure_end
+                            .extend(marked.into_iter().map(|m| (m, unsure)));
+                    }
+                }
+                format!("{}:left", names[0])
             }
             EvictKey::Wake(c, t) => {
                 if c >= self.clients.len() || t >= self.clients[c].threads.len() {
@@ -412,13 +464,13 @@ impl World {
                 }
                 let owner = self.owner(c, t);
                 for th in &mut self.clients[c].threads {
-                    if let State::Waiting(w) = &mut th.state {
-                        if let (true, Some(h)) = (w.lock == lock, &mut w.handoff) {
+                    if let State::Waiting(w) = &mut th.side_mut(p).state {
+                        if let (true, Some(h)) = (w.lock == i, &mut w.handoff) {
                             h.wake_lost = true;
                         }
                     }
                 }
-                self.locks[lock].wake_key(&owner)
+                self.wake_key(p, i, &owner)
             }
         };
         let n: i64 = redis::cmd("DEL")
@@ -430,20 +482,17 @@ impl World {
             "evict {victim}{}",
             if n == 0 { " (absent)" } else { "" }
         ));
-        self.stats.add("fault: eviction", 1);
+        self.stats.add(&format!("fault: {}eviction", p.prefix()), 1);
         true
     }
 
     pub fn data_loss(&mut self) -> bool {
-        for lock in 0..self.locks.len() {
-            self.exempt_current_holds(lock);
-            self.places_lost(lock);
-            self.checker.fence_lost[lock] = true;
-        }
-        for sem in 0..self.sems.len() {
-            self.sem_exempt_current_holds(sem);
-            self.sem_places_lost(sem);
-            self.sem_checker.fence_lost[sem] = true;
+        for p in Prim::ALL {
+            for i in 0..self.count(p) {
+                self.exempt_current_holds(p, i);
+                self.places_lost(p, i);
+                self.fence_lost(p, i);
+            }
         }
         for cl in &mut self.clients {
             let upto = cl.next_attempt.saturating_sub(1);
@@ -471,13 +520,11 @@ impl World {
             if !self.active(c) {
                 continue;
             }
-            for lock in 0..self.locks.len() {
-                self.say("; ");
-                self.heartbeat(c, lock, Fault::None);
-            }
-            for sem in 0..self.sems.len() {
-                self.say("; ");
-                self.sem_heartbeat(c, sem, Fault::None);
+            for p in Prim::ALL {
+                for i in 0..self.count(p) {
+                    self.say("; ");
+                    self.heartbeat(p, c, i, Fault::None);
+                }
             }
         }
         true
@@ -500,13 +547,11 @@ impl World {
             self.clock.step_forward((target - current) as f64);
             for cl in &mut self.clients {
                 for th in &mut cl.threads {
-                    if let State::Waiting(w) = &mut th.state {
-                        w.forward_steps += 1;
-                        w.forward_ms += (target - current) as f64;
-                    }
-                    if let State::Waiting(w) = &mut th.sem {
-                        w.forward_steps += 1;
-                        w.forward_ms += (target - current) as f64;
+                    for p in Prim::ALL {
+                        if let State::Waiting(w) = &mut th.side_mut(p).state {
+                            w.forward_steps += 1;
+                            w.forward_ms += (target - current) as f64;
+                        }
                     }
                 }
             }

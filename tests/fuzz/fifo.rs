@@ -20,42 +20,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::model::{State, Thread, Wait};
+use crate::model::Prim;
 use crate::world::World;
-
-/// Which of a thread's two waits: on a lock (`Thread::state`) or a semaphore (`Thread::sem`).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Prim {
-    Lock,
-    Sem,
-}
-
-impl Prim {
-    pub fn wait(self, th: &Thread) -> Option<&Wait> {
-        let state = match self {
-            Prim::Lock => &th.state,
-            Prim::Sem => &th.sem,
-        };
-        match state {
-            State::Waiting(w) => Some(w),
-            _ => None,
-        }
-    }
-
-    fn calling(self, th: &Thread) -> Option<(usize, u64)> {
-        match self {
-            Prim::Lock => th.calling,
-            Prim::Sem => th.sem_calling,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Prim::Lock => "lock",
-            Prim::Sem => "sem",
-        }
-    }
-}
 
 /// A `Queued` reply's place in the order the client saw them.
 #[derive(Clone, Copy)]
@@ -198,7 +164,7 @@ impl World {
                             None => grantee_unsure = Some("no Queued reply of it"),
                         }
                     }
-                    _ => own_call = prim.calling(th) == Some((l, g.attempt)),
+                    _ => own_call = th.side(prim).calling == Some((l, g.attempt)),
                 }
             }
         }

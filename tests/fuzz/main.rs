@@ -9,9 +9,16 @@
 //! a lost reply, a late delivery, a lost request, a connection-layer retry, a stray duplicate
 //! of a thread's last command, a crash, a pause longer than the waiter timeout, time passing,
 //! an evicted key, data loss (FLUSHALL + SCRIPT FLUSH + FUNCTION FLUSH), a server clock step. Threads react to
-//! replies and errors as the real client does (`src/lock/`, `guard.rs`, the janitor and the
-//! watchdog): see `fuzz/actions.rs`; requests and their network faults go through
-//! `fuzz/world.rs`, the other faults are in `fuzz/faults.rs`.
+//! replies and errors as the real client does (the engine of `src/acquire/`, `LockGuard`,
+//! `Permit`, the janitor and the watchdog): see `fuzz/actions.rs`; requests and their network
+//! faults go through `fuzz/world.rs`, the other faults are in `fuzz/faults.rs`.
+//!
+//! **One model for every primitive** (`model::Prim`): a thread has a lock side and a semaphore
+//! side of one kind (`model::Side`), and the actions, steps, generator, faults and judges are
+//! written once for both; `fuzz/prim.rs` holds what differs (the scripts a thread calls, how a
+//! reply reads, what Redis has of an attempt), `fuzz/judges.rs` the judges run for both over a
+//! common view of Redis (`judges::View`). Admission is one sum: the permits held never exceed
+//! the capacity (a lock: 1, a hold takes 1; a read/write lock: a write takes all).
 //!
 //! Threads take the real client's decisions where it has them as functions: a popped hand-off is
 //! judged by `fairlock::raw::judge_handoff` on the client's own clock (real time, which a server
@@ -22,7 +29,8 @@
 //! connection layer sends it again and the caller sees the second reply (`Fault::SlowFirst`, the
 //! success path of a repeat); and every third seed's quiet phase without heartbeats (below).
 //!
-//! **Semaphores** (`fuzz/sem.rs`): every odd seed also has one or two semaphores, each a
+//! **Semaphores** (`fuzz/sem.rs`: their shapes, generator, snapshot and operator steps): every
+//! odd seed also has one or two semaphores, each a
 //! counting semaphore of capacity 1-4 whose acquires ask for 1-3 permits, or the read/write
 //! shape (capacity `RW_CAPACITY`: a read takes 1 permit, a write all). The same threads act on
 //! them beside their locks (a thread has a lock side and a semaphore side), as the real
@@ -36,8 +44,8 @@
 //! key (hash, fence, queue, waiters, leases, hand-offs, left marks, a wake list) is evicted on
 //! its own. Even seeds have none, and draw the same steps as before.
 //!
-//! Checked after every request and every step (`fuzz/checks.rs`; for the semaphores,
-//! `fuzz/sem.rs` checks the same properties, each named below):
+//! Checked after every request and every step (`fuzz/judges.rs` and `fuzz/checks.rs`, for
+//! locks and semaphores alike unless said; `docs/evidence.md` tabulates which applies to which):
 //! 1. **Mutual exclusion**: at most one thread holds a lock by its own conservative estimate
 //!    (send time of the granting request + the pttl in its reply; a popped hand-off: the
 //!    client's `judge_handoff`, counting forward clock steps only from the grant on; a renewal:
@@ -168,7 +176,9 @@ mod actions;
 mod checks;
 mod faults;
 mod fifo;
+mod judges;
 mod model;
+mod prim;
 mod runner;
 mod sem;
 mod shrink;
@@ -178,7 +188,7 @@ mod world;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use model::Config;
+use model::{Config, Prim};
 use runner::{run, Outcome, Source, QUIET_LIMIT};
 use world::Stats;
 
@@ -414,6 +424,7 @@ fn backward_step_then_lost_renewal() {
         acquire(0),
         acquire(1),
         Step::Release {
+            p: Prim::Lock,
             c: 0,
             t: 0,
             fault: Fault::None,
@@ -421,6 +432,7 @@ fn backward_step_then_lost_renewal() {
         Step::Clock { ms: -3000 },
         // the hand-off's pop is lost: acquire again with the same attempt (pttl ~3600 ms)
         Step::Pop {
+            p: Prim::Lock,
             c: 1,
             t: 0,
             fault: Fault::Lost,
@@ -428,6 +440,7 @@ fn backward_step_then_lost_renewal() {
         },
         // applied (TTL back to 600 ms), reply lost: the client keeps its estimate
         Step::Renew {
+            p: Prim::Lock,
             c: 1,
             t: 0,
             fault: Fault::Lost,
@@ -472,6 +485,7 @@ fn lapsed_handoff_revived_by_a_backward_step() {
         acquire(1, 0, false, 617),
         acquire(1, 1, true, 307),
         Step::Release {
+            p: Prim::Lock,
             c: 1,
             t: 0,
             fault: Fault::None,
@@ -480,6 +494,7 @@ fn lapsed_handoff_revived_by_a_backward_step() {
         acquire(0, 0, true, 319),
         // the pop never reaches Redis, which would have deleted the expired message
         Step::Pop {
+            p: Prim::Lock,
             c: 1,
             t: 1,
             fault: Fault::Dropped,
@@ -487,6 +502,7 @@ fn lapsed_handoff_revived_by_a_backward_step() {
         },
         Step::Clock { ms: -580 },
         Step::Pop {
+            p: Prim::Lock,
             c: 1,
             t: 1,
             fault: Fault::None,
@@ -538,21 +554,16 @@ fn late_acquire_after_its_leave_leaves_no_ghost_waiter() {
 /// step, and a waiter behind it was granted the permits first.
 #[test]
 fn sem_stale_handoff_entry_does_not_starve_a_live_waiter() {
-    use sem::{SemKey, SemStep};
-    use steps::{Fault, Step, Who};
+    use sem::SemStep;
+    use steps::{AcquireStep, EvictKey, Fault, Step, Who};
     let cfg = Config::for_seed(1);
     assert_eq!((cfg.clients, cfg.threads, cfg.sems.len()), (5, 2, 1));
     let acquire = |c, t, permits, lease_ms, deadline_ms| {
-        Step::Sem(SemStep::Acquire {
-            c,
-            t,
-            sem: 0,
+        Step::Acquire(AcquireStep {
+            p: Prim::Sem,
             permits,
-            wait: true,
-            lease_ms,
             deadline_ms,
-            fault: Fault::None,
-            then: Fault::None,
+            ..AcquireStep::plain(c, t, 0, true, lease_ms)
         })
     };
     let force = |fault| Step::Sem(SemStep::ForceRelease { sem: 0, fault });
@@ -567,16 +578,18 @@ fn sem_stale_handoff_entry_does_not_starve_a_live_waiter() {
             who: Who::Thread(1, 0),
         },
         force(Fault::Retried),
-        Step::Sem(SemStep::Evict {
-            sem: 0,
-            key: SemKey::Hash,
-        }),
-        Step::Sem(SemStep::Pop {
+        Step::Evict {
+            p: Prim::Sem,
+            lock: 0,
+            key: EvictKey::Hash,
+        },
+        Step::Pop {
+            p: Prim::Sem,
             c: 4,
             t: 0,
             fault: Fault::Lost,
             then: Fault::None,
-        }),
+        },
         Step::Clock { ms: 202 },
         acquire(1, 1, 2, 611, None),
         Step::Clock { ms: 284 },
@@ -593,27 +606,21 @@ fn sem_stale_handoff_entry_does_not_starve_a_live_waiter() {
 /// hash alive, so the permits were never given back and the quiet phase never settled.
 #[test]
 fn sem_evicted_leases_do_not_strand_permits() {
-    use sem::{SemKey, SemStep};
-    use steps::{Fault, Step};
+    use steps::{AcquireStep, EvictKey, Step};
     let cfg = Config::for_seed(1);
     assert_eq!(cfg.sems[0].cap, 2);
     let steps = [
-        Step::Sem(SemStep::Acquire {
-            c: 0,
-            t: 1,
-            sem: 0,
+        Step::Acquire(AcquireStep {
+            p: Prim::Sem,
             permits: 2,
-            wait: true,
-            lease_ms: 600,
-            deadline_ms: None,
-            fault: Fault::None,
-            then: Fault::None,
+            ..AcquireStep::plain(0, 1, 0, true, 600)
         }),
         Step::Crash { c: 0 },
-        Step::Sem(SemStep::Evict {
-            sem: 0,
-            key: SemKey::Leases,
-        }),
+        Step::Evict {
+            p: Prim::Sem,
+            lock: 0,
+            key: EvictKey::Leases,
+        },
     ];
     let out = run(&cfg, Source::Replay(&steps), Some(runner::QUIET_LIMIT));
     assert!(
@@ -622,4 +629,33 @@ fn sem_evicted_leases_do_not_strand_permits() {
         out.violation,
         out.log.join("\n")
     );
+}
+
+/// Found by the long run (seeds 876350 and 876353, both try-only endings; 2 violations in
+/// 282,519 steps), rebuilt by hand; ignored while the judge's bound is open. A waiter whose
+/// client crashes stays "live" on the lock's virtual clock, which advances by at most a third of
+/// the waiter timeout per script (common.lua, "Time"): after a quiet spell with no script on the
+/// lock (here 4 s), the first call grants the lock to that dead waiter. Check 6' bounds a grant
+/// to a crashed client's attempt by real time since the crash (two waiter timeouts + 2 s), and
+/// fails. Which gives way, the judge (a bound in calls on the lock, as the scripts promise) or
+/// the scripts (a quiet spell counted in full), is a protocol decision left open.
+#[test]
+#[ignore]
+fn dead_waiter_granted_after_a_quiet_spell() {
+    use steps::{AcquireStep, Step};
+    let cfg = Config {
+        locks: 1,
+        clients: 3,
+        threads: 1,
+        sems: vec![],
+        ..Config::for_seed(7)
+    };
+    let steps = [
+        Step::Acquire(AcquireStep::plain(0, 0, 0, true, 1500)),
+        Step::Acquire(AcquireStep::plain(1, 0, 0, true, 1500)),
+        Step::Crash { c: 1 },
+        Step::Sleep { ms: 4000 },
+        Step::Acquire(AcquireStep::plain(2, 0, 0, false, 1500)),
+    ];
+    replay_expecting_no_violation(&cfg, &steps);
 }

@@ -205,16 +205,10 @@ impl Client {
             threads: (0..threads)
                 .map(|t| Thread {
                     owner: format!("{id}:{t}"),
-                    state: State::Idle,
+                    lock: Side::new(),
+                    sem: Side::new(),
                     last: None,
-                    calling: None,
-                    unsure_end: HashMap::new(),
                     marks_lost_upto: 0,
-                    sem: State::Idle,
-                    sem_permits: 0,
-                    sem_calling: None,
-                    sem_unsure_end: HashMap::new(),
-                    sem_marked: HashSet::new(),
                 })
                 .collect(),
             id,
@@ -256,40 +250,103 @@ impl Unsure {
     }
 }
 
+/// Which primitive a thread acts on: its lock side or its semaphore side (a read/write lock is
+/// a semaphore of its own shape). What differs between them is in `fuzz/prim.rs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prim {
+    Lock,
+    Sem,
+}
+
+impl Prim {
+    pub const ALL: [Prim; 2] = [Prim::Lock, Prim::Sem];
+
+    pub fn wait(self, th: &Thread) -> Option<&Wait> {
+        match &th.side(self).state {
+            State::Waiting(w) => Some(w),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Prim::Lock => "lock",
+            Prim::Sem => "sem",
+        }
+    }
+
+    /// What the log lines and counters put before a step's name ("" for a lock, "sem ").
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Prim::Lock => "",
+            Prim::Sem => "sem ",
+        }
+    }
+}
+
 pub struct Thread {
     pub owner: String,
-    pub state: State,
+    /// The thread's lock side and its semaphore side: one attempt at a time on each.
+    pub lock: Side,
+    pub sem: Side,
     /// The last command this thread sent, for a stray duplicate (the "retry" fault).
     pub last: Option<Rc<dyn Resend>>,
-    /// (lock, attempt) of the acquire or leave call this thread is in, if any: a grant to it
-    /// during that call is its own.
-    pub calling: Option<(usize, u64)>,
-    /// (lock, attempt) of attempts that ended here while Redis may not know it yet: the leave
-    /// or release that ends them (and writes their left mark) was lost or is late, or a copy
-    /// of their acquire went out that the client never learnt of. Redis may still grant them
-    /// the lock: a hand-off its janitor no longer refreshes (revoked as a dead grantee's), or a
-    /// late copy's hold (the README's limits). Every other grant to an ended attempt is a
-    /// ghost, and so is one later than `Unsure::expired` allows.
-    pub unsure_end: HashMap<(usize, u64), Unsure>,
     /// Attempts up to this one ended before the left marks were lost with all data (a restart
     /// without persistence): a late copy of them may act, as the README's limits say.
     pub marks_lost_upto: u64,
-    /// The thread's semaphore side (`fuzz/sem.rs`), beside its lock side: a `Wait` or `Hold`
-    /// whose `lock` is the semaphore's index, `sem_permits` the permits it wants or holds.
-    pub sem: State,
-    pub sem_permits: u64,
-    /// As `calling` and `unsure_end`, for the semaphores.
-    pub sem_calling: Option<(usize, u64)>,
-    pub sem_unsure_end: HashMap<(usize, u64), Unsure>,
-    /// (semaphore, attempt) of attempts whose end asked for a left mark: if the marks key is
-    /// evicted, a late copy of their acquire may act (they join `sem_unsure_end`).
-    pub sem_marked: HashSet<(usize, u64)>,
+}
+
+/// A thread's bookkeeping on one primitive (`Prim`): its state (a `Wait` or `Hold` whose
+/// `lock` is the lock's or semaphore's index), and what the ghost-hold judge needs.
+pub struct Side {
+    pub state: State,
+    /// The permits it wants or holds (1 on a lock).
+    pub permits: u64,
+    /// (index, attempt) of the acquire or leave call this thread is in, if any: a grant to it
+    /// during that call is its own.
+    pub calling: Option<(usize, u64)>,
+    /// (index, attempt) of attempts that ended here while Redis may not know it yet: the leave
+    /// or release that ends them (and writes their left mark) was lost or is late, or a copy
+    /// of their acquire went out that the client never learnt of. Redis may still grant them:
+    /// a hand-off its janitor no longer refreshes (revoked as a dead grantee's), or a late
+    /// copy's hold (the README's limits). Every other grant to an ended attempt is a ghost, and
+    /// so is one later than `Unsure::expired` allows.
+    pub unsure_end: HashMap<(usize, u64), Unsure>,
+    /// (index, attempt) of attempts whose end asked for a left mark: if the marks key is
+    /// evicted, a late copy of their acquire may act (they join `unsure_end`).
+    pub marked: HashSet<(usize, u64)>,
+}
+
+impl Side {
+    pub fn new() -> Side {
+        Side {
+            state: State::Idle,
+            permits: 1,
+            calling: None,
+            unsure_end: HashMap::new(),
+            marked: HashSet::new(),
+        }
+    }
+
+    /// Whether it waits on `index` with `attempt` (a message for it is its own).
+    pub fn waits_with(&self, index: usize, attempt: u64) -> bool {
+        matches!(&self.state, State::Waiting(w) if w.lock == index && w.attempt == attempt)
+    }
 }
 
 impl Thread {
-    /// Whether this thread waits on `lock` with `attempt` (a message for it is its own).
-    pub fn state_waits_with(&self, lock: usize, attempt: u64) -> bool {
-        matches!(&self.state, State::Waiting(w) if w.lock == lock && w.attempt == attempt)
+    pub fn side(&self, p: Prim) -> &Side {
+        match p {
+            Prim::Lock => &self.lock,
+            Prim::Sem => &self.sem,
+        }
+    }
+
+    pub fn side_mut(&mut self, p: Prim) -> &mut Side {
+        match p {
+            Prim::Lock => &mut self.lock,
+            Prim::Sem => &mut self.sem,
+        }
     }
 }
 

@@ -5,9 +5,9 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use crate::checks::{Check, Violation};
-use crate::model::{Config, State};
+use crate::model::{Config, Prim, State};
 use crate::rng::Rng;
-use crate::steps::{self, AcquireStep, Fault, Step};
+use crate::steps::{self, Fault, Step};
 use crate::world::{Stats, World};
 
 /// How long the quiet phase may take to serve every live thread and clean up.
@@ -130,59 +130,58 @@ impl World {
             self.say("; no heartbeats from now on: all clients but the last queue and crash (dead holders and waiters), only try_lock callers come by");
             let last = self.clients.len() - 1;
             for t in 0..self.clients[last].threads.len() {
-                while matches!(self.state(last, t), State::Holding(_)) {
+                while matches!(self.state(Prim::Lock, last, t), State::Holding(_)) {
                     self.say("; ");
-                    self.release(last, t, Fault::None);
+                    self.release(Prim::Lock, last, t, Fault::None);
                 }
-                if matches!(self.sem_state(last, t), State::Holding(_)) {
+                if matches!(self.state(Prim::Sem, last, t), State::Holding(_)) {
                     self.say("; ");
-                    self.sem_release(last, t, Fault::None);
+                    self.release(Prim::Sem, last, t, Fault::None);
                 }
             }
             let mut first = true;
             for c in 0..last {
                 for t in 0..self.clients[c].threads.len() {
-                    while matches!(self.state(c, t), State::Holding(_)) {
+                    while matches!(self.state(Prim::Lock, c, t), State::Holding(_)) {
                         self.say("; ");
-                        self.release(c, t, Fault::None);
+                        self.release(Prim::Lock, c, t, Fault::None);
                     }
-                    if matches!(self.state(c, t), State::Waiting(_)) {
+                    if matches!(self.state(Prim::Lock, c, t), State::Waiting(_)) {
                         self.say("; ");
-                        self.leave_pass(c, t, Fault::None);
+                        self.leave_pass(Prim::Lock, c, t, Fault::None);
                     }
                     if !self.sems.is_empty() {
                         // the semaphore side likewise: a dead waiter for permits
-                        if matches!(self.sem_state(c, t), State::Holding(_)) {
+                        if matches!(self.state(Prim::Sem, c, t), State::Holding(_)) {
                             self.say("; ");
-                            self.sem_release(c, t, Fault::None);
+                            self.release(Prim::Sem, c, t, Fault::None);
                         }
-                        if matches!(self.sem_state(c, t), State::Waiting(_)) {
+                        if matches!(self.state(Prim::Sem, c, t), State::Waiting(_)) {
                             self.say("; ");
-                            self.sem_leave_pass(c, t, Fault::None);
+                            self.leave_pass(Prim::Sem, c, t, Fault::None);
                         }
-                        if matches!(self.sem_state(c, t), State::Idle) {
+                        if matches!(self.state(Prim::Sem, c, t), State::Idle) {
                             self.say("; ");
                             let cap = self.cfg.sems[0].cap;
-                            self.sem_acquire(
-                                c,
-                                t,
-                                0,
-                                cap,
-                                true,
-                                2500,
-                                None,
-                                Fault::None,
-                                Fault::None,
-                            );
+                            let faults = (Fault::None, Fault::None);
+                            self.acquire(Prim::Sem, (c, t, 0), cap, true, 2500, None, faults);
                         }
                     }
-                    if matches!(self.state(c, t), State::Idle) {
+                    if matches!(self.state(Prim::Lock, c, t), State::Idle) {
                         self.say("; ");
                         // the first (usually the holder) briefly, so the next is handed the
                         // lock while still alive by its deadline, dies, and must be revoked
                         let lease = if first { 300 } else { 2500 };
                         first = false;
-                        self.acquire(AcquireStep::plain(c, t, 0, true, lease));
+                        self.acquire(
+                            Prim::Lock,
+                            (c, t, 0),
+                            1,
+                            true,
+                            lease,
+                            None,
+                            (Fault::None, Fault::None),
+                        );
                     }
                 }
                 self.say("; ");
@@ -214,14 +213,14 @@ impl World {
                     for lock in 0..self.locks.len() {
                         let before = self.line.len();
                         self.say("; ");
-                        if !self.heartbeat(c, lock, Fault::None) {
+                        if !self.heartbeat(Prim::Lock, c, lock, Fault::None) {
                             self.line.truncate(before);
                         }
                     }
                     for sem in 0..self.sems.len() {
                         let before = self.line.len();
                         self.say("; ");
-                        if !self.sem_heartbeat(c, sem, Fault::None) {
+                        if !self.heartbeat(Prim::Sem, c, sem, Fault::None) {
                             self.line.truncate(before);
                         }
                     }
@@ -231,27 +230,35 @@ impl World {
                 for t in 0..self.clients[c].threads.len() {
                     let now = self.clock.fz();
                     self.say("; ");
-                    match self.state(c, t) {
+                    match self.state(Prim::Lock, c, t) {
                         State::Holding(_) => {
                             served.insert((c, t));
-                            self.release(c, t, Fault::None);
+                            self.release(Prim::Lock, c, t, Fault::None);
                         }
                         State::Waiting(_) if !heartbeats => {
-                            self.leave_pass(c, t, Fault::None);
+                            self.leave_pass(Prim::Lock, c, t, Fault::None);
                         }
                         State::Waiting(w) if w.deadline.is_some_and(|d| d <= now) => {
-                            self.leave_claim(c, t, Fault::None, Fault::None);
+                            self.leave_claim(Prim::Lock, c, t, Fault::None, Fault::None);
                         }
                         State::Waiting(_) => {
-                            self.pop(c, t, Fault::None, Fault::None);
+                            self.pop(Prim::Lock, c, t, Fault::None, Fault::None);
                         }
                         State::Idle if !served.contains(&(c, t)) => {
                             let lock = c % self.locks.len();
-                            self.acquire(AcquireStep::plain(c, t, lock, heartbeats, 500));
+                            self.acquire(
+                                Prim::Lock,
+                                (c, t, lock),
+                                1,
+                                heartbeats,
+                                500,
+                                None,
+                                (Fault::None, Fault::None),
+                            );
                         }
                         State::Idle => {}
                     }
-                    if matches!(self.state(c, t), State::Holding(_)) {
+                    if matches!(self.state(Prim::Lock, c, t), State::Holding(_)) {
                         served.insert((c, t));
                     }
                     let was = sem_served.contains(&(c, t));
@@ -279,8 +286,8 @@ impl World {
                 cl.threads.iter().enumerate().all(|(t, th)| {
                     served.contains(&(c, t))
                         && sem_served.contains(&(c, t))
-                        && matches!(th.state, State::Idle)
-                        && matches!(th.sem, State::Idle)
+                        && matches!(th.lock.state, State::Idle)
+                        && matches!(th.sem.state, State::Idle)
                 })
             });
             if all_done {
@@ -341,7 +348,7 @@ impl World {
         for c in 0..self.clients.len() {
             for t in 0..self.clients[c].threads.len() {
                 let th = &self.clients[c].threads[t];
-                let what = match &th.state {
+                let what = match &th.lock.state {
                     State::Idle if served.contains(&(c, t)) => continue,
                     State::Idle => "idle, never served".to_string(),
                     State::Holding(h) => format!("still holding token {}", h.token),
@@ -370,7 +377,7 @@ impl World {
         for c in 0..self.clients.len() {
             for t in 0..self.clients[c].threads.len() {
                 let th = &self.clients[c].threads[t];
-                let what = match &th.sem {
+                let what = match &th.sem.state {
                     State::Idle if sem_served.contains(&(c, t)) => continue,
                     State::Idle => "never got its permits".to_string(),
                     State::Holding(h) => format!("still holding permits, token {}", h.token),
@@ -379,7 +386,7 @@ impl World {
                         format!(
                             "waiting for {} permits of sem {} with attempt {}: queue entry {:?}, \
                              holds {:?}, used {}",
-                            th.sem_permits,
+                            th.sem.permits,
                             w.lock,
                             w.attempt,
                             snap.waiters.get(&th.owner),

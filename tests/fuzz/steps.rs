@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::model::State;
+use crate::model::{Prim, State};
 use crate::rng::Rng;
 use crate::sem::{SemChoices, SemStep};
 use crate::world::World;
@@ -54,15 +54,23 @@ pub enum EvictKey {
     Fence,
     Queue,
     Waiters,
+    /// A semaphore's leases zset and hand-offs zset (a lock has neither).
+    Leases,
+    Handoffs,
+    /// The left marks.
+    Left,
     Wake(usize, usize),
 }
 
-/// Thread `t` of client `c` calls acquire on `lock`.
+/// Thread `t` of client `c` calls acquire on lock or semaphore `lock` of kind `p`.
 #[derive(Clone, Copy, Debug)]
 pub struct AcquireStep {
+    pub p: Prim,
     pub c: usize,
     pub t: usize,
     pub lock: usize,
+    /// The permits asked for (1 on a lock; a semaphore's at most its capacity).
+    pub permits: u64,
     pub wait: bool,
     pub lease_ms: u64,
     pub deadline_ms: Option<u64>,
@@ -72,12 +80,14 @@ pub struct AcquireStep {
 }
 
 impl AcquireStep {
-    /// An acquire without a deadline, and without faults.
+    /// A lock's acquire without a deadline, and without faults.
     pub fn plain(c: usize, t: usize, lock: usize, wait: bool, lease_ms: u64) -> AcquireStep {
         AcquireStep {
+            p: Prim::Lock,
             c,
             t,
             lock,
+            permits: 1,
             wait,
             lease_ms,
             deadline_ms: None,
@@ -91,7 +101,12 @@ impl fmt::Display for AcquireStep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (c, t, lock, lease_ms) = (self.c, self.t, self.lock, self.lease_ms);
         let mode = if self.wait { "wait" } else { "try" };
-        write!(f, "c{c}:t{t} acquire {mode} lock={lock} lease={lease_ms}ms")?;
+        let (pfx, noun) = (self.p.prefix(), self.p.name());
+        write!(f, "c{c}:t{t} {pfx}acquire {mode} {noun}={lock}")?;
+        if self.p == Prim::Sem {
+            write!(f, " permits={}", self.permits)?;
+        }
+        write!(f, " lease={lease_ms}ms")?;
         if let Some(d) = self.deadline_ms {
             write!(f, " timeout={d}ms")?;
         }
@@ -103,38 +118,45 @@ impl fmt::Display for AcquireStep {
 pub enum Step {
     Acquire(AcquireStep),
     Pop {
+        p: Prim,
         c: usize,
         t: usize,
         fault: Fault,
         then: Fault,
     },
     Reenter {
+        p: Prim,
         c: usize,
         t: usize,
         fault: Fault,
     },
     Release {
+        p: Prim,
         c: usize,
         t: usize,
         fault: Fault,
     },
     Renew {
+        p: Prim,
         c: usize,
         t: usize,
         fault: Fault,
     },
     LeaveClaim {
+        p: Prim,
         c: usize,
         t: usize,
         fault: Fault,
         then: Fault,
     },
     LeavePass {
+        p: Prim,
         c: usize,
         t: usize,
         fault: Fault,
     },
     Heartbeat {
+        p: Prim,
         c: usize,
         lock: usize,
         fault: Fault,
@@ -168,6 +190,7 @@ pub enum Step {
         ms: u64,
     },
     Evict {
+        p: Prim,
         lock: usize,
         key: EvictKey,
     },
@@ -182,22 +205,26 @@ pub enum Step {
     LongClock {
         ms: i64,
     },
-    /// A step of a semaphore's thread, client or operator, or a semaphore key's eviction.
+    /// A semaphore operator's step.
     Sem(SemStep),
 }
 
 impl Step {
     /// The step's kind, for the summary's counts.
     pub fn kind(&self) -> &'static str {
+        let of = |p: &Prim, lock: &'static str, sem: &'static str| match p {
+            Prim::Lock => lock,
+            Prim::Sem => sem,
+        };
         match self {
-            Step::Acquire(_) => "acquire",
-            Step::Pop { .. } => "pop",
+            Step::Acquire(a) => of(&a.p, "acquire", "sem acquire"),
+            Step::Pop { p, .. } => of(p, "pop", "sem pop"),
             Step::Reenter { .. } => "reenter",
-            Step::Release { .. } => "release",
-            Step::Renew { .. } => "renew",
-            Step::LeaveClaim { .. } => "leave claim",
-            Step::LeavePass { .. } => "leave pass",
-            Step::Heartbeat { .. } => "heartbeat",
+            Step::Release { p, .. } => of(p, "release", "sem release"),
+            Step::Renew { p, .. } => of(p, "renew", "sem renew"),
+            Step::LeaveClaim { p, .. } => of(p, "leave claim", "sem leave claim"),
+            Step::LeavePass { p, .. } => of(p, "leave pass", "sem leave pass"),
+            Step::Heartbeat { p, .. } => of(p, "heartbeat", "sem heartbeat"),
             Step::ForceUnlock { .. } => "force-unlock",
             Step::Resend { .. } => "stray duplicate",
             Step::DeliverLate { .. } => "late delivery",
@@ -205,7 +232,7 @@ impl Step {
             Step::Crash { .. } => "crash",
             Step::Pause { .. } => "pause",
             Step::Sleep { .. } => "time passes",
-            Step::Evict { .. } => "eviction",
+            Step::Evict { p, .. } => of(p, "eviction", "sem eviction"),
             Step::DataLoss => "data loss",
             Step::Clock { .. } => "clock step",
             Step::LongClock { .. } => "long clock step",
@@ -218,17 +245,36 @@ impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Step::Acquire(a) => write!(f, "{a}"),
-            Step::Pop { c, t, fault, then } => {
-                write!(f, "c{c}:t{t} pop{fault}{}", then_text(then))
+            Step::Pop {
+                p,
+                c,
+                t,
+                fault,
+                then,
+            } => {
+                let pfx = p.prefix();
+                write!(f, "c{c}:t{t} {pfx}pop{fault}{}", then_text(then))
             }
-            Step::Reenter { c, t, fault } => write!(f, "c{c}:t{t} reenter{fault}"),
-            Step::Release { c, t, fault } => write!(f, "c{c}:t{t} release{fault}"),
-            Step::Renew { c, t, fault } => write!(f, "c{c}:t{t} renew{fault}"),
-            Step::LeaveClaim { c, t, fault, then } => {
-                write!(f, "c{c}:t{t} leave claim{fault}{}", then_text(then))
+            Step::Reenter { c, t, fault, .. } => write!(f, "c{c}:t{t} reenter{fault}"),
+            Step::Release { p, c, t, fault } => write!(f, "c{c}:t{t} {}release{fault}", p.prefix()),
+            Step::Renew { p, c, t, fault } => write!(f, "c{c}:t{t} {}renew{fault}", p.prefix()),
+            Step::LeaveClaim {
+                p,
+                c,
+                t,
+                fault,
+                then,
+            } => {
+                let pfx = p.prefix();
+                write!(f, "c{c}:t{t} {pfx}leave claim{fault}{}", then_text(then))
             }
-            Step::LeavePass { c, t, fault } => write!(f, "c{c}:t{t} leave pass{fault}"),
-            Step::Heartbeat { c, lock, fault } => write!(f, "c{c} heartbeat lock={lock}{fault}"),
+            Step::LeavePass { p, c, t, fault } => {
+                write!(f, "c{c}:t{t} {}leave pass{fault}", p.prefix())
+            }
+            Step::Heartbeat { p, c, lock, fault } => {
+                let (pfx, noun) = (p.prefix(), p.name());
+                write!(f, "c{c} {pfx}heartbeat {noun}={lock}{fault}")
+            }
             Step::ForceUnlock { lock, fault } => {
                 let how = match fault {
                     Fault::None | Fault::Dropped => "",
@@ -248,7 +294,7 @@ impl fmt::Display for Step {
             Step::Crash { c } => write!(f, "c{c} crashes"),
             Step::Pause { c, ms } => write!(f, "c{c} pauses for {ms}ms"),
             Step::Sleep { ms } => write!(f, "time passes: {ms}ms"),
-            Step::Evict { lock, key } => write!(f, "evict lock={lock} {key:?}"),
+            Step::Evict { p, lock, key } => write!(f, "evict {}={lock} {key:?}", p.name()),
             Step::DataLoss => write!(f, "data loss (FLUSHALL, SCRIPT FLUSH, FUNCTION FLUSH)"),
             Step::Clock { ms } => write!(f, "server clock steps {ms:+}ms"),
             Step::LongClock { ms } => write!(f, "server clock jumps {ms:+}ms; janitors tick"),
@@ -278,14 +324,7 @@ pub fn fault(rng: &mut Rng) -> Fault {
 
 #[derive(Clone, Copy)]
 enum Kind {
-    Acquire,
-    Pop,
-    LeaveClaim,
-    LeavePass,
-    Reenter,
-    Release,
-    Renew,
-    Heartbeat,
+    Thread(ThreadKind),
     ForceUnlock,
     Resend,
     DeliverLate,
@@ -299,12 +338,198 @@ enum Kind {
     ClockStep,
 }
 
+/// The threads and clients that can take each thread step on side `p`, by the model's state.
+pub struct Choices {
+    pub p: Prim,
+    pub idle: Vec<(usize, usize)>,
+    pub waiting: Vec<(usize, usize)>,
+    pub claimable: Vec<(usize, usize)>,
+    pub holding: Vec<(usize, usize)>,
+    pub valid: Vec<(usize, usize)>,
+    /// (client, index) of each waiting thread's lock or semaphore.
+    pub heartbeaters: Vec<(usize, usize)>,
+}
+
+/// A thread's or client's step on one side.
+#[derive(Clone, Copy)]
+pub enum ThreadKind {
+    Acquire,
+    Pop,
+    LeaveClaim,
+    LeavePass,
+    Reenter,
+    Release,
+    Renew,
+    Heartbeat,
+}
+
+impl Choices {
+    pub fn of(w: &World, p: Prim) -> Choices {
+        let now = w.clock.fz();
+        let mut s = Choices {
+            p,
+            idle: vec![],
+            waiting: vec![],
+            claimable: vec![],
+            holding: vec![],
+            valid: vec![],
+            heartbeaters: vec![],
+        };
+        for (c, client) in w.clients.iter().enumerate() {
+            if !w.active(c) {
+                continue;
+            }
+            for (t, th) in client.threads.iter().enumerate() {
+                match &th.side(p).state {
+                    State::Idle => s.idle.push((c, t)),
+                    State::Waiting(wt) => {
+                        s.waiting.push((c, t));
+                        s.heartbeaters.push((c, wt.lock));
+                        if wt.deadline.is_some_and(|d| d <= now) {
+                            s.claimable.push((c, t));
+                        }
+                    }
+                    State::Holding(h) => {
+                        s.holding.push((c, t));
+                        if h.expires > now {
+                            s.valid.push((c, t));
+                        }
+                    }
+                }
+            }
+        }
+        s
+    }
+
+    /// The thread steps' weights in the step mix, by what the state allows (a semaphore has
+    /// no re-entry).
+    pub fn weights(&self) -> Vec<(f64, ThreadKind)> {
+        let on = |v: &Vec<(usize, usize)>, weight: f64| if v.is_empty() { 0.0 } else { weight };
+        let mut k = vec![
+            (on(&self.idle, 12.0), ThreadKind::Acquire),
+            (on(&self.waiting, 16.0), ThreadKind::Pop),
+            (on(&self.claimable, 6.0), ThreadKind::LeaveClaim),
+            (on(&self.waiting, 0.7), ThreadKind::LeavePass),
+        ];
+        if self.p == Prim::Lock {
+            k.push((on(&self.valid, 4.0), ThreadKind::Reenter));
+        }
+        k.extend([
+            (on(&self.holding, 12.0), ThreadKind::Release),
+            (on(&self.valid, 5.0), ThreadKind::Renew),
+            (on(&self.heartbeaters, 4.0), ThreadKind::Heartbeat),
+        ]);
+        k
+    }
+
+    /// A step of `kind`, its actor and faults drawn.
+    pub fn step(&self, kind: ThreadKind, w: &World, rng: &mut Rng) -> Step {
+        let cfg = &w.cfg;
+        let p = self.p;
+        match kind {
+            ThreadKind::Acquire => {
+                let (c, t) = rng.pick(&self.idle);
+                let (lock, wait, permits) = match p {
+                    Prim::Lock => {
+                        let wait = rng.chance(0.75);
+                        (rng.below(cfg.locks as u64) as usize, wait, 1)
+                    }
+                    Prim::Sem => {
+                        let sem = rng.below(w.sems.len() as u64) as usize;
+                        let wait = rng.chance(0.75);
+                        (sem, wait, crate::sem::draw_permits(w, sem, rng))
+                    }
+                };
+                Step::Acquire(AcquireStep {
+                    p,
+                    c,
+                    t,
+                    lock,
+                    permits,
+                    wait,
+                    lease_ms: rng.range(cfg.lease_ms.0, cfg.lease_ms.1),
+                    deadline_ms: (wait && rng.chance(0.4)).then(|| rng.range(200, 1500)),
+                    fault: fault(rng),
+                    then: fault(rng),
+                })
+            }
+            ThreadKind::Pop => {
+                let (c, t) = rng.pick(&self.waiting);
+                Step::Pop {
+                    p,
+                    c,
+                    t,
+                    fault: rng.weighted(&[
+                        (88.0, Fault::None),
+                        (5.0, Fault::Lost),
+                        (3.0, Fault::Dropped),
+                        (4.0, Fault::Late),
+                    ]),
+                    then: fault(rng),
+                }
+            }
+            ThreadKind::LeaveClaim => {
+                let (c, t) = rng.pick(&self.claimable);
+                Step::LeaveClaim {
+                    p,
+                    c,
+                    t,
+                    fault: fault(rng),
+                    then: fault(rng),
+                }
+            }
+            ThreadKind::LeavePass => {
+                let (c, t) = rng.pick(&self.waiting);
+                Step::LeavePass {
+                    p,
+                    c,
+                    t,
+                    fault: fault(rng),
+                }
+            }
+            ThreadKind::Reenter => {
+                let (c, t) = rng.pick(&self.valid);
+                Step::Reenter {
+                    p,
+                    c,
+                    t,
+                    fault: fault(rng),
+                }
+            }
+            ThreadKind::Release => {
+                let (c, t) = rng.pick(&self.holding);
+                Step::Release {
+                    p,
+                    c,
+                    t,
+                    fault: fault(rng),
+                }
+            }
+            ThreadKind::Renew => {
+                let (c, t) = rng.pick(&self.valid);
+                Step::Renew {
+                    p,
+                    c,
+                    t,
+                    fault: fault(rng),
+                }
+            }
+            ThreadKind::Heartbeat => {
+                let (c, lock) = rng.pick(&self.heartbeaters);
+                Step::Heartbeat {
+                    p,
+                    c,
+                    lock,
+                    fault: fault(rng),
+                }
+            }
+        }
+    }
+}
+
 /// Choose the next step from what the model's state allows.
 pub fn choose(w: &World, rng: &mut Rng) -> Step {
-    let now = w.clock.fz();
-    let (mut idle, mut waiting, mut claimable, mut holding, mut valid, mut with_last) =
-        (vec![], vec![], vec![], vec![], vec![], vec![]);
-    let mut heartbeaters = vec![];
+    let mut with_last = vec![];
     for (c, client) in w.clients.iter().enumerate() {
         if !w.active(c) {
             continue;
@@ -313,40 +538,22 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
             if th.last.is_some() {
                 with_last.push(Who::Thread(c, t));
             }
-            match &th.state {
-                State::Idle => idle.push((c, t)),
-                State::Waiting(wt) => {
-                    waiting.push((c, t));
-                    heartbeaters.push((c, wt.lock));
-                    if wt.deadline.is_some_and(|d| d <= now) {
-                        claimable.push((c, t));
-                    }
-                }
-                State::Holding(h) => {
-                    holding.push((c, t));
-                    if h.expires > now {
-                        valid.push((c, t));
-                    }
-                }
-            }
         }
     }
     if w.operator_last.is_some() {
         with_last.push(Who::Operator);
     }
     let on = |v: bool, weight: f64| if v { weight } else { 0.0 };
+    let locks = Choices::of(w, Prim::Lock);
     // the semaphores' steps weigh as much as the locks' (0 without semaphores: an even seed's
     // choices are as they were)
     let sem = SemChoices::of(w);
-    let kind = rng.weighted(&[
-        (on(!idle.is_empty(), 12.0), Kind::Acquire),
-        (on(!waiting.is_empty(), 16.0), Kind::Pop),
-        (on(!claimable.is_empty(), 6.0), Kind::LeaveClaim),
-        (on(!waiting.is_empty(), 0.7), Kind::LeavePass),
-        (on(!valid.is_empty(), 4.0), Kind::Reenter),
-        (on(!holding.is_empty(), 12.0), Kind::Release),
-        (on(!valid.is_empty(), 5.0), Kind::Renew),
-        (on(!heartbeaters.is_empty(), 4.0), Kind::Heartbeat),
+    let mut kinds: Vec<(f64, Kind)> = locks
+        .weights()
+        .into_iter()
+        .map(|(weight, k)| (weight, Kind::Thread(k)))
+        .collect();
+    kinds.extend([
         (1.0, Kind::ForceUnlock),
         (on(!with_last.is_empty(), 2.5), Kind::Resend),
         (on(!w.late.is_empty(), 4.0), Kind::DeliverLate),
@@ -359,85 +566,10 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
         (sem.weight(w), Kind::Sem),
         (1.0, Kind::ClockStep),
     ]);
+    let kind = rng.weighted(&kinds);
     let cfg = &w.cfg;
     match kind {
-        Kind::Acquire => {
-            let (c, t) = rng.pick(&idle);
-            let wait = rng.chance(0.75);
-            Step::Acquire(AcquireStep {
-                c,
-                t,
-                lock: rng.below(cfg.locks as u64) as usize,
-                wait,
-                lease_ms: rng.range(cfg.lease_ms.0, cfg.lease_ms.1),
-                deadline_ms: (wait && rng.chance(0.4)).then(|| rng.range(200, 1500)),
-                fault: fault(rng),
-                then: fault(rng),
-            })
-        }
-        Kind::Pop => {
-            let (c, t) = rng.pick(&waiting);
-            Step::Pop {
-                c,
-                t,
-                fault: rng.weighted(&[
-                    (88.0, Fault::None),
-                    (5.0, Fault::Lost),
-                    (3.0, Fault::Dropped),
-                    (4.0, Fault::Late),
-                ]),
-                then: fault(rng),
-            }
-        }
-        Kind::LeaveClaim => {
-            let (c, t) = rng.pick(&claimable);
-            Step::LeaveClaim {
-                c,
-                t,
-                fault: fault(rng),
-                then: fault(rng),
-            }
-        }
-        Kind::LeavePass => {
-            let (c, t) = rng.pick(&waiting);
-            Step::LeavePass {
-                c,
-                t,
-                fault: fault(rng),
-            }
-        }
-        Kind::Reenter => {
-            let (c, t) = rng.pick(&valid);
-            Step::Reenter {
-                c,
-                t,
-                fault: fault(rng),
-            }
-        }
-        Kind::Release => {
-            let (c, t) = rng.pick(&holding);
-            Step::Release {
-                c,
-                t,
-                fault: fault(rng),
-            }
-        }
-        Kind::Renew => {
-            let (c, t) = rng.pick(&valid);
-            Step::Renew {
-                c,
-                t,
-                fault: fault(rng),
-            }
-        }
-        Kind::Heartbeat => {
-            let (c, lock) = rng.pick(&heartbeaters);
-            Step::Heartbeat {
-                c,
-                lock,
-                fault: fault(rng),
-            }
-        }
+        Kind::Thread(k) => locks.step(k, w, rng),
         Kind::ForceUnlock => Step::ForceUnlock {
             lock: rng.below(cfg.locks as u64) as usize,
             fault: rng.weighted(&[
@@ -479,18 +611,20 @@ pub fn choose(w: &World, rng: &mut Rng) -> Step {
             let c = rng.below(cfg.clients as u64) as usize;
             let t = rng.below(cfg.threads as u64) as usize;
             Step::Evict {
+                p: Prim::Lock,
                 lock: rng.below(cfg.locks as u64) as usize,
                 key: rng.weighted(&[
                     (30.0, EvictKey::Hash),
                     (15.0, EvictKey::Fence),
                     (15.0, EvictKey::Queue),
                     (15.0, EvictKey::Waiters),
+                    (5.0, EvictKey::Left),
                     (20.0, EvictKey::Wake(c, t)),
                 ]),
             }
         }
         Kind::DataLoss => Step::DataLoss,
-        Kind::Sem => Step::Sem(sem.choose(w, rng)),
+        Kind::Sem => sem.choose(w, rng),
         Kind::ClockStep if rng.below(10) == 0 => Step::LongClock {
             ms: rng.range(360_000, 420_000) as i64,
         },

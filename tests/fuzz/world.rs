@@ -13,7 +13,7 @@ use fairlock::raw::{Call, RawLock, RawSemaphore, Runner, Settings};
 
 use crate::checks::{Check, Checker, Violation};
 use crate::faketime::FakeClockRedis;
-use crate::model::{Client, Clock, Config, State, Wait};
+use crate::model::{Client, Clock, Config, Prim, Wait};
 use crate::sem::{make_sems, SemChecker};
 use crate::steps::{Fault, Step, Who};
 
@@ -255,10 +255,6 @@ impl World {
         self.clients[c].threads[t].owner.clone()
     }
 
-    pub fn state(&mut self, c: usize, t: usize) -> &mut State {
-        &mut self.clients[c].threads[t].state
-    }
-
     pub fn fits(&self, c: usize, t: usize) -> bool {
         c < self.clients.len() && t < self.clients[c].threads.len() && self.active(c)
     }
@@ -354,14 +350,34 @@ impl World {
     /// Apply one step; `false` when it does not fit the current state (skipped).
     pub fn apply(&mut self, step: &Step) -> bool {
         let applied = match *step {
-            Step::Acquire(a) => self.acquire(a),
-            Step::Pop { c, t, fault, then } => self.pop(c, t, fault, then),
-            Step::Reenter { c, t, fault } => self.reenter(c, t, fault),
-            Step::Release { c, t, fault } => self.release(c, t, fault),
-            Step::Renew { c, t, fault } => self.renew(c, t, fault),
-            Step::LeaveClaim { c, t, fault, then } => self.leave_claim(c, t, fault, then),
-            Step::LeavePass { c, t, fault } => self.leave_pass(c, t, fault),
-            Step::Heartbeat { c, lock, fault } => self.heartbeat(c, lock, fault),
+            Step::Acquire(a) => self.acquire(
+                a.p,
+                (a.c, a.t, a.lock),
+                a.permits,
+                a.wait,
+                a.lease_ms,
+                a.deadline_ms,
+                (a.fault, a.then),
+            ),
+            Step::Pop {
+                p,
+                c,
+                t,
+                fault,
+                then,
+            } => self.pop(p, c, t, fault, then),
+            Step::Reenter { p, c, t, fault } => p == Prim::Lock && self.reenter(c, t, fault),
+            Step::Release { p, c, t, fault } => self.release(p, c, t, fault),
+            Step::Renew { p, c, t, fault } => self.renew(p, c, t, fault),
+            Step::LeaveClaim {
+                p,
+                c,
+                t,
+                fault,
+                then,
+            } => self.leave_claim(p, c, t, fault, then),
+            Step::LeavePass { p, c, t, fault } => self.leave_pass(p, c, t, fault),
+            Step::Heartbeat { p, c, lock, fault } => self.heartbeat(p, c, lock, fault),
             Step::ForceUnlock { lock, fault } => self.force_unlock(lock, fault),
             Step::Resend { who } => self.resend(who),
             Step::DeliverLate { n } => self.deliver_late(n),
@@ -369,7 +385,7 @@ impl World {
             Step::Crash { c } => self.crash(c),
             Step::Pause { c, ms } => self.pause(c, ms),
             Step::Sleep { ms } => self.sleep(ms),
-            Step::Evict { lock, key } => self.evict(lock, key),
+            Step::Evict { p, lock, key } => self.evict(p, lock, key),
             Step::DataLoss => self.data_loss(),
             Step::Clock { ms } => self.clock_step(ms),
             Step::LongClock { ms } => self.long_clock_step(ms),
