@@ -1387,3 +1387,40 @@ fn the_status_lists_every_hold_with_its_token_permits_and_lease() {
         assert!(h.lease == Duration::from_secs(30) || h.lease == Duration::from_secs(60));
     }
 }
+
+/// The semaphore's twin of protocol's test of the same name. Before, the hand-offs zset was
+/// scored by the grantee's deadline on the server clock, so a forward step of the server clock
+/// revoked an unpopped grant at the next script (here: another waiter's heartbeat), and the
+/// permit went on to the waiter behind. The deadline is on the semaphore hash's virtual clock
+/// now, as the lock's (common.lua, "Time"), which a step advances by at most a third of the
+/// waiter timeout.
+#[test]
+fn a_forward_server_clock_step_does_not_revoke_an_unpopped_hand_off() {
+    let mut server = support::faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let sem = Sem::new("handoff-stepped", "sem", 1);
+    let th = granted(sem.acquire(&mut c, "h:1", 1, 1, 60_000, true));
+    for owner in ["w:1", "x:1"] {
+        assert_eq!(
+            sem.acquire(&mut c, owner, 1, 1, 60_000, true),
+            Reply::Queued
+        );
+    }
+    assert!(sem.release(&mut c, "h:1", 1, th));
+    server.set_offset_ms(10_000);
+    for _ in 0..3 {
+        sem.heartbeat(&mut c, &[("x:1", 1)]);
+        assert_eq!(sem.acquire(&mut c, "cron:1", 1, 1, 60_000, false), Reply::Busy);
+    }
+    let (holds, used) = sem.holds(&mut c);
+    assert_eq!((holds.len(), used), (1, 1), "{holds:?}");
+    assert!(
+        holds.contains_key("w:1#1"),
+        "the hand-off was revoked after the step: {holds:?}"
+    );
+    assert!(
+        sem.pop_grant(&mut c, "w:1", 1).is_some(),
+        "the grantee's hand-off is gone"
+    );
+    assert_eq!(sem.pop_grant(&mut c, "x:1", 1), None, "x was served");
+}

@@ -25,7 +25,7 @@ return run(function()
     if handoff then
       -- granted, its wake-up not popped yet, and its client alive: more time to pop it
       zset_ours(k.handoffs)
-      redis.call('ZADD', k.handoffs, fmt(now_ms() + WAITER_TTL), id)
+      redis.call('ZADD', k.handoffs, fmt(handoff_extended(S)), id)
     elseif held then
       -- a hold of a waiting attempt, confirmed, with no wake-up: a repeat or late copy of its
       -- acquire took the permits with a reply that went to no one (or its wake-up was lost);
