@@ -43,17 +43,7 @@ return run(function()
         push_wakeup(owner, grant_message(attempt, h.token) .. (since or '0'), h.lease)
       end
     else
-      local w = waiter_entry(owner)
-      if w and w.attempt == attempt and read(k.queue, 'ZSCORE', owner) then
-        write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
-      elseif not (w and w.attempt > attempt) then
-        if w then forget_waiter(owner) end
-        -- (a wake list that cannot be reached now is told at the next heartbeat)
-        if can_wake(owner) then
-          push_wakeup(owner, 'r|' .. fmt(attempt), WAITER_TTL)
-          told[#told + 1] = owner
-        end
-      end
+      refresh_waiter(owner, attempt, waiter_entry(owner), told, forget_waiter)
     end
   end
 

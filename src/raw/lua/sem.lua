@@ -110,28 +110,6 @@ local function drop_hold(id, h)
   redis.call('HSET', k.lock, '~used', fmt(S.used))
 end
 
--- Remove the messages to `owner` about `attempt` only: a thread may hold the permits of one
--- attempt while it waits with another, and a message about one (a late copy of its acquire, a
--- revoked grant) must never take the other's with it. Touches the wake list first thing, as
--- drop_wakeups does (an undeclared key).
-local function drop_attempt_wakeups(owner, attempt)
-  local wk, prefix = wake_of(owner)
-  local msgs = read(wk, 'LRANGE', 0, -1)
-  for _, msg in ipairs(msgs) do
-    if not is_wakeup(msg) then refuse(wk, FOREIGN_LIST) end
-  end
-  local grant, retry = prefix .. 'g|' .. fmt(attempt) .. '|', prefix .. 'r|' .. fmt(attempt)
-  for _, msg in ipairs(msgs) do
-    if msg:sub(1, #grant) == grant or msg == retry then redis.call('LREM', wk, 1, msg) end
-  end
-end
-
--- The queue place of `owner`'s waiting attempt `w` goes, with the messages about that attempt.
-local function forget_attempt(owner, w)
-  drop_attempt_wakeups(owner, w.attempt)
-  dequeue(owner)
-end
-
 -- Revoke the hand-offs whose grantee let its deadline pass without popping its wake-up (a dead
 -- grantee: its permits go on at once, not after its lease; state.lua, handoff_dead). One whose
 -- wake-up was popped is confirmed instead (removed from the zset): its holder has it. The

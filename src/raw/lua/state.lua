@@ -68,9 +68,10 @@ local FOREIGN_LIST = 'a list of messages fairlock did not write'
 
 -- Remove `owner`'s messages about `attempt` and older ones, never those of a newer attempt of
 -- the thread (a late copy of an old request must not take the wake-up of the thread's newer
--- grant). Its first call touches the list (undeclared, see "Undeclared keys"): callers make it
--- before their first write of a unit of work.
-local function drop_wakeups_upto(owner, attempt)
+-- grant); with `only`, those about `attempt` alone (drop_attempt_wakeups). Its first call
+-- touches the list (undeclared, see "Undeclared keys"): callers make it before their first
+-- write of a unit of work.
+local function drop_wakeups_upto(owner, attempt, only)
   local wk, prefix = wake_of(owner)
   local msgs = read(wk, 'LRANGE', 0, -1)
   for _, msg in ipairs(msgs) do
@@ -79,7 +80,11 @@ local function drop_wakeups_upto(owner, attempt)
   for _, msg in ipairs(msgs) do
     if msg:sub(1, #prefix) == prefix then
       local a = tonumber(string.match(msg, '^[^|]*|[gr]|(%d+)'))
-      if not a or a <= attempt then redis.call('LREM', wk, 1, msg) end
+      if only then
+        if a == attempt then redis.call('LREM', wk, 1, msg) end
+      elseif not a or a <= attempt then
+        redis.call('LREM', wk, 1, msg)
+      end
     end
   end
 end
@@ -87,6 +92,13 @@ end
 -- Remove every message to `owner`, whatever attempt it is for (as drop_wakeups_upto).
 local function drop_wakeups(owner)
   drop_wakeups_upto(owner, math.huge)
+end
+
+-- Remove the messages to `owner` about `attempt` only: a thread may hold the permits of one
+-- attempt while it waits with another (a semaphore), and a message about one (a late copy of
+-- its acquire, a revoked grant) must never take the other's with it.
+local function drop_attempt_wakeups(owner, attempt)
+  drop_wakeups_upto(owner, attempt, true)
 end
 
 -- Whether a wake-up can be pushed to `owner` now. The wake list is a key the script does not
@@ -387,6 +399,12 @@ local function forget_waiter(owner)
   dequeue(owner)
 end
 
+-- The queue place of `owner`'s waiting attempt `w` goes, with the messages about that attempt.
+local function forget_attempt(owner, w)
+  drop_attempt_wakeups(owner, w.attempt)
+  dequeue(owner)
+end
+
 -- Queue `owner` at the back (a retry of a queued attempt keeps its place), or refresh its entry.
 -- `mine`: its entry as read (only a retry has one; its queue place may have been lost).
 local function enqueue(owner, attempt, lease, meta, mine)
@@ -412,6 +430,24 @@ local function enqueue(owner, attempt, lease, meta, mine)
   if not W.existed then
     redis.call('PEXPIRE', k.waiters, QUEUE_TTL)
     W.existed = true
+  end
+end
+
+-- A heartbeat's word for `owner`'s waiting `attempt` (its entry `w` as read; the attempt holds
+-- nothing): a queued one gets a new deadline; any other, unless the owner's entry is a newer
+-- attempt's (its place was purged during a pause, its grant lapsed unseen, its queue key was
+-- lost), loses what is left of it (`forget(owner, w)`: the primitive's) and is told to retry
+-- through its wake list, its owner added to `told`. (A wake list that cannot be reached now is
+-- told at the next heartbeat.)
+local function refresh_waiter(owner, attempt, w, told, forget)
+  if w and w.attempt == attempt and read(k.queue, 'ZSCORE', owner) then
+    write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
+  elseif not (w and w.attempt > attempt) then
+    if w then forget(owner, w) end
+    if can_wake(owner) then
+      push_wakeup(owner, 'r|' .. fmt(attempt), WAITER_TTL)
+      told[#told + 1] = owner
+    end
   end
 end
 
