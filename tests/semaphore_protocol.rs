@@ -1410,7 +1410,10 @@ fn a_forward_server_clock_step_does_not_revoke_an_unpopped_hand_off() {
     server.set_offset_ms(10_000);
     for _ in 0..3 {
         sem.heartbeat(&mut c, &[("x:1", 1)]);
-        assert_eq!(sem.acquire(&mut c, "cron:1", 1, 1, 60_000, false), Reply::Busy);
+        assert_eq!(
+            sem.acquire(&mut c, "cron:1", 1, 1, 60_000, false),
+            Reply::Busy
+        );
     }
     let (holds, used) = sem.holds(&mut c);
     assert_eq!((holds.len(), used), (1, 1), "{holds:?}");

@@ -1723,7 +1723,6 @@ impl World {
             }
         }
         // 4'. live waiters keep their places, and their hand-offs until their lease could end
-        let forward_now = self.clock.forward();
         let mut unpopped = vec![];
         for (c, cl) in self.clients.iter_mut().enumerate() {
             let popped = &cl.popped;
@@ -1762,28 +1761,16 @@ impl World {
                             && !self.sem_checker.exempt[w.lock].contains(&h.token)
                             && !self.sem_checker.forced[w.lock].contains(&h.token)
                         {
-                            // the hand-off deadline is on the server clock
-                            // (docs/semaphores.md): forward steps revoke early, but only once
-                            // they and the real time since the waiter's last refresh could
-                            // have run its waiter timeout out
-                            let server_clock_aged = (real - w.refreshed) + w.forward_ms + 40.0
-                                >= self.cfg.waiter_timeout_ms as f64;
-                            if w.grant_forward.is_some_and(|g| g < forward_now) && server_clock_aged
-                            {
-                                self.stats.add(
-                                    "exempt: sem hand-off revoked after a forward clock step",
-                                    1,
-                                );
-                            } else {
-                                found.push((
-                                    Check::HandoffVanished,
-                                    format!(
-                                        "the hand-off of sem {} to live waiter c{c}:t{t} ({id}, \
-                                         token {}) vanished before its lease could end",
-                                        w.lock, h.token
-                                    ),
-                                ));
-                            }
+                            // the hand-off deadline is on the hand-off clock (a virtual
+                            // clock, docs/semaphores.md): a forward step does not revoke it
+                            found.push((
+                                Check::HandoffVanished,
+                                format!(
+                                    "the hand-off of sem {} to live waiter c{c}:t{t} ({id}, \
+                                     token {}) vanished before its lease could end",
+                                    w.lock, h.token
+                                ),
+                            ));
                         }
                     }
                     continue;
