@@ -49,7 +49,8 @@ fn reset_stats(c: &mut redis::Connection) {
 }
 
 /// The commands run inside the script call and its server time (us), from the stats since the
-/// last reset (the script call itself: `fcall` or `evalsha`; `config` and `info` left out).
+/// last reset (the script call itself: `fcall` or `evalsha`; `config` and `info`, with their
+/// subcommands (`config|resetstat`), left out).
 fn script_cost(c: &mut redis::Connection) -> (u64, u64) {
     let stats = commandstats(c);
     let mut inner = 0;
@@ -57,16 +58,33 @@ fn script_cost(c: &mut redis::Connection) -> (u64, u64) {
     for (name, (calls, us)) in &stats {
         match name.as_str() {
             "fcall" | "evalsha" => usec += us,
-            "config" | "info" => {}
+            n if n.starts_with("config") || n.starts_with("info") => {}
             _ => inner += calls,
         }
     }
     (inner, usec)
 }
 
+/// The commands run inside the script call since the last reset, by name, sorted.
+fn inner_commands(c: &mut redis::Connection) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = commandstats(c)
+        .into_iter()
+        .filter(|(n, _)| {
+            !(matches!(n.as_str(), "fcall" | "evalsha")
+                || n.starts_with("config")
+                || n.starts_with("info"))
+        })
+        .map(|(n, (calls, _))| (n, calls))
+        .collect();
+    out.sort();
+    out
+}
+
 struct Figures {
     commands: Vec<u64>,
     usec: Vec<u64>,
+    /// the commands inside the last round's release script, by name
+    last: Vec<(String, u64)>,
 }
 
 impl Figures {
@@ -84,6 +102,8 @@ impl Figures {
             us[us.len() * 9 / 10],
             us.len()
         );
+        let inner: Vec<String> = self.last.iter().map(|(n, c)| format!("{n} {c}")).collect();
+        println!("  last round: {}", inner.join(", "));
     }
 }
 
@@ -104,6 +124,7 @@ fn lock_handoffs(c: &mut redis::Connection, runner: Runner) -> Figures {
     let mut f = Figures {
         commands: vec![],
         usec: vec![],
+        last: vec![],
     };
     let mut attempt = 0;
     let mut holder = match lock
@@ -126,6 +147,7 @@ fn lock_handoffs(c: &mut redis::Connection, runner: Runner) -> Figures {
         reset_stats(c);
         let r = lock.release(&holder.0, holder.1, 1).run(c).unwrap();
         let cost = script_cost(c);
+        f.last = inner_commands(c);
         assert_eq!(
             r,
             Release::Released {
@@ -158,6 +180,7 @@ fn semaphore_handoffs(c: &mut redis::Connection, runner: Runner) -> Figures {
     let mut f = Figures {
         commands: vec![],
         usec: vec![],
+        last: vec![],
     };
     let mut attempt = 1;
     let mut holder = match sem
@@ -182,6 +205,7 @@ fn semaphore_handoffs(c: &mut redis::Connection, runner: Runner) -> Figures {
             .run(c)
             .unwrap();
         let cost = script_cost(c);
+        f.last = inner_commands(c);
         assert!(matches!(r, SemRelease::Released { .. }), "{r:?}");
         f.commands.push(cost.0);
         f.usec.push(cost.1);
