@@ -72,14 +72,8 @@ return run(function()
     return { 'granted', fmt(take(h, owner, attempt, lease, meta)), now_ms(), lease }
   end
 
-  if left_mark(owner) >= attempt then return { 'stale' } end
-  local mine = waiter_entry(owner)
-  if mine and mine.attempt > attempt then return { 'stale' } end
-  if mine and mine.attempt < attempt then
-    -- an earlier attempt that was given up: a new attempt queues at the back
-    forget_waiter(owner)
-    mine = nil
-  end
+  local mine = own_entry(owner, attempt, forget_waiter)
+  if mine == false then return { 'stale' } end
 
   if not h.owner then
     local head = live_head()

@@ -539,6 +539,22 @@ local function mark_left(owner, attempt)
   redis.call('PEXPIRE', k.left, QUEUE_TTL)
 end
 
+-- An acquire's own waiter entry, for `owner`'s `attempt`: false when the request is stale (the
+-- attempt left with a mark, or the owner waits with a newer attempt: a late or repeated copy,
+-- which does nothing), nil when it has none. An entry of an earlier attempt, given up, goes
+-- (`forget(owner, w)`: the primitive's), so the new attempt queues at the back. The marks are
+-- read first: an undeclared key, touched before the first write (see "Undeclared keys").
+local function own_entry(owner, attempt, forget)
+  if left_mark(owner) >= attempt then return false end
+  local mine = waiter_entry(owner)
+  if mine and mine.attempt > attempt then return false end
+  if mine and mine.attempt < attempt then
+    forget(owner, mine)
+    return nil
+  end
+  return mine
+end
+
 -- The queue is empty: a waiters hash left without it (its queue key was evicted or lost) goes,
 -- so no entry outlives its place by more than one script that looks.
 local function drop_orphaned_waiters()
