@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use crate::checks::{grant_prefix, Check};
-use crate::model::{Handoff, Hold, Prim, State, Wait};
+use crate::model::{Handoff, Hold, Prim, State};
 use crate::world::World;
 
 /// What Redis has of one lock or semaphore, in one shape.
@@ -134,9 +134,7 @@ impl World {
             }
         }
         // 4'. live waiters keep their places, and their hand-offs until their lease could end
-        let forward_now = self.clock.forward();
         let mut unpopped = vec![];
-        let mut revoked_early = 0;
         for c in 0..self.clients.len() {
             for t in 0..self.clients[c].threads.len() {
                 let th = &self.clients[c].threads[t];
@@ -176,9 +174,7 @@ impl World {
                             && fz < h.earliest_end
                             && !exempt
                             && !self.forced(p, w.lock, h.token);
-                        if judged && self.handoff_revoked_early(p, w, real, forward_now) {
-                            revoked_early += 1;
-                        } else if judged {
+                        if judged {
                             found.push((
                                 Check::HandoffVanished,
                                 format!(
@@ -217,12 +213,6 @@ impl World {
                     ));
                 }
             }
-        }
-        if revoked_early > 0 {
-            self.stats.add(
-                "exempt: sem hand-off revoked after a forward clock step",
-                revoked_early,
-            );
         }
         found.extend(self.wakeups_missing(unpopped));
         for (check, msg) in found {
@@ -445,22 +435,6 @@ impl World {
         match p {
             Prim::Lock => self.checker.forced[i].contains(&token),
             Prim::Sem => self.sem_checker.forced[i].contains(&token),
-        }
-    }
-
-    /// Whether a live waiter's hand-off may have been revoked early, as its primitive allows.
-    /// A lock keeps hand-off deadlines on the waiters' virtual clock, which a forward step of
-    /// the server clock moves by at most `cap_ms` per script: never. A semaphore keeps them on
-    /// the server clock (docs/semaphores.md): forward steps revoke early, but only once they
-    /// and the real time since the waiter's last refresh could have run its waiter timeout out.
-    fn handoff_revoked_early(&self, p: Prim, w: &Wait, real: f64, forward_now: f64) -> bool {
-        match p {
-            Prim::Lock => false,
-            Prim::Sem => {
-                let server_clock_aged =
-                    (real - w.refreshed) + w.forward_ms + 40.0 >= self.cfg.waiter_timeout_ms as f64;
-                w.grant_forward.is_some_and(|g| g < forward_now) && server_clock_aged
-            }
         }
     }
 }

@@ -20,6 +20,8 @@ mod counter;
 mod crash;
 mod credentials;
 mod fairness;
+#[cfg(feature = "raw")]
+mod handoff_cost;
 mod layers;
 #[cfg(feature = "cli")]
 mod leader;

@@ -2068,3 +2068,39 @@ fn a_scripts_own_lua_error_comes_back_as_a_script_fault() {
         "{err}"
     );
 }
+
+/// A forward step of the server clock cannot revoke an unpopped hand-off early: its deadline
+/// (wdl) is on the lock hash's virtual clock, which a step advances by at most a third of the
+/// waiter timeout (common.lua, "Time"). Here a 10 s step (16 waiter timeouts) right after the
+/// grant; other clients' heartbeats and try_locks run at once, and the grantee still holds and
+/// pops its grant (semaphore_protocol has the semaphore's twin).
+#[test]
+fn a_forward_server_clock_step_does_not_revoke_an_unpopped_hand_off() {
+    let mut server = faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let lock = raw_lock(&mut c, "handoff-stepped");
+    let th = take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "w:1", 2);
+    enqueue(&mut c, &lock, "x:1", 3);
+    lock.release("h:1", th, 1).run(&mut c).unwrap();
+    let (_, tw) = holder(&mut c, &lock);
+    server.set_offset_ms(10_000);
+    for _ in 0..3 {
+        let hb = lock.heartbeat([("x:1", 3)]).run(&mut c).unwrap();
+        assert_eq!(hb.repairs, 0, "the hand-off was revoked after the step");
+        let r = lock
+            .acquire("cron:1", 9, LEASE, Mode::Try, "m")
+            .run(&mut c)
+            .unwrap();
+        assert!(matches!(r, Acquire::Busy { .. }), "{r:?}");
+    }
+    assert_eq!(holder(&mut c, &lock), (Some("w:1".into()), tw));
+    match pop(&mut c, &lock, "w:1") {
+        Some(Wake::Grant {
+            attempt: 2,
+            token: t,
+            ..
+        }) => assert_eq!(Some(t), tw),
+        other => panic!("the grantee's hand-off is gone: {other:?}"),
+    }
+}

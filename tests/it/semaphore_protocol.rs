@@ -1438,3 +1438,109 @@ fn a_hand_off_popped_but_not_taken_is_told_again_while_its_attempt_still_waits()
          its hold (lease 1 s) is still taken by nobody: holds {holds:?}, used {used}"
     );
 }
+
+/// The semaphore's twin of protocol's test of the same name. Before, the hand-offs zset was
+/// scored by the grantee's deadline on the server clock, so a forward step of the server clock
+/// revoked an unpopped grant at the next script (here: another waiter's heartbeat), and the
+/// permit went on to the waiter behind. The deadline is on the semaphore hash's virtual clock
+/// now, as the lock's (common.lua, "Time"), which a step advances by at most a third of the
+/// waiter timeout.
+#[test]
+fn a_forward_server_clock_step_does_not_revoke_an_unpopped_hand_off() {
+    let mut server = support::faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let sem = Sem::new("handoff-stepped", "sem", 1);
+    let th = granted(sem.acquire(&mut c, "h:1", 1, 1, 60_000, true));
+    for owner in ["w:1", "x:1"] {
+        assert_eq!(
+            sem.acquire(&mut c, owner, 1, 1, 60_000, true),
+            Reply::Queued
+        );
+    }
+    assert!(sem.release(&mut c, "h:1", 1, th));
+    server.set_offset_ms(10_000);
+    for _ in 0..3 {
+        sem.heartbeat(&mut c, &[("x:1", 1)]);
+        assert_eq!(
+            sem.acquire(&mut c, "cron:1", 1, 1, 60_000, false),
+            Reply::Busy
+        );
+    }
+    let (holds, used) = sem.holds(&mut c);
+    assert_eq!((holds.len(), used), (1, 1), "{holds:?}");
+    assert!(
+        holds.contains_key("w:1#1"),
+        "the hand-off was revoked after the step: {holds:?}"
+    );
+    assert!(
+        sem.pop_grant(&mut c, "w:1", 1).is_some(),
+        "the grantee's hand-off is gone"
+    );
+    assert_eq!(sem.pop_grant(&mut c, "x:1", 1), None, "x was served");
+}
+
+/// The hand-off clock's cap follows the waiters of each grant: a short-timeout client's small cap
+/// (a third of its waiter timeout) stays only while a hand-off it may bind is pending. Here a
+/// 150 ms client's hand-off ends (popped and released), then a 3 s client's grantee dies before
+/// popping: with the small cap kept, each heartbeat of the waiter behind (every 500 ms) would
+/// move the clock on by 50 ms only, and the dead grantee would keep the permit for half a
+/// minute; it is revoked within a few seconds.
+#[test]
+fn a_dead_grantees_hand_off_is_judged_with_its_own_waiters_cap() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let with_timeout = |ms| {
+        let settings = Settings {
+            waiter_timeout: Duration::from_millis(ms),
+            ..settings()
+        };
+        RawSemaphore::new("fairlock", "cap-follows", SemKind::Semaphore, 1, settings).unwrap()
+    };
+    let (short, long) = (with_timeout(150), with_timeout(3000));
+    let sem = Sem::new("cap-follows", "sem", 1);
+    let acquire = |raw: &RawSemaphore, c: &mut redis::Connection, owner: &str| {
+        raw.acquire(owner, 1, 1, Duration::from_secs(60), Mode::Wait, "m")
+            .run(c)
+            .unwrap()
+    };
+    let SemAcquire::Granted { token: th, .. } = acquire(&long, &mut c, "h:1") else {
+        panic!("h was not granted");
+    };
+    assert!(matches!(
+        acquire(&short, &mut c, "s:1"),
+        SemAcquire::Queued { .. }
+    ));
+    assert!(sem.release(&mut c, "h:1", 1, th));
+    let ts = sem.pop_grant(&mut c, "s:1", 1).expect("s's hand-off");
+    assert!(sem.release(&mut c, "s:1", 1, ts));
+    // the 3 s clients: x is granted and dies unpopped, y waits behind it and heartbeats
+    let SemAcquire::Granted { token: th2, .. } = acquire(&long, &mut c, "h2:1") else {
+        panic!("h2 was not granted");
+    };
+    for owner in ["x:1", "y:1"] {
+        assert!(matches!(
+            acquire(&long, &mut c, owner),
+            SemAcquire::Queued { .. }
+        ));
+    }
+    assert!(sem.release(&mut c, "h2:1", 1, th2));
+    let start = std::time::Instant::now();
+    let ty = loop {
+        long.heartbeat([("y:1", 1)]).run(&mut c).unwrap();
+        if let Some(t) = sem.pop_grant(&mut c, "y:1", 1) {
+            break t;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "the dead grantee kept the permit for {:?}",
+            start.elapsed()
+        );
+        thread::sleep(Duration::from_millis(500));
+    };
+    assert!(ty > th2);
+    assert_eq!(
+        sem.pop_grant(&mut c, "x:1", 1),
+        None,
+        "x's stale grant stayed"
+    );
+}

@@ -64,7 +64,7 @@ return run(function()
       end
     end
   elseif h.owner and h.wdl then
-    revoke_stale_handoff(h, lock_clock(h))
+    revoke_stale_handoff(h, handoff_now(h))
   end
 
   -- free, and neither a queue, a waiters hash, marks nor another program's hash: take it
@@ -72,14 +72,8 @@ return run(function()
     return { 'granted', fmt(take(h, owner, attempt, lease, meta)), now_ms(), lease }
   end
 
-  if left_mark(owner) >= attempt then return { 'stale' } end
-  local mine = waiter_entry(owner)
-  if mine and mine.attempt > attempt then return { 'stale' } end
-  if mine and mine.attempt < attempt then
-    -- an earlier attempt that was given up: a new attempt queues at the back
-    forget_waiter(owner)
-    mine = nil
-  end
+  local mine = own_entry(owner, attempt, forget_waiter)
+  if mine == false then return { 'stale' } end
 
   if not h.owner then
     local head = live_head()
@@ -89,7 +83,8 @@ return run(function()
       -- also told there, as a release would tell it. The hold is confirmed (no wdl): this reply
       -- may be the one the thread reads, and then nobody pops the wake-up (its waker drops it).
       drop_wakeups(owner)
-      local token = take_with_wakeup(h, owner, attempt, lease, meta)
+      local token = grant_with_wakeup(owner, attempt, h.token, lease, take, h, owner, attempt,
+        lease, meta)
       -- (a wake list that cannot be reached now: the reply is the only word, as for a newcomer)
       token = token or take(h, owner, attempt, lease, meta)
       dequeue(owner)

@@ -9,8 +9,8 @@
 --
 -- The keys of one lock named N under prefix P (all share the hash tag {N}, so one slot):
 --   P:{N}             HASH    owner, attempt, count, token, lease, since, meta,   TTL = the lease
---                             wdl (a hand-off's grantee deadline), vc (its clock),
---                             released (last tokens released)
+--                             wdl (a hand-off's grantee deadline), vc and vcap (the
+--                             hand-off clock, see "Time"), released (last tokens released)
 --   P:{N}:fence       STRING  the last token handed out                         TTL = fence ttl
 --   P:{N}:queue       ZSET    owner -> arrival time (server us)                 TTL = QUEUE_TTL
 --   P:{N}:waiters     HASH    owner -> "attempt|deadline|lease|meta",           TTL = QUEUE_TTL
@@ -55,20 +55,24 @@
 -- ahead of the server clock, and tokens after data loss would then go back: the fuzzer found it.)
 --
 -- Time. Redis's clock is the wall clock and may step. Liveness deadlines of waiters are kept on a
--- *virtual clock* per key (field ~clock of the waiters hash, field vc of the lock hash): it
+-- *virtual clock* per key (field ~clock of the waiters hash; for hand-offs, the *hand-off clock*
+-- of the primitive's hash: field vc of the lock hash, ~vc of a semaphore's, one code for both,
+-- state.lua's handoff_now): it
 -- advances with the wall clock, but by at most CAP (a third of the waiter timeout) from the
 -- stored reading, and never backwards from it, so a clock step of either sign neither purges live
 -- waiters nor keeps dead ones for more than a few calls. Clients with different waiter timeouts
 -- may wait on one lock: a clock advances by at most the smallest CAP of the clients that queued
--- on it (field ~cap of the waiters hash, field vcap of the lock hash for a hand-off's clock), so
+-- on it (field ~cap of the waiters hash, field vcap / ~vcap for the hand-off clock), so
 -- a client with a long timeout cannot, after a step, advance it by more than a short-timeout
 -- waiter's whole timeout. Every script that judges waiters or a hand-off stores the reading it
 -- took once it is due (`advance`: cap/10 after the stored one, or after a backward step), by
 -- acquire, release, leave, force_unlock or heartbeat (not status, which only reads), so the
 -- clock moves on with whatever traffic the lock has: a dead waiter is found dead by a call at
 -- most cap/10 after its deadline however that call came (a cron job's try_lock), not only by
--- another waiter's heartbeat. Leases are Redis TTLs: a forward step of the server clock shortens them
--- (docs/guarantees.md: Limits).
+-- another waiter's heartbeat. So a forward step of the server clock revokes no unpopped hand-off
+-- early, of the lock or of a semaphore: its deadline is on the hand-off clock. Leases are Redis
+-- TTLs (a semaphore's, scores of its leases zset on the server clock): a forward step of the
+-- server clock shortens them (docs/guarantees.md: Limits).
 --
 -- Foreign data. Another program's data at a lock's key is never modified: every key is read or
 -- written through `read`, with a command that fails with WRONGTYPE on another type, before any

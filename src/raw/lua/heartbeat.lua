@@ -24,9 +24,8 @@
 -- this client's entries and clock readings have been written, which the next tick repeats.
 return run(function()
   local h = read_lock()
-  -- the lock hash's own virtual clock, for hand-off deadlines (moved on by heartbeats and
-  -- acquires: see lock_clock)
-  local lock_now = h.owner and h.wdl and lock_clock(h)
+  -- the hand-off clock (state.lua, handoff_now), moved on by heartbeats and acquires
+  local lock_now = h.owner and h.wdl and handoff_now(h)
   local own_handoff = false
   local told = {}
   for i = 3, #ARGV, 2 do
@@ -34,7 +33,7 @@ return run(function()
     if h.owner == owner and h.attempt == attempt then
       own_handoff = true
       if h.wdl then
-        h.wdl = lock_now + WAITER_TTL
+        h.wdl = handoff_extended(h)
         redis.call('HSET', k.lock, 'wdl', fmt(h.wdl))
       elseif can_wake(owner) and not handoff_pending(owner, attempt, h.token) then
         -- a hold of a waiting attempt with no wake-up: a repeat or late copy of its acquire
@@ -44,17 +43,7 @@ return run(function()
         push_wakeup(owner, grant_message(attempt, h.token) .. (since or '0'), h.lease)
       end
     else
-      local w = waiter_entry(owner)
-      if w and w.attempt == attempt and read(k.queue, 'ZSCORE', owner) then
-        write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
-      elseif not (w and w.attempt > attempt) then
-        if w then forget_waiter(owner) end
-        -- (a wake list that cannot be reached now is told at the next heartbeat)
-        if can_wake(owner) then
-          push_wakeup(owner, 'r|' .. fmt(attempt), WAITER_TTL)
-          told[#told + 1] = owner
-        end
-      end
+      refresh_waiter(owner, attempt, waiter_entry(owner), told, forget_waiter)
     end
   end
 

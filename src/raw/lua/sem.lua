@@ -1,18 +1,26 @@
--- sem.lua: helpers of the semaphore's scripts, after common.lua and state.lua (whose
--- queue, waiters, wake-list and left-mark helpers it reuses as they are). See
--- docs/semaphores.md. KEYS of every semaphore script: [1] the semaphore's hash
+-- sem.lua: the semaphore's admission and its holds, after common.lua and state.lua, whose queue
+-- core it uses as the lock does (queue, waiters, wake lists, left marks, tokens, the grant with
+-- its wake-up, hand-offs on the hand-off clock and their revocation, the grant loop): this file
+-- supplies what only the semaphore has, its holds and leases and its admission rule (sem_open,
+-- sem_fits, sem_take for state.lua's grant_live_heads). See docs/semaphores.md.
+-- KEYS of every semaphore script: [1] the semaphore's hash
 -- (P:{N}:sem) [2] its fence [3] its queue [4] its waiters [5] its leases (zset hold -> expiry ms)
 -- [6] its hand-offs (zset hold granted by another's script, its wake-up not known to be popped
--- -> the grantee's deadline, server ms).
+-- -> the grantee's deadline on the hand-off clock, state.lua).
 --
 -- The hash: ~kind ('sem' or 'rw'), ~cap, ~used (permits held), ~token (the last token given),
 -- ~released (receipts: the last RECEIPTS tokens fully released), ~set ('1' once sem_capacity
 -- stored the capacity: it binds every acquisition, used or not, and the hash lives at least
--- FENCE_TTL from then), and one field per hold, "<owner>#<attempt>" -> "token|permits|lease|meta".
+-- FENCE_TTL from then), ~vc and ~vcap (the hand-off clock and its cap, from the first grant
+-- that was a hand-off on), and one field per hold, "<owner>#<attempt>" ->
+-- "token|permits|lease|meta".
 -- A waiter's entry (state.lua) carries the permits it wants in front of its meta: "k;meta".
 -- Network: a hold is named by owner and attempt, so a repeated acquire finds its own hold and a
 -- release or renewal acts only on the hold of its attempt and token; receipts answer a repeated
--- release. Expiry is by the leases zset, on the server clock (as the mutex's TTLs); a hold whose
+-- release. A hand-off's deadline is on the hand-off clock (the lock's, state.lua), so a repeated
+-- or late heartbeat only moves it to WAITER_TTL from that copy's run, and a clock step neither
+-- revokes a live grantee's grant early nor keeps a dead one's beyond a few calls. Expiry is by
+-- the leases zset, on the server clock (as the mutex's TTLs); a hold whose
 -- entry there was lost (the zset evicted) gets its whole lease again from the next script.
 -- Foreign data (common.lua): the hash is recognized by its ~kind field, the leases and
 -- hand-offs zsets by their members being hold ids (`zset_ours`: checked before a script's first
@@ -41,13 +49,15 @@ end
 -- The semaphore's hash fields every script needs, read once; `leases` is KEYS[5].
 local function read_sem(keys)
   k.leases, k.handoffs = keys[5], keys[6]
-  local v = read(k.lock, 'HMGET', '~kind', '~cap', '~used', '~token', '~released', '~set')
+  local v = read(k.lock, 'HMGET', '~kind', '~cap', '~used', '~token', '~released', '~set', '~vc',
+    '~vcap')
   local fields = 0
-  for i = 1, 6 do
+  for i = 1, 8 do
     if v[i] then fields = fields + 1 end
   end
   S = { kind = v[1], cap = tonumber(v[2]), used = tonumber(v[3]) or 0, token = tonumber(v[4]),
-        released = v[5] or '', unread = not v[1], fields = fields, set = v[6] == '1', ours = {} }
+        released = v[5] or '', unread = not v[1], fields = fields, set = v[6] == '1', ours = {},
+        vc = v[7], vcap = math.min(tonumber(v[8]) or CAP, CAP), clock = { '~vc', '~vcap' } }
   if S.unread then
     if redis.call('EXISTS', k.lock) == 1 then
       refuse(k.lock, "a hash without fairlock's semaphore fields")
@@ -100,42 +110,24 @@ local function drop_hold(id, h)
   redis.call('HSET', k.lock, '~used', fmt(S.used))
 end
 
--- Remove the messages to `owner` about `attempt` only: a thread may hold the permits of one
--- attempt while it waits with another, and a message about one (a late copy of its acquire, a
--- revoked grant) must never take the other's with it. Touches the wake list first thing, as
--- drop_wakeups does (an undeclared key).
-local function drop_attempt_wakeups(owner, attempt)
-  local wk, prefix = wake_of(owner)
-  local msgs = read(wk, 'LRANGE', 0, -1)
-  for _, msg in ipairs(msgs) do
-    if not is_wakeup(msg) then refuse(wk, FOREIGN_LIST) end
-  end
-  local grant, retry = prefix .. 'g|' .. fmt(attempt) .. '|', prefix .. 'r|' .. fmt(attempt)
-  for _, msg in ipairs(msgs) do
-    if msg:sub(1, #grant) == grant or msg == retry then redis.call('LREM', wk, 1, msg) end
-  end
-end
-
--- The queue place of `owner`'s waiting attempt `w` goes, with the messages about that attempt.
-local function forget_attempt(owner, w)
-  drop_attempt_wakeups(owner, w.attempt)
-  dequeue(owner)
-end
-
 -- Revoke the hand-offs whose grantee let its deadline pass without popping its wake-up (a dead
--- grantee: its permits go on at once, not after its lease). One whose wake-up was popped is
--- confirmed instead (removed from the zset): its holder has it. The deadline is on
--- the server clock, so a forward step can revoke an unpopped grant early (liveness, never
--- safety: the wake-up goes with the hold, so it cannot be popped after).
+-- grantee: its permits go on at once, not after its lease; state.lua, handoff_dead). One whose
+-- wake-up was popped is confirmed instead (removed from the zset): its holder has it. The
+-- deadlines are on the hand-off clock (state.lua), kept in the hash from the first grant on, so
+-- a forward step of the server clock does not revoke a live grantee's grant early.
 local function revoke_dead_grantees()
-  local due = read(k.handoffs, 'ZRANGEBYSCORE', '-inf', now_ms())
-  for _, id in ipairs(due) do
-    if not is_hold_id(id) then refuse(k.handoffs, FOREIGN_ZSET) end
+  if not S.vc then return end -- no hand-off since the hash was made
+  local now = handoff_now(S)
+  local due = read(k.handoffs, 'ZRANGEBYSCORE', '-inf', '(' .. fmt(now), 'WITHSCORES')
+  for i = 1, #due, 2 do
+    if not is_hold_id(due[i]) then refuse(k.handoffs, FOREIGN_ZSET) end
   end
-  for _, id in ipairs(due) do
+  for i = 1, #due, 2 do
+    local id = due[i]
     local owner, attempt = string.match(id, '^(.*)#(%d+)$')
     local h = parse_hold(redis.call('HGET', k.lock, id))
-    if h and owner and handoff_pending(owner, tonumber(attempt), h.token) then
+    if h and owner and handoff_dead(owner, tonumber(attempt), h.token, tonumber(due[i + 1]), now)
+    then
       drop_attempt_wakeups(owner, tonumber(attempt))
       drop_hold(id, h)
     else
@@ -185,31 +177,16 @@ local function expire_holds()
   return #gone
 end
 
--- The next token (as the mutex's: max(last + 1, server time in us), and after the fence).
-local function sem_next_token()
-  local token = math.max((S.token or 0) + 1, now_us())
-  local old = read(k.fence, 'SET', fmt(token), 'PX', FENCE_TTL, 'GET')
-  local last = old and token_value(old)
-  if old and not last then
-    redis.call('SET', k.fence, old)
-    refuse(k.fence, NOT_A_TOKEN)
-  end
-  if last and last >= token then
-    token = last + 1
-    redis.call('SET', k.fence, fmt(token), 'PX', FENCE_TTL)
-  end
+-- A new hold of `permits` for owner's attempt (its token: state.lua, next_token). `...`: more
+-- field, value pairs for the hash (a hand-off's clock). Returns its token.
+local function take_permits(owner, attempt, permits, lease, meta, kind, cap, ...)
+  local token = next_token(S.token)
   S.token = token
-  return token
-end
-
--- A new hold of `permits` for owner's attempt. Returns its token.
-local function take_permits(owner, attempt, permits, lease, meta, kind, cap)
-  local token = sem_next_token()
   local id = hold_id(owner, attempt)
   S.used = S.used + permits
   S.kind, S.cap, S.unread = kind or S.kind, cap or S.cap, false
   redis.call('HSET', k.lock, id, fmt(token) .. '|' .. fmt(permits) .. '|' .. fmt(lease) .. '|' ..
-    meta, '~used', fmt(S.used), '~token', fmt(token), '~kind', S.kind, '~cap', fmt(S.cap))
+    meta, '~used', fmt(S.used), '~token', fmt(token), '~kind', S.kind, '~cap', fmt(S.cap), ...)
   zset_ours(k.leases)
   redis.call('ZADD', k.leases, fmt(now_ms() + lease), id)
   keep_sem(lease)
@@ -217,39 +194,36 @@ local function take_permits(owner, attempt, permits, lease, meta, kind, cap)
 end
 
 
--- Grant to the queue's live heads while they fit: the first that does not fit stops the loop,
--- so nobody behind it is served before it. Each grant's wake-up is pushed first (state.lua,
--- offer_wakeup), as the mutex's grant does. Returns how many were granted.
+-- The semaphore's admission (state.lua, grant_live_heads): room while a capacity is known; a
+-- head fits when its permits do; taking it writes the hold, then its hand-off's deadline in the
+-- hand-offs zset (after the take: its member names a hold that exists).
+local function sem_open()
+  return S.cap ~= nil
+end
+
+local function sem_fits(w)
+  return S.used + wanted(w) <= S.cap
+end
+
+local function sem_take(owner, w, deadline, ...)
+  -- (checked before the take's first write: another program's zset is never written to)
+  zset_ours(k.handoffs)
+  local token = take_permits(owner, w.attempt, wanted(w), w.lease,
+    string.match(w.meta, '^%d+;(.*)$') or w.meta, nil, nil, ...)
+  redis.call('ZADD', k.handoffs, fmt(deadline), hold_id(owner, w.attempt))
+  if redis.call('PTTL', k.handoffs) < w.lease then redis.call('PEXPIRE', k.handoffs, w.lease) end
+  return token
+end
+
+-- Whether a hand-off may be pending (the hand-off clock's cap then only comes down).
+local function sem_pending()
+  return read(k.handoffs, 'ZCARD') > 0
+end
+
+-- Grant to the queue's live heads while they fit (state.lua, grant_live_heads): the first that
+-- does not fit stops the loop, so nobody behind it is served before it. Returns how many were
+-- granted.
 local function grant_heads()
-  local n = 0
-  while S.cap do
-    local head, w = live_head()
-    if not head then break end
-    local permits = wanted(w)
-    if S.used + permits > S.cap then break end
-    local now = now_ms()
-    local guess = math.max((S.token or 0) + 1, now_us())
-    local wk, sent, len = offer_wakeup(head, grant_message(w.attempt, guess) .. fmt(now))
-    if not wk then break end
-    local ok, token = pcall(take_permits, head, w.attempt, permits, w.lease,
-      string.match(w.meta, '^%d+;(.*)$') or w.meta)
-    if not ok then
-      redis.call('LREM', wk, -1, sent)
-      error(token, 0)
-    end
-    if token ~= guess then
-      redis.call('LREM', wk, -1, sent)
-      local _, prefix = wake_of(head)
-      len = redis.call('RPUSH', wk, prefix .. grant_message(w.attempt, token) .. fmt(now))
-    end
-    -- the grantee must pop it within what is left of its waiter deadline, as the mutex's
-    local left = math.max(w.deadline - waiters_now(), 0)
-    zset_ours(k.handoffs)
-    redis.call('ZADD', k.handoffs, fmt(now + left), hold_id(head, w.attempt))
-    if redis.call('PTTL', k.handoffs) < w.lease then redis.call('PEXPIRE', k.handoffs, w.lease) end
-    dequeue(head)
-    keep_list(wk, len, w.lease)
-    n = n + 1
-  end
-  return n
+  S.open, S.fits, S.take, S.pending = sem_open, sem_fits, sem_take, sem_pending
+  return (grant_live_heads(S))
 end

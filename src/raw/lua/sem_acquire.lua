@@ -53,13 +53,8 @@ return run(function()
     redis.call('ZREM', k.handoffs, id)
     return { 'granted', mine_hold.token_text, now_ms(), pttl }
   end
-  if left_mark(owner) >= attempt then return { 'stale' } end
-  local mine = waiter_entry(owner)
-  if mine and mine.attempt > attempt then return { 'stale' } end
-  if mine and mine.attempt < attempt then
-    forget_attempt(owner, mine)
-    mine = nil
-  end
+  local mine = own_entry(owner, attempt, forget_attempt)
+  if mine == false then return { 'stale' } end
   if mismatch and not mine then
     -- a new entry must agree with the stored capacity; this attempt's own hold (above) or queue
     -- place (a re-run after a dropped connection, a hand-off to confirm) is kept whatever the

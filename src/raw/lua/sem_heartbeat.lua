@@ -25,7 +25,7 @@ return run(function()
     if handoff then
       -- granted, its wake-up not popped yet, and its client alive: more time to pop it
       zset_ours(k.handoffs)
-      redis.call('ZADD', k.handoffs, fmt(now_ms() + WAITER_TTL), id)
+      redis.call('ZADD', k.handoffs, fmt(handoff_extended(S)), id)
     elseif held then
       -- a hold of a waiting attempt, confirmed, with no wake-up: a repeat or late copy of its
       -- acquire took the permits with a reply that went to no one (or its wake-up was lost);
@@ -35,15 +35,9 @@ return run(function()
         push_wakeup(owner, grant_message(attempt, held.token) .. fmt(ends - held.lease),
           held.lease)
       end
-    elseif w and w.attempt == attempt and read(k.queue, 'ZSCORE', owner) then
-      write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
-    elseif not (w and w.attempt > attempt) and
-        not redis.call('HGET', k.lock, id) then
-      if w then forget_attempt(owner, w) end
-      if can_wake(owner) then
-        push_wakeup(owner, 'r|' .. fmt(attempt), WAITER_TTL)
-        told[#told + 1] = owner
-      end
+    else
+      -- (no hold of this attempt, or one that is not fairlock's: parse_hold)
+      refresh_waiter(owner, attempt, w, told, forget_attempt)
     end
   end
   expire_holds()

@@ -1,9 +1,20 @@
--- state.lua: helpers over a lock's hash, queue and waiters, prepended after common.lua to the
--- scripts that take the lock or change the queue (see common.lua for the keys and states).
+-- state.lua: the queue core of every primitive, and the lock's own hash and admission,
+-- prepended after common.lua to the scripts that take the lock or change the queue, and to every
+-- semaphore script (before sem.lua). See common.lua for the keys and states.
+-- The queue core, each part once for the lock and the semaphore: the wake lists, the tokens
+-- (next_token over the last token the primitive's state knows), the queue and waiters, the left
+-- marks, and (last, "the queue core: hand-offs, grants, revocation") the hand-off clock and
+-- deadline, the revocation judgement, the grant with its wake-up and the grant loop over live
+-- heads. A primitive supplies only its admission rule (grant_live_heads: open, fits, take) and
+-- where it keeps a hand-off's deadline: the lock's is below ("the lock hash", take, "the lock's
+-- admission"), the semaphore's in sem.lua. (One file, not two: Redis 6.2 runs each script as
+-- these files followed by its own, and the lock's take sits between the tokens and the grant.)
 -- Network: a repeated or late script finds the state these helpers left: a grant removes the
 -- grantee's queue entry, so a repeat cannot grant twice; a new queue place drops its owner's
 -- older wake-ups, so a lapsed grant cannot be popped after it; the tombstone keeps the receipts
--- a repeated release looks for. Wake lists are shared by a client's threads: a repeated or late
+-- a repeated release looks for; a hand-off's deadline is on the hand-off clock, which a
+-- repeated or late call only reads (moving it on as real time allows), so a repeat neither
+-- revokes a live grantee's grant nor keeps a dead one's. Wake lists are shared by a client's threads: a repeated or late
 -- removal takes only its own thread's messages (drop_wakeups), never a neighbour's, and a push
 -- never shortens the list's TTL under others' messages (push_wakeup). A left mark keeps the
 -- newest attempt marked, so a repeated or late mark of an older one changes nothing (mark_left).
@@ -20,7 +31,8 @@ local function read_lock()
   if owner == '' then owner = false end
   return { owner = owner, attempt = tonumber(v[2]) or 0, token = tonumber(v[3]), token_text = v[3],
            lease = tonumber(v[4]) or 0, released = v[5] or '', wdl = tonumber(v[6]), vc = v[7],
-           vcap = math.min(tonumber(v[8]) or CAP, CAP), unread = not v[1] }
+           vcap = math.min(tonumber(v[8]) or CAP, CAP), clock = { 'vc', 'vcap' },
+           unread = not v[1] }
 end
 
 -- The last token handed out as far as this run can tell (the hash's token, or the fence when
@@ -56,9 +68,10 @@ local FOREIGN_LIST = 'a list of messages fairlock did not write'
 
 -- Remove `owner`'s messages about `attempt` and older ones, never those of a newer attempt of
 -- the thread (a late copy of an old request must not take the wake-up of the thread's newer
--- grant). Its first call touches the list (undeclared, see "Undeclared keys"): callers make it
--- before their first write of a unit of work.
-local function drop_wakeups_upto(owner, attempt)
+-- grant); with `only`, those about `attempt` alone (drop_attempt_wakeups). Its first call
+-- touches the list (undeclared, see "Undeclared keys"): callers make it before their first
+-- write of a unit of work.
+local function drop_wakeups_upto(owner, attempt, only)
   local wk, prefix = wake_of(owner)
   local msgs = read(wk, 'LRANGE', 0, -1)
   for _, msg in ipairs(msgs) do
@@ -67,7 +80,11 @@ local function drop_wakeups_upto(owner, attempt)
   for _, msg in ipairs(msgs) do
     if msg:sub(1, #prefix) == prefix then
       local a = tonumber(string.match(msg, '^[^|]*|[gr]|(%d+)'))
-      if not a or a <= attempt then redis.call('LREM', wk, 1, msg) end
+      if only then
+        if a == attempt then redis.call('LREM', wk, 1, msg) end
+      elseif not a or a <= attempt then
+        redis.call('LREM', wk, 1, msg)
+      end
     end
   end
 end
@@ -75,6 +92,13 @@ end
 -- Remove every message to `owner`, whatever attempt it is for (as drop_wakeups_upto).
 local function drop_wakeups(owner)
   drop_wakeups_upto(owner, math.huge)
+end
+
+-- Remove the messages to `owner` about `attempt` only: a thread may hold the permits of one
+-- attempt while it waits with another (a semaphore), and a message about one (a late copy of
+-- its acquire, a revoked grant) must never take the other's with it.
+local function drop_attempt_wakeups(owner, attempt)
+  drop_wakeups_upto(owner, attempt, true)
 end
 
 -- Whether a wake-up can be pushed to `owner` now. The wake list is a key the script does not
@@ -141,16 +165,20 @@ local function offer_wakeup(owner, body)
   return wk, msg, n
 end
 
--- The token a new hold after the hash `h` gets unless the fence is ahead of it.
-local function first_token(h)
-  return math.max((h.token or 0) + 1, now_us())
+-- ---- tokens (the queue core) -----------------------------------------------------------------
+-- Both primitives' tokens: `last` is the last token the primitive's state knows (the lock's
+-- hash's token, the semaphore's ~token; nil when it has none).
+
+-- The token a new hold after `last` gets unless the fence is ahead of it.
+local function first_token(last)
+  return math.max((last or 0) + 1, now_us())
 end
 
--- The next token after the hash `h` (see "Tokens" above). The fence is the script's first write
+-- The next token after `last` (see "Tokens" in common.lua). The fence is the script's first write
 -- on every path that takes the lock (but a grant's wake-up, which the grant takes back when the
 -- fence is refused), so foreign data there is refused before anything else is written.
-local function next_token(h)
-  local token = first_token(h)
+local function next_token(last)
+  local token = first_token(last)
   local old = read(k.fence, 'SET', fmt(token), 'PX', FENCE_TTL, 'GET')
   local last = old and token_value(old)
   if old and not last then
@@ -173,7 +201,7 @@ local function take(h, owner, attempt, lease, meta, ...)
     refuse(k.lock, "a hash without fairlock's fields")
   end
   h.unread = false
-  local token = next_token(h)
+  local token = next_token(h.token)
   if select('#', ...) == 0 then
     redis.call('HSET', k.lock, 'owner', owner, 'attempt', fmt(attempt), 'count', 1,
       'token', fmt(token), 'lease', fmt(lease), 'since', fmt(now_ms()), 'meta', meta, 'wdl', '')
@@ -371,6 +399,12 @@ local function forget_waiter(owner)
   dequeue(owner)
 end
 
+-- The queue place of `owner`'s waiting attempt `w` goes, with the messages about that attempt.
+local function forget_attempt(owner, w)
+  drop_attempt_wakeups(owner, w.attempt)
+  dequeue(owner)
+end
+
 -- Queue `owner` at the back (a retry of a queued attempt keeps its place), or refresh its entry.
 -- `mine`: its entry as read (only a retry has one; its queue place may have been lost).
 local function enqueue(owner, attempt, lease, meta, mine)
@@ -396,6 +430,24 @@ local function enqueue(owner, attempt, lease, meta, mine)
   if not W.existed then
     redis.call('PEXPIRE', k.waiters, QUEUE_TTL)
     W.existed = true
+  end
+end
+
+-- A heartbeat's word for `owner`'s waiting `attempt` (its entry `w` as read; the attempt holds
+-- nothing): a queued one gets a new deadline; any other, unless the owner's entry is a newer
+-- attempt's (its place was purged during a pause, its grant lapsed unseen, its queue key was
+-- lost), loses what is left of it (`forget(owner, w)`: the primitive's) and is told to retry
+-- through its wake list, its owner added to `told`. (A wake list that cannot be reached now is
+-- told at the next heartbeat.)
+local function refresh_waiter(owner, attempt, w, told, forget)
+  if w and w.attempt == attempt and read(k.queue, 'ZSCORE', owner) then
+    write_waiter(owner, attempt, waiters_now() + WAITER_TTL, w.lease, w.meta)
+  elseif not (w and w.attempt > attempt) then
+    if w then forget(owner, w) end
+    if can_wake(owner) then
+      push_wakeup(owner, 'r|' .. fmt(attempt), WAITER_TTL)
+      told[#told + 1] = owner
+    end
   end
 end
 
@@ -487,6 +539,22 @@ local function mark_left(owner, attempt)
   redis.call('PEXPIRE', k.left, QUEUE_TTL)
 end
 
+-- An acquire's own waiter entry, for `owner`'s `attempt`: false when the request is stale (the
+-- attempt left with a mark, or the owner waits with a newer attempt: a late or repeated copy,
+-- which does nothing), nil when it has none. An entry of an earlier attempt, given up, goes
+-- (`forget(owner, w)`: the primitive's), so the new attempt queues at the back. The marks are
+-- read first: an undeclared key, touched before the first write (see "Undeclared keys").
+local function own_entry(owner, attempt, forget)
+  if left_mark(owner) >= attempt then return false end
+  local mine = waiter_entry(owner)
+  if mine and mine.attempt > attempt then return false end
+  if mine and mine.attempt < attempt then
+    forget(owner, mine)
+    return nil
+  end
+  return mine
+end
+
 -- The queue is empty: a waiters hash left without it (its queue key was evicted or lost) goes,
 -- so no entry outlives its place by more than one script that looks.
 local function drop_orphaned_waiters()
@@ -512,21 +580,87 @@ local function live_head()
   end
 end
 
+-- ==== the queue core: hand-offs, grants, revocation ===========================================
+-- What both primitives do once a head of the queue is admitted; each supplies only its admission
+-- rule (grant_live_heads: is there room, does the head fit, take) and where it keeps a hand-off's
+-- deadline (the lock: field wdl of its hash; the semaphore: its hand-offs zset, sem.lua).
+
 local function grant_message(attempt, token)
   return 'g|' .. fmt(attempt) .. '|' .. fmt(token) .. '|'
 end
 
--- Take the lock for `owner`'s `attempt` (see take) and push it the grant's wake-up. The wake-up
--- goes first, with the token the hold will have unless the fence is ahead: the push is the
--- probe of the undeclared key (see can_wake), and a grant refused after it takes it back, so no
--- refusal leaves half a grant (and an empty list's probe costs no call). Returns the token, or
--- nil when the wake list cannot be reached (nothing written).
-local function take_with_wakeup(h, owner, attempt, lease, meta, ...)
+-- ---- the hand-off clock ---------------------------------------------------------------------
+-- A *hand-off* is a grant made by another's script (a release, a heartbeat...) whose wake-up its
+-- grantee has not popped yet. Its grantee must pop it, or heartbeat, before a deadline: what was
+-- left of its waiter deadline when it was granted, then WAITER_TTL from each of its heartbeats.
+-- Every hand-off deadline is kept on the primitive's *hand-off clock*, a virtual clock (see
+-- "Time" in common.lua) stored in the primitive's hash: `p` is the primitive's record of its
+-- hash as read, with p.vc (the stored "v|real", nil: none yet), p.vcap (its cap, at most CAP)
+-- and p.clock (the two field names: 'vc', 'vcap' in the lock's hash, '~vc', '~vcap' in the
+-- semaphore's). So a forward step of the server clock moves a hand-off's deadline nearer by at
+-- most the cap (a third of the shortest waiter timeout), never revoking a live grantee's grant.
+
+-- The hand-off clock of `p` now, stored when due (`advance`); `deferred`: the caller writes
+-- p.vc itself, with its own HSET (a grant writes it with the hold).
+local function handoff_now(p, deferred)
+  local now, due = advance(p.vc, p.vcap)
+  if due then
+    p.vc = clock_value(now)
+    if not deferred then redis.call('HSET', k.lock, p.clock[1], p.vc) end
+  end
+  return now
+end
+
+-- The deadline of a new hand-off to waiter entry `w` (what is left of its waiter deadline, on
+-- the hand-off clock), then the clock's fields, value pairs, for the grant's own HSET. The cap
+-- is the waiters' smallest (W.cap); while other hand-offs of `p` may be pending (p.pending()),
+-- it only comes down, so no grantee's deadline is judged with a longer-timeout client's cap.
+local function new_handoff(p, w)
+  local now = handoff_now(p, true)
+  p.vc = clock_value(now)
+  p.vcap = (p.pending and p.pending()) and math.min(p.vcap, W.cap) or W.cap
+  return now + math.max(w.deadline - waiters_now(), 0), p.clock[1], p.vc, p.clock[2], fmt(p.vcap)
+end
+
+-- A deadline WAITER_TTL from now on the hand-off clock of `p`: a grantee that heartbeats while
+-- its hand-off waits unpopped keeps it.
+local function handoff_extended(p)
+  return handoff_now(p) + WAITER_TTL
+end
+
+-- Whether the hand-off of `owner`'s `attempt` (token `token`) still waits in its wake list.
+local function handoff_pending(owner, attempt, token)
+  local wk, thread = wake_of(owner)
+  local prefix = thread .. grant_message(attempt, token)
+  for _, msg in ipairs(read(wk, 'LRANGE', 0, -1)) do
+    if msg:sub(1, #prefix) == prefix then return true end
+  end
+  return false
+end
+
+-- The revocation judgement, the same for every primitive: the hand-off of `owner`'s `attempt`
+-- (token `token`) is revoked when its `deadline` passed on the hand-off clock (reading `now`)
+-- and its wake-up was never popped (a dead grantee). One whose wake-up was popped is held: its
+-- holder has it, and its lease alone ends it. (Revoking is safe under a late pop: the wake-up
+-- goes with the grant, so it cannot be popped after.)
+local function handoff_dead(owner, attempt, token, deadline, now)
+  return deadline < now and handoff_pending(owner, attempt, token)
+end
+
+-- ---- the grant ------------------------------------------------------------------------------
+
+-- Grant `owner`'s `attempt` through the primitive's `take(...)` (which writes the hold and
+-- returns its token), pushing the grant's wake-up first. `last`: the last token the primitive's
+-- state knows (its hash's), so the wake-up carries the token the hold will have unless the fence
+-- is ahead. The push is the probe of the undeclared key (see can_wake), and a take refused after
+-- it takes it back, so no refusal leaves half a grant (and an empty list's probe costs no call).
+-- Returns the token, or nil when the wake list cannot be reached (nothing written).
+local function grant_with_wakeup(owner, attempt, last, lease, take, ...)
   local now = now_ms()
-  local guess = first_token(h)
+  local guess = first_token(last)
   local wk, sent, n = offer_wakeup(owner, grant_message(attempt, guess) .. fmt(now))
   if not wk then return nil end
-  local ok, token = pcall(take, h, owner, attempt, lease, meta, ...)
+  local ok, token = pcall(take, ...)
   if not ok then
     redis.call('LREM', wk, -1, sent)
     error(token, 0)
@@ -544,51 +678,54 @@ local function take_with_wakeup(h, owner, attempt, lease, meta, ...)
   return token
 end
 
+-- Grant to the queue's live heads in order while the primitive `p` admits them: p.open() (is
+-- there room for anyone), p.fits(w) (does this head's waiter entry fit), p.take(head, w,
+-- deadline, clock fields...) (write the hold and the hand-off's deadline; returns the token).
+-- The first head that does not fit stops the loop, so nobody behind it is served before it.
+-- Each grant is a hand-off (new_handoff), its wake-up pushed first (grant_with_wakeup), its
+-- queue entry removed. Returns how many were granted and the last grantee.
+local function grant_live_heads(p)
+  local n, last = 0, nil
+  while p.open() do
+    local head, w = live_head()
+    if not (head and p.fits(w)) then break end
+    if not grant_with_wakeup(head, w.attempt, p.token, w.lease, p.take, head, w,
+        new_handoff(p, w)) then
+      break
+    end
+    dequeue(head)
+    n, last = n + 1, head
+  end
+  return n, last
+end
+
+-- ==== the lock's admission ======================================================================
+
 -- Hand the free lock (hash `h`, as read) to the live head of the queue: the release grants, the
 -- waiter needs no further round trip. The grantee's liveness moves into the lock hash (wdl, on
--- the hash's own virtual clock vc), so a heartbeat can revoke a hand-off whose grantee died
--- before popping it. `...`: more field, value pairs for the hash (a release's receipts).
--- Returns the grantee or false.
+-- the hand-off clock), so a heartbeat can revoke a hand-off whose grantee died before popping
+-- it. The lock admits one head (its caller has freed it, or found it free), whoever it is.
+-- `...`: more field, value pairs for the hash (a release's receipts). Returns the grantee or
+-- false.
 local function grant_next(h, ...)
-  local head, w = live_head()
-  if not head then return false end
-  local left = math.max(w.deadline - waiters_now(), 0)
-  local now = now_ms()
-  local vc = fmt(now) .. '|' .. fmt(now)
-  if not take_with_wakeup(h, head, w.attempt, w.lease, w.meta, 'vc', vc, 'vcap', fmt(W.cap),
-      'wdl', fmt(now + left), ...) then
-    return false
+  local more, granted = { ... }, false
+  h.open = function() return not granted end
+  h.fits = function() return true end
+  h.take = function(owner, w, deadline, ...)
+    local fields = { 'wdl', fmt(deadline), ... }
+    for _, f in ipairs(more) do fields[#fields + 1] = f end
+    local token = take(h, owner, w.attempt, w.lease, w.meta, unpack(fields))
+    h.wdl, granted = deadline, true
+    return token
   end
-  h.wdl, h.vc, h.vcap = now + left, vc, W.cap
-  dequeue(head)
-  return head
+  local _, head = grant_live_heads(h)
+  return head or false
 end
 
--- Whether the hand-off of this hold still waits in its grantee's wake list.
-local function handoff_pending(owner, attempt, token)
-  local wk, thread = wake_of(owner)
-  local prefix = thread .. grant_message(attempt, token)
-  for _, msg in ipairs(read(wk, 'LRANGE', 0, -1)) do
-    if msg:sub(1, #prefix) == prefix then return true end
-  end
-  return false
-end
-
--- The lock hash's virtual clock now (see "Time" in common.lua), stored: every script that
--- judges a hand-off's deadline moves it on, not only heartbeats.
-local function lock_clock(h)
-  local now, due = advance(h.vc, h.vcap)
-  if due then
-    h.vc = clock_value(now)
-    redis.call('HSET', k.lock, 'vc', h.vc)
-  end
-  return now
-end
-
--- Revoke the hand-off of hold `h` when its grantee let its deadline pass (on the lock's clock,
+-- Revoke the hand-off of hold `h` when its grantee let its deadline pass (on the hand-off clock,
 -- `lock_now`) without popping it: a dead grantee. The lock is free again (h.owner false).
 local function revoke_stale_handoff(h, lock_now)
-  if h.owner and h.wdl and h.wdl < lock_now and handoff_pending(h.owner, h.attempt, h.token) then
+  if h.owner and h.wdl and handoff_dead(h.owner, h.attempt, h.token, h.wdl, lock_now) then
     drop_wakeups(h.owner)
     redis.call('HSET', k.lock, 'owner', '')
     h.owner = false
