@@ -1536,6 +1536,42 @@ fn a_heartbeat_tells_a_waiting_attempt_the_lock_its_own_repeat_took() {
     assert_eq!(pop(&mut c, &lock, "t:1"), None, "told twice");
 }
 
+/// A hand-off's wake-up popped from the wake list whose reply never reached the waiting thread
+/// (the waker's BLPOP applied, its reply lost with the connection): the attempt goes on waiting,
+/// and its janitor on heartbeating it as a waiter. Before, the heartbeat only moved the
+/// hand-off's deadline on (the grantee is alive), so nobody told the thread of its grant again
+/// and the lock stayed held by nobody until its lease ran out, the waiter then told to retry at
+/// the back of the queue (the semaphore's twin is the chaos finding of
+/// `semaphore_protocol::a_hand_off_popped_but_not_taken_is_told_again_while_its_attempt_still_waits`).
+/// A hand-off whose wake-up is gone while its attempt still heartbeats as a waiter is told
+/// again, once, and confirmed (the grantee is alive).
+#[test]
+fn a_hand_off_popped_but_not_taken_is_told_again_while_its_attempt_still_waits() {
+    let (_server, mut c, lock) = start("lost-pop");
+    let th = take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "w:2", 7);
+    enqueue(&mut c, &lock, "x:1", 1);
+    lock.release("h:1", th, 1).run(&mut c).unwrap();
+    // the waker pops w's hand-off, and w's thread never sees it
+    let handed = match pop(&mut c, &lock, "w:2") {
+        Some(Wake::Grant {
+            attempt: 7, token, ..
+        }) => token,
+        other => panic!("the release did not hand the lock to w: {other:?}"),
+    };
+    // w's thread still waits: its janitor heartbeats it, twice before its waker pops again
+    lock.heartbeat([("w:2", 7)]).run(&mut c).unwrap();
+    lock.heartbeat([("w:2", 7)]).run(&mut c).unwrap();
+    match pop(&mut c, &lock, "w:2") {
+        Some(Wake::Grant {
+            attempt: 7, token, ..
+        }) => assert_eq!(token, handed),
+        other => panic!("w was never told of its grant again: {other:?}"),
+    }
+    assert_eq!(pop(&mut c, &lock, "w:2"), None, "told twice");
+    assert_eq!(holder(&mut c, &lock), (Some("w:2".into()), Some(handed)));
+}
+
 /// A connection as a user whose ACL allows only the four keys each script declares of lock
 /// `name` (`~` patterns): the wake lists and the left marks, which the scripts name inside,
 /// are refused, as while a Cluster slot migrates or under a serverless offering that checks

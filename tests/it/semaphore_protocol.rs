@@ -1404,7 +1404,6 @@ fn the_status_lists_every_hold_with_its_token_permits_and_lease() {
 /// does for a hold of a waiting attempt with no hand-off entry
 /// (`a_heartbeat_tells_a_waiting_attempt_the_permits_its_own_repeat_took`).
 #[test]
-#[ignore = "open: sem_heartbeat keeps a popped-but-untaken hand-off alive and never tells its still-waiting attempt again (fix in src/raw/lua)"]
 fn a_hand_off_popped_but_not_taken_is_told_again_while_its_attempt_still_waits() {
     let mut server = support::faketime::FakeClockRedis::start();
     let mut c = server.conn();

@@ -5,7 +5,8 @@
 -- client's metrics.
 -- 1. For each attempt: a queued one gets a new deadline; one whose hand-off waits unpopped keeps
 --    it alive; one that holds the lock with no wake-up (a repeat of its acquire took it with a
---    reply nobody read) is pushed its grant's wake-up, once; any other (its entry was purged
+--    reply nobody read, or its wake-up was popped with a reply that never reached its thread)
+--    is pushed its grant's wake-up, once, and a hand-off confirmed; any other (its entry was purged
 --    during a pause, its grant lapsed unseen, its queue key was lost) is told "retry" through
 --    its wake list and queues again.
 -- 2. A hand-off whose grantee stopped refreshing it and never popped it is revoked.
@@ -31,16 +32,19 @@ return run(function()
   for i = 3, #ARGV, 2 do
     local owner, attempt = ARGV[i], tonumber(ARGV[i + 1])
     if h.owner == owner and h.attempt == attempt then
+      -- a hold of an attempt that still waits: its wake-up is waiting to be popped (a hand-off
+      -- gets more time), or is gone and told again with the hold's grant time (state.lua,
+      -- tell_waiting_grantee)
       own_handoff = true
-      if h.wdl then
-        h.wdl = handoff_extended(h)
-        redis.call('HSET', k.lock, 'wdl', fmt(h.wdl))
-      elseif can_wake(owner) and not handoff_pending(owner, attempt, h.token) then
-        -- a hold of a waiting attempt with no wake-up: a repeat or late copy of its acquire
-        -- took the lock with a reply that went to no one (or its wake-up was lost); told now,
-        -- with the hold's grant time, as a release would have told it
-        local since = redis.call('HGET', k.lock, 'since')
-        push_wakeup(owner, grant_message(attempt, h.token) .. (since or '0'), h.lease)
+      local since = function() return redis.call('HGET', k.lock, 'since') or '0' end
+      if tell_waiting_grantee(owner, attempt, h.token, since, h.lease) then
+        if h.wdl then
+          h.wdl = handoff_extended(h)
+          redis.call('HSET', k.lock, 'wdl', fmt(h.wdl))
+        end
+      elseif h.wdl then
+        h.wdl = nil
+        redis.call('HSET', k.lock, 'wdl', '')
       end
     else
       refresh_waiter(owner, attempt, waiter_entry(owner), told, forget_waiter)

@@ -15,25 +15,31 @@ return run(function()
     local w = waiter_entry(owner)
     local id = hold_id(owner, attempt)
     local handoff = read(k.handoffs, 'ZSCORE', id)
-    if handoff and not redis.call('HGET', k.lock, id) then
+    local hold = redis.call('HGET', k.lock, id)
+    if handoff and not hold then
       -- the hold went with an evicted hash: the entry is stale (the attempt may have queued
       -- again, and its place must be refreshed below, not mistaken for a hand-off)
       redis.call('ZREM', k.handoffs, id)
       handoff = nil
     end
-    local held = not handoff and parse_hold(redis.call('HGET', k.lock, id))
-    if handoff then
-      -- granted, its wake-up not popped yet, and its client alive: more time to pop it
-      zset_ours(k.handoffs)
-      redis.call('ZADD', k.handoffs, fmt(handoff_extended(S)), id)
-    elseif held then
-      -- a hold of a waiting attempt, confirmed, with no wake-up: a repeat or late copy of its
-      -- acquire took the permits with a reply that went to no one (or its wake-up was lost);
-      -- told now, once, with the grant time its lease end implies (a renewal only moves it on)
-      if can_wake(owner) and not handoff_pending(owner, attempt, held.token) then
+    local held = parse_hold(hold)
+    if held then
+      -- a hold of an attempt that still waits: its wake-up is waiting to be popped (a hand-off
+      -- gets more time), or is gone (popped with a reply that never reached the thread, or a
+      -- repeat of its acquire took the permits with a reply that went to no one) and is told
+      -- again, with the grant time its lease end implies (a renewal only moves it on), and a
+      -- hand-off confirmed (state.lua, tell_waiting_grantee)
+      local granted = function()
         local ends = tonumber(read(k.leases, 'ZSCORE', id)) or now_ms()
-        push_wakeup(owner, grant_message(attempt, held.token) .. fmt(ends - held.lease),
-          held.lease)
+        return fmt(ends - held.lease)
+      end
+      if tell_waiting_grantee(owner, attempt, held.token, granted, held.lease) then
+        if handoff then
+          zset_ours(k.handoffs)
+          redis.call('ZADD', k.handoffs, fmt(handoff_extended(S)), id)
+        end
+      elseif handoff then
+        redis.call('ZREM', k.handoffs, id)
       end
     else
       -- (no hold of this attempt, or one that is not fairlock's: parse_hold)

@@ -638,6 +638,23 @@ local function handoff_pending(owner, attempt, token)
   return false
 end
 
+-- A heartbeat's word to a hold granted to `owner`'s `attempt` (token `token`), an attempt its
+-- client still names as waiting, the same for every primitive. True while the grant's wake-up
+-- waits in the wake list (or the list cannot be reached now): the grantee, alive, gets more time
+-- to pop it. False when the wake-up is not there although the attempt still waits: it was
+-- popped with a reply that never reached the thread (the waker's BLPOP applied, its reply lost
+-- with the connection), or never pushed (a repeat or late copy of the attempt's acquire took
+-- the hold with a reply that went to no one). It is pushed again now, with the grant's time
+-- (`granted_ms()`, server ms), and the caller confirms the hand-off: a deadline would revoke a
+-- grant whose grantee is alive. Network: a late or repeated heartbeat for an attempt whose
+-- thread took its hold meanwhile pushes a wake-up nobody waits with, which its client drops; a
+-- second heartbeat before the waker pops finds the wake-up pending and pushes none.
+local function tell_waiting_grantee(owner, attempt, token, granted_ms, lease)
+  if not can_wake(owner) or handoff_pending(owner, attempt, token) then return true end
+  push_wakeup(owner, grant_message(attempt, token) .. granted_ms(), lease)
+  return false
+end
+
 -- The revocation judgement, the same for every primitive: the hand-off of `owner`'s `attempt`
 -- (token `token`) is revoked when its `deadline` passed on the hand-off clock (reading `now`)
 -- and its wake-up was never popped (a dead grantee). One whose wake-up was popped is held: its
