@@ -16,4 +16,4 @@ require_count "$steps" "usage: scripts/fuzz.sh [STEPS]"
 
 ensure_test_tools
 echo "== fuzz long mode: ${steps} steps (release build)"
-FAIRLOCK_FUZZ_STEPS="$steps" run_long_mode fuzz long
+FAIRLOCK_FUZZ_STEPS="$steps" run_long_mode it fuzz::long

@@ -24,17 +24,11 @@ elif [ "$status" -ne 0 ]; then
 fi
 
 # the core suites are modules of the one integration binary (tests/it); filters given instead
-# select tests of it and of the fuzzer by name
-filters=(basic:: fairness:: counter:: lease:: crash:: protocol:: semaphore:: behaviour::)
-fuzz_filters=()
-if [ $# -gt 0 ]; then
-  filters=("$@")
-  fuzz_filters=("$@")
-fi
+# select its tests by name
+filters=(basic:: fairness:: counter:: lease:: crash:: protocol:: semaphore:: behaviour:: fuzz::)
+[ $# -eq 0 ] || filters=("$@")
 for i in "${!MATRIX_BINS[@]}"; do
   echo "== server matrix, ${MATRIX_NAMES[$i]}: $("${MATRIX_BINS[$i]}" --version | head -n1)"
-  FAIRLOCK_TEST_REDIS_SERVER="${MATRIX_BINS[$i]}" \
-    cargo test --quiet --all-features --test it -- "${filters[@]}"
   FAIRLOCK_TEST_REDIS_SERVER="${MATRIX_BINS[$i]}" FAIRLOCK_FUZZ_SECONDS=15 \
-    cargo test --quiet --all-features --test fuzz -- "${fuzz_filters[@]}"
+    cargo test --quiet --all-features --test it -- "${filters[@]}"
 done

@@ -11,8 +11,9 @@
 #   scripts/mutants.sh [options] [selection]   run them (all of them when nothing is selected)
 #   selection: ID or ID-ID (the numbers of --list), --file acquire.lua (repeatable),
 #              --sample N [--seed S] (N mutants spread over the files, default seed 1)
-#   --tests a,b,c     the checks (test targets; default fuzz, protocol, semaphore_protocol, in
-#                     the order most likely to fail first for the mutated file)
+#   --tests a,b,c     the checks (suites of the integration binary tests/it, each run by its
+#                     module's tests; default fuzz, protocol, semaphore_protocol, in the order
+#                     most likely to fail first for the mutated file)
 #   --all-checks      run every check on every mutant (which ones kill it), not only up to the
 #                     first that fails
 #   --timeout SECS    per check (default: 3x its time in the baseline run, at least 60 s)
@@ -22,7 +23,7 @@
 #                     cargo-mutants (`cargo install cargo-mutants --locked`) over the client's
 #                     decision code (src/acquire/engine.rs, lease_estimate.rs, background/waker.rs,
 #                     background/watchdog.rs) with the same checks (`--tests lib,...` adds the unit
-#                     tests in src/); e.g. `-- --shard 1/100`
+#                     tests in src/, by their `tests::` modules); e.g. `-- --shard 1/100`
 #
 # Everything runs in a scratch copy of the tree (target/mutants/tree, debug build in
 # target/mutants/target; the first run builds the dependencies there once): the working tree is
@@ -137,10 +138,17 @@ if [ "$rust" = 1 ]; then
   fi
   [ -z "$timeout" ] || args+=(--timeout "$timeout")
   IFS=, read -r -a checks <<<"${tests:-protocol,semaphore_protocol,fuzz}"
-  test_args=()
+  # one integration binary: a check is a module filter (the unit tests: their tests:: modules)
+  test_args=(--test it) filters=()
   for c in "${checks[@]}"; do
-    if [ "$c" = lib ]; then test_args+=(--lib); else test_args+=(--test "$c"); fi
+    if [ "$c" = lib ]; then
+      test_args+=(--lib)
+      filters+=(tests::)
+    else
+      filters+=("$c::")
+    fi
   done
+  test_args+=(-- "${filters[@]}")
   one_run_at_a_time
   refresh_tree
   # the mutants are made in the scratch copy (--in-place there), never in the working tree
@@ -223,13 +231,21 @@ loads() {
 }
 loads >/dev/null || { echo "the unmutated scripts do not load: $(loads)" >&2; exit 1; }
 
-# build the checks in the scratch copy; sets EXE[name] to each test binary
+# the test-name filter of check $1: its module of tests/it (protocol's without its
+# semaphore_protocol namesake, which the substring match would take too)
+filter_of() {
+  case "$1" in
+    protocol) echo "protocol:: --skip semaphore_protocol::" ;;
+    *) echo "$1::" ;;
+  esac
+}
+
+# build the checks in the scratch copy (the integration binary); sets EXE[it]
 declare -A EXE
 build() {
-  local log=$1 targets=()
-  for t in $all_tests; do targets+=(--test "$t"); done
+  local log=$1
   (cd "$TREE" && RUSTFLAGS="--cfg fairlock_mutants" nice -n 10 cargo test --all-features --no-run \
-    --message-format=json "${targets[@]}") >"$log.json" 2>"$log" || return 1
+    --message-format=json --test it) >"$log.json" 2>"$log" || return 1
   while read -r name exe; do EXE[$name]=$exe; done < <(python3 -c '
 import json, sys
 for line in open(sys.argv[1]):
@@ -246,7 +262,7 @@ for line in open(sys.argv[1]):
 run_check() {
   local name=$1 log=$2 limit=$3 rc
   (cd "$TREE" && FAIRLOCK_FUZZ_FAIL_FAST=1 RUST_BACKTRACE=0 FAIRLOCK_LUA_DIR="$TREE/src/raw/lua" \
-    exec nice -n 10 timeout -k 10 "$limit" "${EXE[$name]}" -q) >"$log" 2>&1 &
+    exec nice -n 10 timeout -k 10 "$limit" "${EXE[it]}" -q $(filter_of "$name")) >"$log" 2>&1 &
   check_pid=$!
   if wait "$check_pid"; then rc=0; else rc=$?; fi
   check_pid=""
@@ -260,8 +276,8 @@ run_check() {
 declare -A LIMIT
 echo "== building the checks in $TREE (debug)"
 build "$OUT/logs/build-baseline.log" || { echo "the tree does not build: $OUT/logs/build-baseline.log" >&2; exit 1; }
+[ -n "${EXE[it]:-}" ] || { echo "no integration test binary (tests/it)" >&2; exit 1; }
 for t in $all_tests; do
-  [ -n "${EXE[$t]:-}" ] || { echo "no test binary for $t" >&2; exit 1; }
   LIMIT[$t]=${timeout:-180}
 done
 # The checks must run the scratch copy's Lua, not the compiled-in scripts: with a common.lua

@@ -4,7 +4,8 @@
 //! build lacks is left out (`cargo test --all-features` runs them all, as scripts/test.sh does).
 //! Tests that need the process to themselves (a global logger or metrics recorder, counting the
 //! process's threads) run their body in a child process of this binary (`support::child_test!`).
-//! The long modes (`chaos::chaos_long*`) are ignored by default: scripts/chaos.sh runs them.
+//! The long modes (`chaos::chaos_long*`, `fuzz::long`) are ignored by default: scripts/chaos.sh
+//! and scripts/fuzz.sh run them.
 
 mod acl;
 mod bad_input;
@@ -20,6 +21,8 @@ mod counter;
 mod crash;
 mod credentials;
 mod fairness;
+#[cfg(feature = "raw")]
+mod fuzz;
 #[cfg(feature = "raw")]
 mod handoff_cost;
 mod layers;

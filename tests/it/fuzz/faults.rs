@@ -4,11 +4,11 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::faketime::server_time_us;
-use crate::model::Prim;
-use crate::model::{Client, State, Unsure};
-use crate::steps::{EvictKey, Fault, Who};
-use crate::world::{describe, World, MAX_BEHIND_MS};
+use crate::fuzz::faketime::server_time_us;
+use crate::fuzz::model::Prim;
+use crate::fuzz::model::{Client, State, Unsure};
+use crate::fuzz::steps::{EvictKey, Fault, Who};
+use crate::fuzz::world::{describe, World, MAX_BEHIND_MS};
 
 impl World {
     /// The operator reads the holder and releases exactly that hold (owner and token).
@@ -94,7 +94,7 @@ impl World {
                 .insert((lock, attempt), unsure);
         }
         if let (Who::Thread(c, t), Some((sem, attempt))) =
-            (who, crate::sem::sem_acquire_of(last.label()))
+            (who, crate::fuzz::sem::sem_acquire_of(last.label()))
         {
             self.clients[c].threads[t]
                 .sem
@@ -114,14 +114,14 @@ impl World {
 
     /// A copy of request `r` reached Redis with its reply unread: an acquire's place may date
     /// from it (FIFO by the replies).
-    fn copy_arrived(&mut self, r: &dyn crate::world::Resend) {
+    fn copy_arrived(&mut self, r: &dyn crate::fuzz::world::Resend) {
         let Some(owner) = r.owner() else {
             return;
         };
         if let Some((lock, attempt)) = acquire_of(r.label()) {
             self.fifo_copy_arrived(Prim::Lock, owner, lock, attempt);
         }
-        if let Some((sem, attempt)) = crate::sem::sem_acquire_of(r.label()) {
+        if let Some((sem, attempt)) = crate::fuzz::sem::sem_acquire_of(r.label()) {
             self.fifo_copy_arrived(Prim::Sem, owner, sem, attempt);
         }
     }
@@ -153,7 +153,7 @@ impl World {
                 *u = unsure;
             }
         }
-        if let (Some((c, t)), Some(key)) = (thread, crate::sem::sem_acquire_of(label)) {
+        if let (Some((c, t)), Some(key)) = (thread, crate::fuzz::sem::sem_acquire_of(label)) {
             if let Some(u) = self.clients[c].threads[t].sem.unsure_end.get_mut(&key) {
                 *u = unsure;
             }
@@ -214,7 +214,7 @@ impl World {
     /// may have expired, and the copy may queue or hold a place nobody refreshes (the
     /// documented limit of requests that late). Exempt from the ghost-hold check and counted;
     /// bound: only copies that late.
-    fn mark_may_have_expired(&mut self, r: &dyn crate::world::Resend) {
+    fn mark_may_have_expired(&mut self, r: &dyn crate::fuzz::world::Resend) {
         let queue_ttl = (2 * self.cfg.waiter_timeout_ms).max(600_000) as i64;
         if self.server_now_ms() - r.sent_server_ms() <= queue_ttl {
             return;
@@ -226,7 +226,7 @@ impl World {
         let th = &mut self.clients[c].threads[t];
         if let Some(lock_attempt) = acquire_of(r.label()) {
             th.lock.unsure_end.insert(lock_attempt, unsure);
-        } else if let Some(sem_attempt) = crate::sem::sem_acquire_of(r.label()) {
+        } else if let Some(sem_attempt) = crate::fuzz::sem::sem_acquire_of(r.label()) {
             th.sem.unsure_end.insert(sem_attempt, unsure);
         } else {
             return;
@@ -265,11 +265,11 @@ impl World {
             "c{c} waker gets the held-up wake-up {msg:?} of lock {lock} ({wait_ms}ms more)"
         ));
         self.stats.add("slow wake-up delivered", 1);
-        if lock >= crate::sem::SEM_POP {
-            let sem = lock - crate::sem::SEM_POP;
-            self.hand_over(Prim::Sem, c, sem, &msg, crate::steps::Fault::None);
+        if lock >= crate::fuzz::sem::SEM_POP {
+            let sem = lock - crate::fuzz::sem::SEM_POP;
+            self.hand_over(Prim::Sem, c, sem, &msg, crate::fuzz::steps::Fault::None);
         } else {
-            self.hand_over(Prim::Lock, c, lock, &msg, crate::steps::Fault::None);
+            self.hand_over(Prim::Lock, c, lock, &msg, crate::fuzz::steps::Fault::None);
         }
         true
     }
@@ -335,7 +335,7 @@ impl World {
                 matches!(state, State::Holding(h) if h.lock == lock && h.token == token)
             })
         });
-        let pop_index = sem.map_or(lock, |s| crate::sem::SEM_POP + s);
+        let pop_index = sem.map_or(lock, |s| crate::fuzz::sem::SEM_POP + s);
         let needle = format!("|{token}|");
         let on_its_way = self
             .late_pops

@@ -20,8 +20,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::model::Prim;
-use crate::world::World;
+use crate::fuzz::model::Prim;
+use crate::fuzz::world::World;
 
 /// A `Queued` reply's place in the order the client saw them.
 #[derive(Clone, Copy)]
@@ -241,7 +241,7 @@ impl World {
             self.stats.add(&e, 1);
         }
         if let Some(v) = violation {
-            self.violate(crate::checks::Check::Overtaken, v);
+            self.violate(crate::fuzz::checks::Check::Overtaken, v);
         }
     }
 }

@@ -9,9 +9,9 @@
 
 use std::collections::HashMap;
 
-use crate::checks::{grant_prefix, Check};
-use crate::model::{Handoff, Hold, Prim, State};
-use crate::world::World;
+use crate::fuzz::checks::{grant_prefix, Check};
+use crate::fuzz::model::{Handoff, Hold, Prim, State};
+use crate::fuzz::world::World;
 
 /// What Redis has of one lock or semaphore, in one shape.
 pub struct View {
@@ -249,7 +249,7 @@ impl World {
             self.stats.add(&format!("{pfx}grants"), 1);
             // 4'''. no live waiter overtaken, by the order the Queued replies were seen in
             let holds = |o: &str, a: u64| cur.token_of(o, a).is_some();
-            let granted = crate::fifo::Granted {
+            let granted = crate::fuzz::fifo::Granted {
                 prim: p,
                 index: i,
                 owner,

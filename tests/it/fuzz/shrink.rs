@@ -6,10 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::checks::Check;
-use crate::model::Config;
-use crate::runner::{run, Outcome, Source, QUIET_LIMIT};
-use crate::steps::Step;
+use crate::fuzz::checks::Check;
+use crate::fuzz::model::Config;
+use crate::fuzz::runner::{run, Outcome, Source, QUIET_LIMIT};
+use crate::fuzz::steps::Step;
 
 /// The quiet phase's limit while shrinking: many times the leases and the waiter timeout.
 const SHRINK_QUIET_LIMIT: Duration = Duration::from_secs(6);

@@ -12,9 +12,9 @@ use fairlock::raw::{
     Acquire, LateAcquire, Leave, LeaveMode, Mode, Release, SemAcquire, SemLeave, SemRelease,
 };
 
-use crate::model::{Hold, Prim};
-use crate::steps::{Fault, Who};
-use crate::world::{describe, Plan, Sent, World};
+use crate::fuzz::model::{Hold, Prim};
+use crate::fuzz::steps::{Fault, Who};
+use crate::fuzz::world::{describe, Plan, Sent, World};
 
 /// An acquire's reply, either primitive's.
 pub enum Acq {
@@ -98,7 +98,7 @@ impl World {
     pub fn late_pop_index(p: Prim, i: usize) -> usize {
         match p {
             Prim::Lock => i,
-            Prim::Sem => crate::sem::SEM_POP + i,
+            Prim::Sem => crate::fuzz::sem::SEM_POP + i,
         }
     }
 

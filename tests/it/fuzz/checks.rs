@@ -10,9 +10,9 @@ use std::sync::LazyLock;
 
 use redis::Value;
 
-use crate::judges::View;
-use crate::model::Prim;
-use crate::world::World;
+use crate::fuzz::judges::View;
+use crate::fuzz::model::Prim;
+use crate::fuzz::world::World;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Check {
@@ -136,7 +136,7 @@ pub struct Checker {
     /// names it is answered (it tells the owner to retry and drops the entry) or the hash goes.
     pub queue_lost: Vec<Option<HashSet<String>>>,
     /// 4'''. The order the `Queued` replies were seen in (`fuzz/fifo.rs`).
-    pub reply_order: crate::fifo::ReplyOrder,
+    pub reply_order: crate::fuzz::fifo::ReplyOrder,
 }
 
 impl Checker {
@@ -148,7 +148,7 @@ impl Checker {
             forced: vec![HashSet::new(); locks],
             fence_lost: vec![false; locks],
             queue_lost: vec![None; locks],
-            reply_order: crate::fifo::ReplyOrder::new(locks),
+            reply_order: crate::fuzz::fifo::ReplyOrder::new(locks),
         }
     }
 

@@ -161,16 +161,13 @@
 //! A failure prints the seed, the violation and the shortest step list found by replaying and
 //! dropping chunks (`fuzz/shrink.rs`, at most 60 s).
 //!
-//! - `cargo test --test fuzz`: fixed seeds, about 40 s on 2 cores. `FAIRLOCK_FUZZ_SEED=N` runs
+//! - `cargo test --all-features --test it -- fuzz::`: fixed seeds, about 40 s on 2 cores. `FAIRLOCK_FUZZ_SEED=N` runs
 //!   one seed; `FAIRLOCK_FUZZ_STEPS` / `FAIRLOCK_FUZZ_SECONDS` change the per-seed step limit
 //!   and the total time budget; `FAIRLOCK_FUZZ_FAIL_FAST=1` skips the shrinking and starts no
 //!   seed after a violation (`scripts/mutants.sh`, where only "fails or not" matters).
 //! - `scripts/fuzz.sh [STEPS]`: the long mode (`long`, ignored by default), 1,000,000 steps.
 
-#[path = "../it/support/mod.rs"]
-mod support;
-
-use support::{faketime, rng};
+use crate::support::{faketime, rng};
 
 mod actions;
 mod checks;
@@ -270,7 +267,7 @@ fn fuzz_seed(seed: u64, max_steps: usize, max_time: Duration) -> (Outcome, Optio
         }
     }
     report.push_str(&format!(
-        "replay: FAIRLOCK_FUZZ_SEED={seed} cargo test --test fuzz -- --nocapture\n"
+        "replay: FAIRLOCK_FUZZ_SEED={seed} cargo test --all-features --test it -- --nocapture fuzz::\n"
     ));
     (out, Some(report))
 }

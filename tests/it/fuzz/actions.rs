@@ -8,15 +8,15 @@ use std::time::Duration;
 
 use fairlock::raw::{self, judge_handoff, Handoff, Wake, Witness};
 
-use crate::checks::Check;
-use crate::model::{Hold, LocalMs, Prim, Side, State, Wait};
-use crate::prim::{Acq, Gone, Rel};
-use crate::steps::{Fault, Who};
-use crate::world::{describe, fault_name, Plan, World};
+use crate::fuzz::checks::Check;
+use crate::fuzz::model::{Hold, LocalMs, Prim, Side, State, Wait};
+use crate::fuzz::prim::{Acq, Gone, Rel};
+use crate::fuzz::steps::{Fault, Who};
+use crate::fuzz::world::{describe, fault_name, Plan, World};
 
 impl World {
     /// The pttl a grant's estimate is built on: as the real client, the reply's, at most the
-    /// lease ([`Config::cap_pttl_at_lease`](crate::model::Config)).
+    /// lease ([`Config::cap_pttl_at_lease`](crate::fuzz::model::Config)).
     fn pttl(&mut self, pttl_ms: i64, lease_ms: u64) -> i64 {
         if self.cfg.cap_pttl_at_lease && pttl_ms > lease_ms as i64 {
             self.say(format!(

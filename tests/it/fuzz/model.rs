@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use fairlock::raw::{Runner, Witness};
 
-use crate::rng::{mix, Rng};
-use crate::world::Resend;
+use crate::fuzz::rng::{mix, Rng};
+use crate::fuzz::world::Resend;
 
 /// The shape of one run, drawn from its seed.
 #[derive(Clone, Debug)]
@@ -386,7 +386,7 @@ pub struct Wait {
     /// Redis granted this attempt the lock (a hand-off waits in its wake list).
     pub granted_seen: bool,
     pub handoff: Option<Handoff>,
-    /// See [`crate::world::Plan::unanswered`].
+    /// See [`crate::fuzz::world::Plan::unanswered`].
     pub unanswered: bool,
 }
 

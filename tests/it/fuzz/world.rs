@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use fairlock::raw::{Call, RawLock, RawSemaphore, Runner, Settings};
 
-use crate::checks::{Check, Checker, Violation};
-use crate::faketime::FakeClockRedis;
-use crate::model::{Client, Clock, Config, Prim, Wait};
-use crate::sem::{make_sems, SemChecker};
-use crate::steps::{Fault, Step, Who};
+use crate::fuzz::checks::{Check, Checker, Violation};
+use crate::fuzz::faketime::FakeClockRedis;
+use crate::fuzz::model::{Client, Clock, Config, Prim, Wait};
+use crate::fuzz::sem::{make_sems, SemChecker};
+use crate::fuzz::steps::{Fault, Step, Who};
 
 /// Counters by name: steps by kind, faults by kind, exemptions; and maxima (named "max ...").
 #[derive(Clone, Default)]
@@ -151,7 +151,7 @@ pub struct World {
     pub back_steps_ms: i64,
     /// Crashed clients' ids -> (their slot, when they crashed or a late copy of one of their
     /// requests last reached Redis): a grant to them is bounded as an unsure end's is.
-    pub crashed: HashMap<String, (usize, crate::model::Unsure)>,
+    pub crashed: HashMap<String, (usize, crate::fuzz::model::Unsure)>,
     /// Owner -> the server's clock (ms) just after the last request of that thread reached
     /// Redis: no left mark of the owner can be younger (the left marks' bound).
     pub last_sent_server_ms: HashMap<String, i64>,

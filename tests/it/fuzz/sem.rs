@@ -14,13 +14,13 @@ use std::sync::LazyLock;
 use fairlock::raw::{RawSemaphore, SemCapacity, SemKind, Settings, RW_CAPACITY};
 use redis::Value;
 
-use crate::checks::{items, parse_queue, parse_waiters, text, Check};
-use crate::judges::View;
-use crate::model::Prim;
-use crate::model::State;
-use crate::rng::Rng;
-use crate::steps::{Choices, EvictKey, Fault, Step, ThreadKind, Who};
-use crate::world::{describe, World};
+use crate::fuzz::checks::{items, parse_queue, parse_waiters, text, Check};
+use crate::fuzz::judges::View;
+use crate::fuzz::model::Prim;
+use crate::fuzz::model::State;
+use crate::fuzz::rng::Rng;
+use crate::fuzz::steps::{Choices, EvictKey, Fault, Step, ThreadKind, Who};
+use crate::fuzz::world::{describe, World};
 
 /// `World::late_pops` entries of a semaphore carry its index plus this (the lock's: below).
 pub const SEM_POP: usize = 1 << 20;
@@ -65,7 +65,7 @@ impl fmt::Display for SemStep {
 }
 
 /// Build the run's semaphores.
-pub fn make_sems(cfg: &crate::model::Config, settings: Settings) -> Vec<RawSemaphore> {
+pub fn make_sems(cfg: &crate::fuzz::model::Config, settings: Settings) -> Vec<RawSemaphore> {
     cfg.sems
         .iter()
         .enumerate()
@@ -227,7 +227,7 @@ pub struct SemChecker {
     /// their places after a queue eviction, each until a heartbeat naming it is answered.
     pub queue_lost: Vec<Option<HashSet<String>>>,
     /// 4'''. The order the `Queued` replies were seen in (`fuzz/fifo.rs`).
-    pub reply_order: crate::fifo::ReplyOrder,
+    pub reply_order: crate::fuzz::fifo::ReplyOrder,
     /// The operator's `set_capacity` may have reached Redis: the hash then lives at least
     /// the fence's TTL from it (`~set`, sem.lua), used or not.
     pub capacity_set: Vec<bool>,
@@ -242,7 +242,7 @@ impl SemChecker {
             forced: vec![HashSet::new(); n],
             fence_lost: vec![false; n],
             queue_lost: vec![None; n],
-            reply_order: crate::fifo::ReplyOrder::new(n),
+            reply_order: crate::fuzz::fifo::ReplyOrder::new(n),
             capacity_set: vec![false; n],
         }
     }

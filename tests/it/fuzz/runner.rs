@@ -4,11 +4,11 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use crate::checks::{Check, Violation};
-use crate::model::{Config, Prim, State};
-use crate::rng::Rng;
-use crate::steps::{self, Fault, Step};
-use crate::world::{Stats, World};
+use crate::fuzz::checks::{Check, Violation};
+use crate::fuzz::model::{Config, Prim, State};
+use crate::fuzz::rng::Rng;
+use crate::fuzz::steps::{self, Fault, Step};
+use crate::fuzz::world::{Stats, World};
 
 /// How long the quiet phase may take to serve every live thread and clean up.
 pub const QUIET_LIMIT: Duration = Duration::from_secs(20);
@@ -187,7 +187,7 @@ impl World {
                 self.say("; ");
                 self.crash(c);
             }
-            self.try_only_quiet = Some(crate::world::TryOnlyQuiet {
+            self.try_only_quiet = Some(crate::fuzz::world::TryOnlyQuiet {
                 since: self.clock.real(),
                 handoffs: Default::default(),
             });

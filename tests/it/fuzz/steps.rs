@@ -4,10 +4,10 @@
 
 use std::fmt;
 
-use crate::model::{Prim, State};
-use crate::rng::Rng;
-use crate::sem::{SemChoices, SemStep};
-use crate::world::World;
+use crate::fuzz::model::{Prim, State};
+use crate::fuzz::rng::Rng;
+use crate::fuzz::sem::{SemChoices, SemStep};
+use crate::fuzz::world::World;
 
 /// What happens to one request on the network.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -437,7 +437,7 @@ impl Choices {
                     Prim::Sem => {
                         let sem = rng.below(w.sems.len() as u64) as usize;
                         let wait = rng.chance(0.75);
-                        (sem, wait, crate::sem::draw_permits(w, sem, rng))
+                        (sem, wait, crate::fuzz::sem::draw_permits(w, sem, rng))
                     }
                 };
                 Step::Acquire(AcquireStep {
