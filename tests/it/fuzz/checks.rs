@@ -301,20 +301,28 @@ impl World {
     /// is not judged as a thread's, but bounded as an unsure end's (`Unsure::expired`): from
     /// the crash, or the last late copy of its requests to reach Redis, its places go by their
     /// deadlines. Counted; a later one is a `DeadWaiter` violation.
-    pub fn crashed_client_granted(&mut self, what: &str, owner: &str, now_real: f64) {
+    pub fn crashed_client_granted(&mut self, p: Prim, i: usize, owner: &str, now_real: f64) {
+        let what = format!("{} {i}", p.name());
         let crashed = owner
             .rsplit_once(':')
             .and_then(|(id, _)| self.crashed.get(id))
             .map(|(_, u)| *u);
-        let expired = crashed
-            .is_none_or(|u| u.expired(now_real, self.back_steps_ms, self.cfg.waiter_timeout_ms));
+        let expired = crashed.is_none_or(|u| {
+            let lag = self.quiet_lag(p, i, u.since_real);
+            u.expired(
+                now_real,
+                self.back_steps_ms,
+                self.cfg.waiter_timeout_ms,
+                lag,
+            )
+        });
         if expired {
             self.violate(
                 Check::DeadWaiter,
                 format!(
                     "{what} granted to {owner}, of a client that crashed (or sent nothing that \
-                     reached Redis) more than two waiter timeouts + 2 s ago{}: its places had to \
-                     go by their deadlines",
+                     reached Redis) more than two waiter timeouts + 2 s (+ backward steps and \
+                     quiet spells) ago{}: its places had to go by their deadlines",
                     if crashed.is_none() {
                         " (a client never seen)"
                     } else {

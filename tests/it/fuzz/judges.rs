@@ -341,7 +341,8 @@ impl World {
                         );
                         self.stats.add(&what, 1);
                     } else if side.unsure_end.get(&(i, attempt)).is_some_and(|u| {
-                        !u.expired(real, self.back_steps_ms, self.cfg.waiter_timeout_ms)
+                        let lag = self.quiet_lag(p, i, u.since_real);
+                        !u.expired(real, self.back_steps_ms, self.cfg.waiter_timeout_ms, lag)
                     }) {
                         let what =
                             format!("exempt: {pfx}late acquire of an attempt whose mark was lost");
@@ -358,7 +359,7 @@ impl World {
                     }
                 }
             } else {
-                self.crashed_client_granted(&format!("{noun} {i}"), owner, real);
+                self.crashed_client_granted(p, i, owner, real);
             }
             if p == Prim::Lock {
                 self.dead_waiter_handoff(i, owner, attempt, token, real);

@@ -629,15 +629,15 @@ fn sem_evicted_leases_do_not_strand_permits() {
 }
 
 /// Found by the long run (seeds 876350 and 876353, both try-only endings; 2 violations in
-/// 282,519 steps), rebuilt by hand; ignored while the judge's bound is open. A waiter whose
-/// client crashes stays "live" on the lock's virtual clock, which advances by at most a third of
-/// the waiter timeout per script (common.lua, "Time"): after a quiet spell with no script on the
-/// lock (here 4 s), the first call grants the lock to that dead waiter. Check 6' bounds a grant
-/// to a crashed client's attempt by real time since the crash (two waiter timeouts + 2 s), and
-/// fails. Which gives way, the judge (a bound in calls on the lock, as the scripts promise) or
-/// the scripts (a quiet spell counted in full), is a protocol decision left open.
+/// 282,519 steps), rebuilt by hand. A waiter whose client crashes stays "live" on the lock's
+/// virtual clock, which advances by at most a third of the waiter timeout per script (common.lua,
+/// "Time": dead waiters are kept "for a few calls"): after a quiet spell with no script on the
+/// lock (here 4 s), the first call grants the lock to that dead waiter. Check 6' bounded a grant
+/// to a crashed client's attempt by real time since the crash alone (two waiter timeouts + 2 s)
+/// and failed here; it now adds how far the lock's clocks fell behind in quiet spells
+/// (`QuietLag`), the scripts' own promise. A dead waiter kept longer still fails: a planted
+/// `enqueue` that gives each place 8 waiter timeouts fails the short mode (seed 2, `DeadWaiter`).
 #[test]
-#[ignore]
 fn dead_waiter_granted_after_a_quiet_spell() {
     use steps::{AcquireStep, Step};
     let cfg = Config {

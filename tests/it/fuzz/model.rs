@@ -243,10 +243,59 @@ impl Unsure {
     /// last refresh on the waiters' clock, which runs no slower than real time except for the
     /// server's backward steps (it waits for the server to catch up). Bound: two waiter
     /// timeouts + 2 s + the backward steps since.
-    pub fn expired(&self, now_real: f64, back_steps_ms: i64, waiter_timeout_ms: u64) -> bool {
-        let bound =
-            2.0 * waiter_timeout_ms as f64 + 2_000.0 + (back_steps_ms - self.back_steps_ms) as f64;
+    /// `quiet_lag_ms`: how far the waiters' clock of the key granted fell behind real time
+    /// since then in quiet spells ([`QuietLag::since`]).
+    pub fn expired(
+        &self,
+        now_real: f64,
+        back_steps_ms: i64,
+        waiter_timeout_ms: u64,
+        quiet_lag_ms: f64,
+    ) -> bool {
+        let bound = 2.0 * waiter_timeout_ms as f64
+            + 2_000.0
+            + (back_steps_ms - self.back_steps_ms) as f64
+            + quiet_lag_ms;
         now_real - self.since_real > bound
+    }
+}
+
+/// How far one key's virtual clocks (the waiters' and the hand-off clock, common.lua "Time")
+/// fell behind real time in quiet spells: a script that judges waiters advances them by at most
+/// CAP (a third of the waiter timeout) from the stored reading, so a gap between two such
+/// scripts longer than CAP puts them behind by the rest of it, and a dead waiter lives that
+/// much longer in real time (the scripts promise "a few calls", not real time). Each gap counts
+/// `gap - CAP + CAP/10` (a reading is stored only when due, CAP/10 after the stored one): a
+/// bound that is never below the scripts' lag.
+#[derive(Default)]
+pub struct QuietLag {
+    last_call_real: Option<f64>,
+    /// (real ms of a call that advanced it, the lag so far), in call order.
+    marks: Vec<(f64, f64)>,
+}
+
+impl QuietLag {
+    /// A script that advances the key's clocks ran at `real`.
+    pub fn note(&mut self, real: f64, cap_ms: f64) {
+        let so_far = self.marks.last().map_or(0.0, |m| m.1);
+        let gap = self.last_call_real.map_or(0.0, |last| real - last);
+        let lag = so_far + (gap - cap_ms + cap_ms / 10.0).max(0.0);
+        self.last_call_real = Some(real);
+        if lag > so_far || self.marks.is_empty() {
+            self.marks.push((real, lag));
+        }
+    }
+
+    /// The lag gathered after `since_real`, with the gap that was open then.
+    pub fn since(&self, since_real: f64) -> f64 {
+        let now = self.marks.last().map_or(0.0, |m| m.1);
+        let before = self
+            .marks
+            .iter()
+            .take_while(|(at, _)| *at <= since_real)
+            .last()
+            .map_or(0.0, |m| m.1);
+        now - before
     }
 }
 

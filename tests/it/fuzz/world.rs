@@ -155,6 +155,9 @@ pub struct World {
     /// Owner -> the server's clock (ms) just after the last request of that thread reached
     /// Redis: no left mark of the owner can be younger (the left marks' bound).
     pub last_sent_server_ms: HashMap<String, i64>,
+    /// Per main key (a lock's or a semaphore's): how far its virtual clocks fell behind in
+    /// quiet spells (the crashed clients' and unsure ends' bound).
+    pub quiet: HashMap<String, crate::fuzz::model::QuietLag>,
     /// In a quiet phase without heartbeats (`Config::quiet_heartbeats` off): when it began
     /// (real ms), and per lock the hand-off to a dead waiter seen last (token, real ms seen).
     pub try_only_quiet: Option<TryOnlyQuiet>,
@@ -215,6 +218,7 @@ impl World {
             max_offset_ms: 0,
             back_steps_ms: 0,
             crashed: HashMap::new(),
+            quiet: HashMap::new(),
             last_sent_server_ms: HashMap::new(),
             try_only_quiet: None,
         }
@@ -237,6 +241,42 @@ impl World {
             let now = self.server_now_ms();
             self.last_sent_server_ms.insert(owner.to_string(), now);
         }
+    }
+
+    /// A script ran at `real` (ms): one that judges waiters moves its key's virtual clocks on
+    /// (common.lua, "Time"; not the status, renew and re-enter scripts, nor those that may
+    /// leave them as they are: leave, set capacity).
+    fn note_script(&mut self, script: &str, cmd: &redis::Cmd, real: f64) {
+        const ADVANCING: [&str; 7] = [
+            "acquire",
+            "release",
+            "force_unlock",
+            "heartbeat",
+            "sem_acquire",
+            "sem_release",
+            "sem_heartbeat",
+        ];
+        if !ADVANCING.contains(&script) {
+            return;
+        }
+        // FCALL/EVALSHA <name> <numkeys> <first key> ...
+        let Some(redis::Arg::Simple(key)) = cmd.args_iter().nth(3) else {
+            return;
+        };
+        let cap = self.cfg.cap_ms();
+        self.quiet
+            .entry(String::from_utf8_lossy(key).into_owned())
+            .or_default()
+            .note(real, cap);
+    }
+
+    /// How far the virtual clocks of `p`'s `i` fell behind in quiet spells after `since_real`.
+    pub fn quiet_lag(&self, p: Prim, i: usize, since_real: f64) -> f64 {
+        let key = match p {
+            Prim::Lock => self.locks[i].key_names()[0],
+            Prim::Sem => self.sems[i].key_names()[0],
+        };
+        self.quiet.get(key).map_or(0.0, |q| q.since(since_real))
     }
 
     /// The server's wall clock now (ms), from the offset the fuzzer gave it: no round trip.
@@ -298,6 +338,7 @@ impl World {
         let sent = self.clock.fz();
         let sent_real = self.clock.real();
         let send = |w: &mut World| {
+            w.note_script(call.call.script().name(), call.call.cmd(), sent_real);
             let r = call.call.run(&mut w.conns[conn]).map_err(|e| e.to_string());
             w.note_sent(call.owner());
             w.after_call(actor, sent);
