@@ -145,6 +145,12 @@ fn every_module_uses_only_the_layers_below_it() {
     let mut wrong = vec![];
     for (layer, modules) in layers.iter().enumerate() {
         for module in modules {
+            let uses: Vec<String> = crate_paths(&source_of(module))
+                .into_iter()
+                .filter(|u| u != module && layer_of(&layers, u).is_some())
+                .collect();
+            // the import graph, for `--nocapture`: each module and the modules it uses
+            println!("{:>2} {module} -> {}", layer + 1, uses.join(", "));
             for used in crate_paths(&source_of(module)) {
                 let Some(at) = layer_of(&layers, &used) else {
                     continue;
