@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The long protocol fuzzer run: seeded steps of many logical clients over the real Lua scripts,
 # with lost replies, late deliveries, retries, crashes, pauses, evictions, data loss and server
-# clock steps (tests/fuzz/main.rs). Prints steps/s, the seeds, the faults injected by kind and every
+# clock steps (tests/it/fuzz/mod.rs). Prints steps/s, the seeds, the faults injected by kind and every
 # violation (with its shrunk step list); exits non-zero on a violation.
 #
 #   scripts/fuzz.sh [STEPS]          default 1000000 steps (the short mode runs in scripts/test.sh)
