@@ -1572,6 +1572,42 @@ fn a_hand_off_popped_but_not_taken_is_told_again_while_its_attempt_still_waits()
     assert_eq!(holder(&mut c, &lock), (Some("w:2".into()), Some(handed)));
 }
 
+/// The other side of telling a grant again: a heartbeat sent just before its thread took the
+/// hand-off (the janitor unregisters the attempt only after) finds the wake-up popped and pushes
+/// it again. That copy stays in the list once the thread stopped waiting (its waker no longer
+/// pops that list), so the hand-off must be confirmed with it: a deadline left in place would
+/// see the copy unpopped and revoke the lock from its live holder once the deadline passed.
+#[test]
+fn a_grant_told_again_to_a_thread_that_took_it_is_never_revoked() {
+    let (_server, mut c, lock) = start("told-again");
+    let th = take(&mut c, &lock, "h:1", 1);
+    enqueue(&mut c, &lock, "w:2", 7);
+    lock.release("h:1", th, 1).run(&mut c).unwrap();
+    let handed = match pop(&mut c, &lock, "w:2") {
+        Some(Wake::Grant {
+            attempt: 7, token, ..
+        }) => token,
+        other => panic!("the release did not hand the lock to w: {other:?}"),
+    };
+    // the janitor's last heartbeat, in flight as the thread takes its hold
+    lock.heartbeat([("w:2", 7)]).run(&mut c).unwrap();
+    assert_eq!(wake_messages(&mut c, &lock, "w:2").len(), 1, "told again");
+    // w holds the lock and waits no more; others come by for several waiter timeouts
+    let until = Instant::now() + WAITER_TIMEOUT * 5;
+    while Instant::now() < until {
+        thread::sleep(WAITER_TIMEOUT / 3);
+        let r = lock
+            .acquire("cron:1", 10, LEASE, Mode::Try, "m")
+            .run(&mut c)
+            .unwrap();
+        assert!(
+            !matches!(r, Acquire::Granted(_)),
+            "the lock was taken from its live holder w"
+        );
+    }
+    assert_eq!(holder(&mut c, &lock), (Some("w:2".into()), Some(handed)));
+}
+
 /// A connection as a user whose ACL allows only the four keys each script declares of lock
 /// `name` (`~` patterns): the wake lists and the left marks, which the scripts name inside,
 /// are refused, as while a Cluster slot migrates or under a serverless offering that checks

@@ -1543,3 +1543,33 @@ fn a_dead_grantees_hand_off_is_judged_with_its_own_waiters_cap() {
         "x's stale grant stayed"
     );
 }
+
+/// The semaphore's twin of protocol's test of the same name: a heartbeat in flight as the
+/// thread takes its hand-off pushes the grant again, and that copy, never popped, must not let a
+/// deadline revoke the permit from its live holder.
+#[test]
+fn a_grant_told_again_to_a_thread_that_took_it_is_never_revoked() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let s = Sem::new("told-again", "sem", 1);
+    let th = granted(s.acquire(&mut c, "h:1", 1, 1, 60_000, true));
+    assert_eq!(s.acquire(&mut c, "w:2", 7, 1, 60_000, true), Reply::Queued);
+    assert!(s.release(&mut c, "h:1", 1, th));
+    let tw = s
+        .pop_grant(&mut c, "w:2", 7)
+        .expect("the release granted w");
+    // the janitor's last heartbeat, in flight as the thread takes its hold
+    s.heartbeat(&mut c, &[("w:2", 7)]);
+    // w holds the permit and waits no more; others come by for several waiter timeouts
+    let until = std::time::Instant::now() + Duration::from_millis(WAITER_TTL * 5);
+    while std::time::Instant::now() < until {
+        thread::sleep(Duration::from_millis(WAITER_TTL / 3));
+        assert_eq!(
+            s.acquire(&mut c, "cron:1", 10, 1, 60_000, false),
+            Reply::Busy,
+            "the permit was taken from its live holder w"
+        );
+    }
+    let (holds, _) = s.holds(&mut c);
+    assert_eq!(holds.get("w:2#7"), Some(&1), "{holds:?} (token {tw})");
+}
