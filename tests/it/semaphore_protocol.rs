@@ -1558,7 +1558,9 @@ fn a_grant_told_again_to_a_thread_that_took_it_is_never_revoked() {
     let tw = s
         .pop_grant(&mut c, "w:2", 7)
         .expect("the release granted w");
-    // the janitor's last heartbeat, in flight as the thread takes its hold
+    // the janitor's last heartbeats, in flight as the thread takes its hold: the first tells
+    // the grant again, the second finds that copy pending (and must not start a deadline)
+    s.heartbeat(&mut c, &[("w:2", 7)]);
     s.heartbeat(&mut c, &[("w:2", 7)]);
     // w holds the permit and waits no more; others come by for several waiter timeouts
     let until = std::time::Instant::now() + Duration::from_millis(WAITER_TTL * 5);
