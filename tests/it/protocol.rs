@@ -1593,7 +1593,11 @@ fn a_grant_told_again_to_a_thread_that_took_it_is_never_revoked() {
     // the grant again, the second finds that copy pending (and must not start a deadline)
     lock.heartbeat([("w:2", 7)]).run(&mut c).unwrap();
     lock.heartbeat([("w:2", 7)]).run(&mut c).unwrap();
-    assert_eq!(wake_messages(&mut c, &lock, "w:2").len(), 1, "told again, once");
+    assert_eq!(
+        wake_messages(&mut c, &lock, "w:2").len(),
+        1,
+        "told again, once"
+    );
     // w holds the lock and waits no more; others come by for several waiter timeouts
     let until = Instant::now() + WAITER_TIMEOUT * 5;
     while Instant::now() < until {
