@@ -197,7 +197,7 @@ pub struct SemaphoreStatus {
     /// The name.
     pub name: String,
     /// The capacity stored with the name (`None` when nothing is stored: nobody held or waited
-    /// for the last lease's length and no [`Semaphore::set_capacity`] within
+    /// for the last lease's length and no [`Semaphore::set_capacity`](crate::Semaphore::set_capacity) within
     /// [`Config::fence_ttl`](crate::Config::fence_ttl)).
     pub capacity: Option<u64>,
     /// Permits held now by live holds.
@@ -251,7 +251,7 @@ impl SemaphoreStatus {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PermitHolder {
-    /// The hold's id (`<owner>#<attempt>`), for [`Semaphore::force_release`].
+    /// The hold's id (`<owner>#<attempt>`), for [`Semaphore::force_release`](crate::Semaphore::force_release).
     pub hold_id: String,
     /// Who holds it.
     pub origin: Origin,
