@@ -1465,6 +1465,43 @@ fn left_marks(c: &mut redis::Connection, lock: &RawLock) -> usize {
         .unwrap()
 }
 
+/// Found by the fuzzer's long run (seed 20261153, `WaiterLost`): a waiter's place lives in two
+/// keys, the queue and the waiters hash, each kept the queue's TTL (10 minutes, so that they
+/// outlive a forward step of the server clock). A new place refreshed the queue's TTL but not
+/// the waiters hash's, which only heartbeats refreshed: on a lock whose other waiters are dead
+/// (nobody heartbeats it), the hash kept the TTL of its last refresh, and a forward step before
+/// the new waiter's first heartbeat expired it with the new entry: the live waiter was told to
+/// retry, its place lost. Here the hash is 7 minutes old when the waiter queues and a 7-minute
+/// step follows.
+#[test]
+fn a_new_place_keeps_the_waiters_hash_for_the_queue_ttl() {
+    let mut server = faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let lock = raw_lock(&mut c, "waiters-ttl");
+    granted(
+        lock.acquire("h:1", 1, Duration::from_secs(3600), Mode::Wait, "m")
+            .run(&mut c)
+            .unwrap(),
+    );
+    // a waiter whose client died: nobody heartbeats this lock
+    enqueue(&mut c, &lock, "dead:1", 2);
+    server.set_offset_ms(7 * 60_000);
+    enqueue(&mut c, &lock, "live:1", 3);
+    let pttl = |c: &mut redis::Connection, key: &str| -> i64 {
+        redis::cmd("PTTL").arg(key).query(c).unwrap()
+    };
+    let waiters_ttl = pttl(&mut c, lock.key_names()[3]);
+    // one step of 7 minutes, less than the queue's TTL, before the waiter's first heartbeat
+    server.set_offset_ms(14 * 60_000);
+    let hb = lock.heartbeat([("live:1", 3)]).run(&mut c).unwrap();
+    assert!(
+        hb.told_to_retry.is_empty(),
+        "a live waiter lost its place to a 7-minute step (the waiters hash had {waiters_ttl} ms \
+         left when it queued): {hb:?}"
+    );
+    assert_eq!(queue(&mut c, &lock), ["dead:1", "live:1"]);
+}
+
 /// Before, the left marks' hash never lost a field, and every mark refreshed its TTL, so on a lock
 /// where marks keep coming it grew by one field per marking owner forever (2,000 fields, 112 KB in
 /// one run). A mark lives the queue's TTL (10 minutes) after it was made, whatever marks come after

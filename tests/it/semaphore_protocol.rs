@@ -1284,6 +1284,42 @@ fn a_heartbeating_waiter_keeps_its_place_past_the_queues_time_to_live() {
     assert!(sem.pop_grant(&mut c, "w:1", 1).is_some());
 }
 
+/// The semaphore's twin of the lock's `a_new_place_keeps_the_waiters_hash_for_the_queue_ttl`
+/// (the fuzzer's long run, seed 20261153): a new place refreshes both of its keys, the queue and
+/// the waiters hash. Before, only the queue: behind a waiter whose client died (nobody
+/// heartbeats), the hash kept its first TTL, and a forward step before the new waiter's first
+/// heartbeat expired it with the new entry.
+#[test]
+fn a_new_place_keeps_the_waiters_hash_for_the_queue_ttl() {
+    let mut server = support::faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let sem = Sem::new("waiters-ttl", "sem", 1);
+    let th = granted(sem.acquire(&mut c, "h:1", 1, 1, 3_600_000, true));
+    assert_eq!(
+        sem.acquire(&mut c, "dead:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    server.set_offset_ms(7 * 60_000);
+    assert_eq!(
+        sem.acquire(&mut c, "live:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    server.set_offset_ms(14 * 60_000);
+    let hb = sem.raw.heartbeat([("live:1", 1)]).run(&mut c).unwrap();
+    assert!(
+        hb.told_to_retry.is_empty(),
+        "a live waiter lost its place to a 7-minute step: {hb:?}"
+    );
+    // the dead waiter goes at the head by its deadline; the live one is served
+    assert!(sem.release(&mut c, "h:1", 1, th));
+    let served = support::eventually(Duration::from_secs(10), || {
+        sem.raw.heartbeat([("live:1", 1)]).run(&mut c).unwrap();
+        thread::sleep(Duration::from_millis(100));
+        sem.pop_grant(&mut c, "live:1", 1).is_some()
+    });
+    assert!(served, "the live waiter was never served");
+}
+
 /// sem_status.lua: the waiters are listed in arrival order with their arrival times (server us),
 /// the permits each wants and its meta.
 #[test]

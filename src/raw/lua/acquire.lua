@@ -34,7 +34,7 @@
 -- caller's retry finds a consistent state.
 -- Cost: a free lock nobody waits for is HMGET, EXISTS, TIME, SET (the fence), HSET, PEXPIRE;
 -- queueing behind a holder is HMGET, HGET (the left marks), HMGET, TIME, LRANGE (the wake list),
--- ZADD, PEXPIRE, HSET (the first waiter: EXISTS and PEXPIRE more); a clock's reading is
+-- ZADD, PEXPIRE, HSET, PEXPIRE (the first waiter: EXISTS more); a clock's reading is
 -- stored with them only when due (`advance`: at most every cap/10).
 local owner, attempt, lease, mode, meta = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local keep = ARGV[8] == 'keep'

@@ -423,13 +423,15 @@ local function enqueue(owner, attempt, lease, meta, mine)
     read(k.queue, 'ZADD', fmt(score), owner)
     redis.call('PEXPIRE', k.queue, QUEUE_TTL)
     write_waiter(owner, attempt, now + WAITER_TTL, lease, meta, '~tail', fmt(score))
-    Q = nil
-  else
-    write_waiter(owner, attempt, now + WAITER_TTL, lease, meta)
-  end
-  if not W.existed then
+    -- the place is in both keys: each lives the queue's TTL from now, so a forward step of the
+    -- server clock before the waiter's first heartbeat cannot expire one of them (the waiters
+    -- hash of a lock whose other waiters are dead is refreshed by no heartbeat)
     redis.call('PEXPIRE', k.waiters, QUEUE_TTL)
     W.existed = true
+    Q = nil
+  else
+    -- (its entry was read: the waiters hash is there)
+    write_waiter(owner, attempt, now + WAITER_TTL, lease, meta)
   end
 end
 

@@ -307,15 +307,26 @@ impl World {
             .rsplit_once(':')
             .and_then(|(id, _)| self.crashed.get(id))
             .map(|(_, u)| *u);
-        let expired = crashed.is_none_or(|u| {
-            let lag = self.quiet_lag(p, i, u.since_real);
-            u.expired(
-                now_real,
-                self.back_steps_ms,
-                self.cfg.waiter_timeout_ms,
-                lag,
-            )
-        });
+        let (mut expired, mut by_open) = (crashed.is_none(), false);
+        if let Some(u) = crashed {
+            let (closed, open) = self.quiet_lag(p, i, u.since_real, now_real);
+            let past = |lag| {
+                u.expired(
+                    now_real,
+                    self.back_steps_ms,
+                    self.cfg.waiter_timeout_ms,
+                    lag,
+                )
+            };
+            expired = past(closed + open);
+            by_open = !expired && past(closed);
+        }
+        if by_open {
+            self.stats.add(
+                "grant to a crashed client's attempt within the quiet spell it closed",
+                1,
+            );
+        }
         if expired {
             self.violate(
                 Check::DeadWaiter,

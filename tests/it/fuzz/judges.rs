@@ -340,13 +340,22 @@ impl World {
                              data"
                         );
                         self.stats.add(&what, 1);
-                    } else if side.unsure_end.get(&(i, attempt)).is_some_and(|u| {
-                        let lag = self.quiet_lag(p, i, u.since_real);
-                        !u.expired(real, self.back_steps_ms, self.cfg.waiter_timeout_ms, lag)
+                    } else if let Some(by_open) = side.unsure_end.get(&(i, attempt)).and_then(|u| {
+                        let (closed, open) = self.quiet_lag(p, i, u.since_real, real);
+                        let timeout = self.cfg.waiter_timeout_ms;
+                        let past = |lag| u.expired(real, self.back_steps_ms, timeout, lag);
+                        (!past(closed + open)).then(|| past(closed))
                     }) {
                         let what =
                             format!("exempt: {pfx}late acquire of an attempt whose mark was lost");
                         self.stats.add(&what, 1);
+                        if by_open {
+                            let what = format!(
+                                "exempt: {pfx}late acquire of an attempt whose mark was lost, \
+                                 within the quiet spell its grant closed"
+                            );
+                            self.stats.add(&what, 1);
+                        }
                     } else {
                         self.violate(
                             Check::GhostHold,

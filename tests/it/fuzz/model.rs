@@ -244,7 +244,8 @@ impl Unsure {
     /// server's backward steps (it waits for the server to catch up). Bound: two waiter
     /// timeouts + 2 s + the backward steps since.
     /// `quiet_lag_ms`: how far the waiters' clock of the key granted fell behind real time
-    /// since then in quiet spells ([`QuietLag::since`]).
+    /// since then in quiet spells ([`QuietLag::since`]), the one the grant closes included
+    /// ([`QuietLag::open`]).
     pub fn expired(
         &self,
         now_real: f64,
@@ -284,6 +285,15 @@ impl QuietLag {
         if lag > so_far || self.marks.is_empty() {
             self.marks.push((real, lag));
         }
+    }
+
+    /// The lag of the gap still open at `now_real` (from the last call noted): a script that
+    /// reads the clocks without being noted (a leave's or a capacity change's grant loop, which
+    /// may leave them as they are) reads them that far behind.
+    pub fn open(&self, now_real: f64, cap_ms: f64) -> f64 {
+        self.last_call_real.map_or(0.0, |last| {
+            (now_real - last - cap_ms + cap_ms / 10.0).max(0.0)
+        })
     }
 
     /// The lag gathered after `since_real`, with the gap that was open then.

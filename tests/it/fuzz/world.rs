@@ -270,13 +270,19 @@ impl World {
             .note(real, cap);
     }
 
-    /// How far the virtual clocks of `p`'s `i` fell behind in quiet spells after `since_real`.
-    pub fn quiet_lag(&self, p: Prim, i: usize, since_real: f64) -> f64 {
+    /// How far the virtual clocks of `p`'s `i` fell behind in quiet spells after `since_real`,
+    /// up to `now_real`: (the spells closed by a noted call, the one still open at `now_real`).
+    /// A grant made at `now_real` by a script that is not noted (a leave, a capacity change)
+    /// closes the open one: its reading is that far behind too.
+    pub fn quiet_lag(&self, p: Prim, i: usize, since_real: f64, now_real: f64) -> (f64, f64) {
         let key = match p {
             Prim::Lock => self.locks[i].key_names()[0],
             Prim::Sem => self.sems[i].key_names()[0],
         };
-        self.quiet.get(key).map_or(0.0, |q| q.since(since_real))
+        let cap = self.cfg.cap_ms();
+        self.quiet
+            .get(key)
+            .map_or((0.0, 0.0), |q| (q.since(since_real), q.open(now_real, cap)))
     }
 
     /// The server's wall clock now (ms), from the offset the fuzzer gave it: no round trip.
