@@ -25,7 +25,10 @@ fi
 
 # the core suites are modules of the one integration binary (tests/it); filters given instead
 # select its tests by name
-filters=(basic:: fairness:: counter:: lease:: crash:: protocol:: semaphore:: behaviour:: fuzz::)
+# (protocol:: matches semaphore_protocol:: too, whose raw calls assume the function library
+# that Redis 6.2 lacks: skipped here)
+filters=(basic:: fairness:: counter:: lease:: crash:: protocol:: semaphore:: behaviour:: fuzz::
+  --skip semaphore_protocol::)
 [ $# -eq 0 ] || filters=("$@")
 for i in "${!MATRIX_BINS[@]}"; do
   echo "== server matrix, ${MATRIX_NAMES[$i]}: $("${MATRIX_BINS[$i]}" --version | head -n1)"
