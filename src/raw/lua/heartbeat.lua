@@ -17,9 +17,11 @@
 -- Cost: O(this client's waiters + dead heads), never a scan of all waiters.
 -- Network: a retry refreshes again; a late heartbeat for an attempt that has moved on does
 -- nothing (a newer attempt's entry) or pushes a "retry" for that old attempt, or a grant's
--- wake-up to an attempt whose thread took its hold from the acquire's reply, which its client's
--- waiting threads drop (no thread waits with that attempt); a repeated "retry" only makes its
--- thread run acquire once more, which keeps its place.
+-- wake-up to an attempt whose thread took its hold from the acquire's reply or popped its
+-- wake-up meanwhile, which its client's waiting threads drop (no thread waits with that
+-- attempt), confirming the hand-off of a holder that is alive (so the copy, never popped, cannot
+-- get it revoked); a repeat finds that copy pending and pushes none; a repeated "retry" only
+-- makes its thread run acquire once more, which keeps its place.
 -- Undeclared keys (common.lua): wake lists (a told owner's is probed with can_wake before the
 -- push; a grant pushes its grantee's wake-up first). Refused midway, only refreshes of
 -- this client's entries and clock readings have been written, which the next tick repeats.

@@ -3,10 +3,19 @@
 -- ARGV: [3..] owner, attempt pairs. Returns {used, capacity or '', grants made, last token,
 -- ms until the next hold's lease ends (-1: no hold), told...}
 -- A hand-offs entry whose hold is gone (its hash evicted) is dropped, never taken for a grant.
+-- A hold of a named attempt whose wake-up is not in the wake list (popped with a reply that
+-- never reached its thread, or never pushed) is told again, once, and its hand-off confirmed
+-- (state.lua, tell_waiting_grantee); one whose wake-up waits gets more time to pop it.
 -- Network: refreshes only entries of the attempts named; a late copy refreshes a live entry a
 -- little early (its deadline is the copy's arrival + the waiter timeout), or tells an attempt
 -- that has ended to retry, or one that holds its grant already (its thread saw the reply of
--- its acquire) of that grant, which its client drops (no thread waits with that attempt).
+-- its acquire, or popped its wake-up) of that grant, which its client drops (no thread waits
+-- with that attempt), confirming the hand-off of a holder that is alive; a repeat finds the
+-- wake-up it pushed pending and pushes none.
+-- Undeclared keys (common.lua): wake lists, each probed with can_wake before a push (a list
+-- that cannot be reached now is told at the next heartbeat; the hand-off keeps its deadline
+-- meanwhile). Refused midway, only refreshes of this client's entries, clock readings and
+-- expiries have been written, which the next tick repeats.
 return run(function()
   read_sem(KEYS)
   local told = {}
