@@ -615,6 +615,13 @@ impl World {
             } else if key.ends_with("}:sem") && self.capacity_was_set(key) {
                 // a stored capacity (`~set`) keeps the hash as long as the fence
                 *pttl > 0 && *pttl <= 3_600_000 + behind
+            } else if key
+                .strip_suffix(":leases")
+                .is_some_and(|hash| hash.ends_with("}:sem") && self.capacity_was_set(hash))
+            {
+                // the leases live as long as their hash (sem.lua, keep_sem): an expired hold's
+                // entry waits there for the next script, as its field waits in the hash
+                *pttl > 0 && *pttl <= 3_600_000 + behind
             } else if key.ends_with("}:sem")
                 || key.ends_with("}:sem:leases")
                 || key.ends_with("}:sem:handoffs")

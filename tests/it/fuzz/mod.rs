@@ -633,6 +633,44 @@ fn sem_evicted_leases_do_not_strand_permits() {
     );
 }
 
+/// Found by the long run (seed 20261173, not reproducible by replay; rebuilt by hand): an
+/// operator stored a semaphore's capacity, which keeps its hash for the fence's TTL (1 h
+/// here), and a crashed client's hold expired with no later script to sweep it. `keep_sem`
+/// keeps the leases zset as long as the hash, so the expired hold's entry waits there for the
+/// next script, for up to the fence's TTL; the end-state check allowed the leases only the
+/// queue's TTL and failed with `Liveness`. It now gives the leases and hand-offs of a stored
+/// capacity the hash's bound (a leases zset kept longer still fails).
+#[test]
+fn sem_leases_of_a_stored_capacity_live_as_long_as_its_hash() {
+    use steps::{AcquireStep, Step};
+    // room for the crashed hold and both threads' quiet-phase permits: the crashed hold
+    // outlives the last script, which leaves it (expired) for the next one
+    let cfg = Config {
+        clients: 2,
+        threads: 1,
+        sems: vec![model::SemShape { rw: false, cap: 8 }],
+        ..Config::for_seed(1)
+    };
+    let steps = [
+        Step::Sem(sem::SemStep::SetCapacity {
+            sem: 0,
+            fault: steps::Fault::None,
+        }),
+        Step::Acquire(AcquireStep {
+            p: Prim::Sem,
+            ..AcquireStep::plain(0, 0, 0, true, 2500)
+        }),
+        Step::Crash { c: 0 },
+    ];
+    let out = run(&cfg, Source::Replay(&steps), Some(runner::QUIET_LIMIT));
+    assert!(
+        out.violation.is_none(),
+        "{:?}\n{}",
+        out.violation,
+        out.log.join("\n")
+    );
+}
+
 /// Found by the long run (seeds 876350 and 876353, both try-only endings; 2 violations in
 /// 282,519 steps), rebuilt by hand. A waiter whose client crashes stays "live" on the lock's
 /// virtual clock, which advances by at most a third of the waiter timeout per script (common.lua,
