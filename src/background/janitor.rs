@@ -21,7 +21,7 @@
 //! just ended. The scripts make that harmless: a refresh only touches the entry of that very
 //! attempt, and a "retry" for an ended attempt is ignored by its thread.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -43,33 +43,71 @@ pub(crate) type SharedWitness = Arc<Mutex<Witness<BootInstant>>>;
 /// any margin works; this one keeps us from looking a hair too early).
 const EXPIRY_MARGIN: Duration = Duration::from_millis(5);
 
-/// What waiters wait for: a lock, or a semaphore's (or read/write lock's) permits.
-#[derive(Clone)]
-pub(crate) enum Target {
-    Lock(Arc<RawLock>),
-    Semaphore(Arc<RawSemaphore>),
+/// What one heartbeat told the janitor, in the same words for every primitive.
+pub(crate) struct Beat {
+    /// The last token handed out when it ran (a grant with a greater token came later).
+    last_token: u64,
+    /// The owners whose attempt had lost its place and were told to queue again.
+    told_to_retry: Vec<String>,
+    /// What it repaired: hand-offs revoked from dead grantees, holds granted to live waiters.
+    repairs: u64,
+    /// When a holder's lease ends next, if one holds: the janitor looks again then.
+    look_again: Option<Duration>,
 }
 
-impl Target {
-    fn key(&self) -> &str {
-        match self {
-            Target::Lock(raw) => &raw.keys().lock,
-            Target::Semaphore(raw) => raw.key_names()[0],
+impl From<raw::Heartbeat> for Beat {
+    fn from(hb: raw::Heartbeat) -> Beat {
+        Beat {
+            last_token: hb.last_token,
+            told_to_retry: hb.told_to_retry,
+            repairs: u64::from(hb.repairs),
+            look_again: (hb.pttl_ms > 0).then(|| Duration::from_millis(hb.pttl_ms as u64)),
         }
     }
 }
 
-impl From<&Arc<RawLock>> for Target {
-    fn from(raw: &Arc<RawLock>) -> Target {
-        Target::Lock(raw.clone())
+impl From<raw::SemHeartbeat> for Beat {
+    fn from(hb: raw::SemHeartbeat) -> Beat {
+        Beat {
+            last_token: hb.last_token,
+            told_to_retry: hb.told_to_retry,
+            repairs: hb.grants,
+            look_again: hb.next_expiry,
+        }
     }
 }
 
-impl From<&Arc<RawSemaphore>> for Target {
-    fn from(raw: &Arc<RawSemaphore>) -> Target {
-        Target::Semaphore(raw.clone())
+/// What the janitor keeps waiters alive on: a lock, or a semaphore's (or read/write lock's)
+/// permits (each primitive of the acquisition engine gives its own, `Primitive::janitor_target`).
+pub(crate) trait Heartbeats: Send + Sync {
+    /// The key the waiters are registered under (the primitive's main key).
+    fn key(&self) -> &str;
+    /// The heartbeat of these waiting attempts (owner, attempt).
+    fn heartbeat(&self, attempts: &[(&str, u64)]) -> raw::Call<Beat>;
+}
+
+impl Heartbeats for RawLock {
+    fn key(&self) -> &str {
+        &self.keys().lock
+    }
+
+    fn heartbeat(&self, attempts: &[(&str, u64)]) -> raw::Call<Beat> {
+        RawLock::heartbeat(self, attempts.iter().copied()).map(Beat::from)
     }
 }
+
+impl Heartbeats for RawSemaphore {
+    fn key(&self) -> &str {
+        self.key_names()[0]
+    }
+
+    fn heartbeat(&self, attempts: &[(&str, u64)]) -> raw::Call<Beat> {
+        RawSemaphore::heartbeat(self, attempts.iter().copied()).map(Beat::from)
+    }
+}
+
+/// A primitive as the janitor holds it.
+pub(crate) type Target = Arc<dyn Heartbeats>;
 
 struct Waiting {
     target: Target,
@@ -126,13 +164,12 @@ impl Janitor {
     /// Each heartbeat also renews the attempt's `witness`.
     pub fn register(
         &self,
-        target: impl Into<Target>,
+        target: Target,
         owner: &str,
         attempt: u64,
         holder_pttl: Duration,
         witness: SharedWitness,
     ) {
-        let target = target.into();
         let mut registry = self.registry.lock();
         registry
             .locks
@@ -230,65 +267,44 @@ fn check_aside(check: &ServerCheck, checking: &Arc<AtomicBool>) {
     }
 }
 
+/// Heartbeats of one script, and the witnesses of the attempts each speaks for.
+type Pipeline = (Vec<raw::Call<Beat>>, Vec<Vec<SharedWitness>>);
+
 /// One heartbeat for every lock (and semaphore) with local waiters. Returns when to look again
 /// early (the soonest end of a holder's lease), if any.
 fn tick(pool: &Pool, registry: &Mutex<Registry>) -> Option<BootInstant> {
-    let mut lock_calls = Vec::new();
-    let mut sem_calls = Vec::new();
-    let (mut lock_witnesses, mut sem_witnesses): (Vec<Vec<SharedWitness>>, Vec<_>) =
-        (Vec::new(), Vec::new());
+    // one pipeline per script, so that a failure of one kind's (say, a script its user may not
+    // run) does not cost the other kinds' waiters their heartbeats
+    let mut by_script: BTreeMap<&'static str, Pipeline> = BTreeMap::new();
     for w in registry.lock().locks.values() {
-        let attempts = w
+        let attempts: Vec<(&str, u64)> = w
             .attempts
             .iter()
-            .map(|(owner, (a, _))| (owner.as_str(), *a));
-        let witnesses = w.attempts.values().map(|(_, w)| w.clone()).collect();
-        match &w.target {
-            Target::Lock(raw) => {
-                lock_calls.push(raw.heartbeat(attempts));
-                lock_witnesses.push(witnesses);
-            }
-            Target::Semaphore(raw) => {
-                sem_calls.push(raw.heartbeat(attempts));
-                sem_witnesses.push(witnesses);
-            }
-        }
+            .map(|(owner, (a, _))| (owner.as_str(), *a))
+            .collect();
+        let call = w.target.heartbeat(&attempts);
+        let (calls, witnesses) = by_script.entry(call.script().name()).or_default();
+        calls.push(call);
+        witnesses.push(w.attempts.values().map(|(_, w)| w.clone()).collect());
     }
-    if lock_calls.is_empty() && sem_calls.is_empty() {
+    if by_script.is_empty() {
         return None;
     }
     let sent = BootInstant::now();
-    // two pipelines, so that a failure of one kind's (say, a script its user may not run) does
-    // not cost the other kind's waiters their heartbeats
-    let lock_replies = run_heartbeats(pool, &lock_calls);
-    let sem_replies = run_heartbeats(pool, &sem_calls);
     let mut soonest: Option<BootInstant> = None;
-    let mut look_at = |after: Duration| {
-        let at = sent + after + EXPIRY_MARGIN;
-        soonest = Some(soonest.map_or(at, |s: BootInstant| s.min(at)));
-    };
-    for (reply, witnesses) in lock_replies.into_iter().zip(lock_witnesses) {
-        match reply {
-            Ok(hb) => {
-                heard(sent, hb.last_token, &witnesses, &hb.told_to_retry);
-                crate::telemetry::repaired(u64::from(hb.repairs));
-                if hb.pttl_ms > 0 {
-                    look_at(Duration::from_millis(hb.pttl_ms as u64));
+    for (calls, witnesses) in by_script.into_values() {
+        for (reply, witnesses) in run_heartbeats(pool, &calls).into_iter().zip(witnesses) {
+            match reply {
+                Ok(beat) => {
+                    heard(sent, beat.last_token, &witnesses, &beat.told_to_retry);
+                    crate::telemetry::repaired(beat.repairs);
+                    if let Some(after) = beat.look_again {
+                        let at = sent + after + EXPIRY_MARGIN;
+                        soonest = Some(soonest.map_or(at, |s| s.min(at)));
+                    }
                 }
+                Err(e) => log::warn!("fairlock: janitor heartbeat failed: {e}"),
             }
-            Err(e) => log::warn!("fairlock: janitor heartbeat failed: {e}"),
-        }
-    }
-    for (reply, witnesses) in sem_replies.into_iter().zip(sem_witnesses) {
-        match reply {
-            Ok(hb) => {
-                heard(sent, hb.last_token, &witnesses, &hb.told_to_retry);
-                crate::telemetry::repaired(hb.grants);
-                if let Some(after) = hb.next_expiry {
-                    look_at(after);
-                }
-            }
-            Err(e) => log::warn!("fairlock: janitor heartbeat failed: {e}"),
         }
     }
     soonest

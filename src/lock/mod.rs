@@ -405,7 +405,7 @@ impl Primitive for FairLock {
     }
 
     fn janitor_target(&self) -> Target {
-        Target::Lock(self.raw.clone())
+        self.raw.clone()
     }
 
     fn acquire(&self, owner: &str, attempt: u64, mode: Mode, meta: &str) -> Call<raw::Acquire> {

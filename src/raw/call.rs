@@ -2,11 +2,15 @@
 //! pipeline), loading what a server lacks.
 
 use std::fmt;
+use std::sync::Arc;
 
 use redis::{ConnectionLike, Value};
 
 use super::{millis, Runner, Script, Settings};
 use crate::error::{Error, Result};
+
+/// How a call reads its reply: the script's parser, or a mapping of one ([`Call::map`]).
+type Parser<T> = Arc<dyn Fn(Value) -> Result<T> + Send + Sync>;
 
 /// A request built and not yet sent: the EVALSHA command, the script it names and the parser of
 /// its reply.
@@ -14,7 +18,7 @@ pub struct Call<T> {
     pub(super) script: &'static Script,
     pub(super) runner: Runner,
     pub(super) cmd: redis::Cmd,
-    pub(super) parse: fn(Value) -> Result<T>,
+    pub(super) parse: Parser<T>,
     pub(super) during: &'static str,
 }
 
@@ -36,13 +40,13 @@ impl<T> Clone for Call<T> {
             script: self.script,
             runner: self.runner,
             cmd: self.cmd.clone(),
-            parse: self.parse,
+            parse: Arc::clone(&self.parse),
             during: self.during,
         }
     }
 }
 
-impl<T> Call<T> {
+impl<T: 'static> Call<T> {
     /// A call of `script` on `keys` as `settings` run scripts, with the two arguments every
     /// script takes first (the fence's TTL, the waiter timeout); the caller adds the script's
     /// own. `during` says what it does, for error messages.
@@ -65,11 +69,26 @@ impl<T> Call<T> {
             script,
             runner: settings.runner,
             cmd,
-            parse,
+            parse: Arc::new(parse),
             during,
         }
     }
 
+    /// The same request, its reply read on into `f`'s: so calls of different scripts with one
+    /// meaning (the heartbeats of a lock and of a semaphore, say) can be handled alike.
+    pub fn map<U: 'static>(self, f: fn(T) -> U) -> Call<U> {
+        let parse = self.parse;
+        Call {
+            script: self.script,
+            runner: self.runner,
+            cmd: self.cmd,
+            parse: Arc::new(move |v| parse(v).map(f)),
+            during: self.during,
+        }
+    }
+}
+
+impl<T> Call<T> {
     /// The command, to send on any connection or in a pipeline.
     pub fn cmd(&self) -> &redis::Cmd {
         &self.cmd

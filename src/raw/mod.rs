@@ -225,7 +225,7 @@ impl RawLock {
         self.keys.wake(owner)
     }
 
-    fn call<T>(
+    fn call<T: 'static>(
         &self,
         script: &'static LazyLock<Script>,
         during: &'static str,

@@ -251,7 +251,7 @@ impl RawSemaphore {
         format!("{}:wake:{client}", self.keys[0])
     }
 
-    fn call<T>(
+    fn call<T: 'static>(
         &self,
         script: &'static LazyLock<Script>,
         during: &'static str,

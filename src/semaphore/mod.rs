@@ -457,7 +457,7 @@ impl Primitive for Permits<'_> {
     }
 
     fn janitor_target(&self) -> Target {
-        Target::Semaphore(self.sem.raw.clone())
+        self.sem.raw.clone()
     }
 
     fn acquire(&self, owner: &str, attempt: u64, mode: Mode, meta: &str) -> Call<SemAcquire> {
