@@ -365,6 +365,7 @@ impl World {
                 && !w.granted_seen
                 && w.handoff.is_none()
                 && w.live(&self.cfg, now)
+                && !w.queue_ttl_passed(&self.cfg, now)
         });
         if robbed {
             let owner = th.owner.clone();

@@ -202,7 +202,12 @@ impl World {
                     continue;
                 }
                 let queued = cur.waiters.get(&owner) == Some(&w.attempt) && cur.queued(&owner);
-                if !queued {
+                if !queued && w.queue_ttl_passed(&self.cfg, real) {
+                    self.stats.add(
+                        "exempt: a place expired under forward steps past the queue's TTL",
+                        1,
+                    );
+                } else if !queued {
                     found.push((
                         Check::WaiterLost,
                         format!(

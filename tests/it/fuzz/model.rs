@@ -101,6 +101,11 @@ impl Config {
             .collect()
     }
 
+    /// How long the queue keys live after a refresh (`QUEUE_TTL` in common.lua).
+    pub fn queue_ttl_ms(&self) -> u64 {
+        (2 * self.waiter_timeout_ms).max(600_000)
+    }
+
     /// The most a waiter's virtual clock advances in one script (`CAP` in common.lua).
     pub fn cap_ms(&self) -> f64 {
         (self.waiter_timeout_ms / 3) as f64
@@ -472,6 +477,14 @@ impl Wait {
         self.place
             && (real_now - self.refreshed) + cfg.cap_ms() * self.forward_steps as f64 + SLACK_MS
                 < cfg.waiter_timeout_ms as f64
+    }
+
+    /// Whether the queue keys may have expired with this waiter's place since its last refresh:
+    /// each refresh gives them the queue's TTL on the server's wall clock, which the forward
+    /// steps since (`forward_ms`) and real time move. Redis may then drop the place of a live
+    /// waiter (docs/guarantees.md, "Server clock steps"): it queues again when told. Not before.
+    pub fn queue_ttl_passed(&self, cfg: &Config, real_now: f64) -> bool {
+        self.forward_ms + (real_now - self.refreshed) >= cfg.queue_ttl_ms() as f64
     }
 
     pub fn refreshed_at(&mut self, real: f64) {
