@@ -2219,3 +2219,105 @@ fn a_forward_server_clock_step_does_not_revoke_an_unpopped_hand_off() {
         other => panic!("the grantee's hand-off is gone: {other:?}"),
     }
 }
+
+/// common.lua's `token_value`: a stored fence of 16 digits at or above 2^53 is no token either.
+/// It passes the length check, but it is not exact in Lua's numbers: the next token would be the
+/// fence itself (2^53 + 1 rounds to 2^53), so tokens would stop rising. Refused and left as it
+/// was, like the other strings that are no token.
+#[test]
+fn a_fence_of_sixteen_digits_from_two_to_the_53_on_is_refused() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    for (i, v) in ["9007199254740992", "9999999999999999"]
+        .into_iter()
+        .enumerate()
+    {
+        let lock = raw_lock(&mut c, &format!("fence-2p53-{i}"));
+        let fence = lock.key_names()[1];
+        let _: () = redis::cmd("SET").arg(fence).arg(v).query(&mut c).unwrap();
+        let r = lock.acquire("a:1", 1, LEASE, Mode::Wait, "m").run(&mut c);
+        assert!(
+            matches!(r, Err(Error::ForeignData { .. })),
+            "fence {v:?}: {r:?}"
+        );
+        let after: String = redis::cmd("GET").arg(fence).query(&mut c).unwrap();
+        assert_eq!(after, v);
+        assert_eq!(holder(&mut c, &lock), (None, None), "fence {v:?}");
+    }
+}
+
+/// leave.lua: a leave that asks for no mark never touches the marks' key, a key the scripts do
+/// not declare (common.lua, "Undeclared keys"). Where that key cannot be reached (a Cluster slot
+/// migrating, an ACL, an offering that checks declared keys) the waiter still leaves, its place
+/// gone; a leave that asks for a mark is refused there before it writes anything.
+#[test]
+fn a_leave_that_asks_no_mark_works_where_the_marks_cannot_be_reached() {
+    let server = RedisServer::start();
+    let mut admin = server.conn();
+    let name = "no-mark-reach";
+    let lock = raw_lock(&mut admin, name);
+    take(&mut admin, &lock, "h:1", 1);
+    enqueue(&mut admin, &lock, "t:1", 2);
+    enqueue(&mut admin, &lock, "x:1", 3);
+    // the leaver's own wake list can be reached, the marks cannot
+    let mut c = declared_keys_only(&server, name, &[":wake:t"]);
+    let r = lock
+        .leave("t:1", 2, LeaveMode::Pass, LateAcquire::Impossible)
+        .run(&mut c);
+    assert_eq!(r.unwrap(), Leave::Left);
+    assert_eq!(queue(&mut admin, &lock), ["x:1"]);
+    let r = lock
+        .leave("x:1", 3, LeaveMode::Pass, LateAcquire::Possible)
+        .run(&mut c);
+    assert!(r.is_err(), "a marking leave with the marks refused: {r:?}");
+    assert_eq!(queue(&mut admin, &lock), ["x:1"]);
+}
+
+/// state.lua's `dequeue`, with the queue's front already read in the script: a waiters entry left
+/// without its place (its queue key was lost) goes alone; it is never taken for the queue's last
+/// entry, which would delete the live head's entry with it (and an empty front would let the
+/// caller take the lock ahead of that head). Reached here by a thread's newer attempt that passes
+/// on its orphaned older hold while the head's wake list cannot be reached (the grant is not
+/// made, the lock is left free with its queue), then drops its own orphaned entry of a middle
+/// attempt: it queues behind the head, and the head, still queued, gets the lock from the next
+/// heartbeat that reaches its wake list.
+#[test]
+fn an_entry_left_without_its_place_goes_alone_and_the_head_keeps_its_own() {
+    let server = RedisServer::start();
+    let mut admin = server.conn();
+    let name = "orphan-entry";
+    let lock = raw_lock(&mut admin, name);
+    take(&mut admin, &lock, "o:1", 1);
+    // the thread's attempt 2 queues behind its own leaked hold
+    queued(
+        lock.acquire_behind_leaked_hold("o:1", 2, LEASE, Mode::Wait, "m")
+            .run(&mut admin)
+            .unwrap(),
+    );
+    // the queue key is lost (evicted): o's waiters entry stays without its place
+    let _: () = redis::cmd("DEL")
+        .arg(lock.key_names()[2])
+        .query(&mut admin)
+        .unwrap();
+    enqueue(&mut admin, &lock, "x:1", 1);
+    assert_eq!(queue(&mut admin, &lock), ["x:1"]);
+    // attempt 3 (the leaked hold given up as lost) runs where x's wake list cannot be reached
+    let mut c = declared_keys_only(&server, name, &[":left", ":wake:o"]);
+    let r = lock
+        .acquire("o:1", 3, LEASE, Mode::Wait, "m")
+        .run(&mut c)
+        .unwrap();
+    assert!(
+        matches!(r, Acquire::Queued { .. }),
+        "the caller went ahead of the live head x: {r:?}"
+    );
+    assert_eq!(queue(&mut admin, &lock), ["x:1", "o:1"]);
+    assert_eq!(holder(&mut admin, &lock), (None, None));
+    let hb = lock.heartbeat([("x:1", 1)]).run(&mut admin).unwrap();
+    assert!(
+        hb.told_to_retry.is_empty(),
+        "the head's entry went with the orphan: {hb:?}"
+    );
+    assert_eq!(holder(&mut admin, &lock).0.as_deref(), Some("x:1"));
+    assert_eq!(queue(&mut admin, &lock), ["o:1"]);
+}

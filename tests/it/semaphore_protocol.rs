@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use crate::support::RedisServer;
 use fairlock::raw::{
-    Mode, RawSemaphore, SemAcquire, SemCapacity, SemKind, SemRelease, Settings, RW_CAPACITY,
+    Mode, RawSemaphore, SemAcquire, SemCapacity, SemKind, SemLeave, SemRelease, Settings,
+    RW_CAPACITY,
 };
 
 const WAITER_TTL: u64 = 3_000;
@@ -1610,4 +1611,117 @@ fn a_grant_told_again_to_a_thread_that_took_it_is_never_revoked() {
     }
     let (holds, _) = s.holds(&mut c);
     assert_eq!(holds.get("w:2#7"), Some(&1), "{holds:?} (token {tw})");
+}
+
+/// sem_leave.lua: a leave gives back the permits of an attempt granted meanwhile and says so
+/// (`passed`, with the grants it made), not that it only left the queue.
+#[test]
+fn a_leave_that_gives_back_a_grant_says_it_passed_it_on() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("leave-passed", "sem", 1);
+    let ta = granted(sem.acquire(&mut c, "a:1", 1, 1, 30_000, true));
+    assert_eq!(
+        sem.acquire(&mut c, "b:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert_eq!(
+        sem.acquire(&mut c, "c:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert!(sem.release(&mut c, "a:1", 1, ta));
+    let r = sem.raw.leave("b:1", 1, false, false).run(&mut c).unwrap();
+    assert_eq!(r, SemLeave::Passed { grants: 1 });
+    assert!(sem.pop_grant(&mut c, "c:1", 1).is_some());
+    // a waiter that held nothing only left
+    let r = sem.raw.leave("d:1", 1, false, false).run(&mut c).unwrap();
+    assert_eq!(r, SemLeave::Left);
+}
+
+/// sem_leave.lua: a leave first removes the holds whose lease ran out. A claim (the waiter's
+/// deadline came) of a grant whose lease has run out gets nothing (no hold with no time left),
+/// and its permits, and any other lapsed hold's, go to the head at once.
+#[test]
+fn a_claim_of_a_grant_whose_lease_ran_out_gets_nothing_and_the_head_gets_the_permits() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("leave-lapsed", "sem", 1);
+    let th = granted(sem.acquire(&mut c, "h:1", 1, 1, 30_000, true));
+    assert_eq!(sem.acquire(&mut c, "w:1", 1, 1, 200, true), Reply::Queued);
+    assert_eq!(
+        sem.acquire(&mut c, "x:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert!(sem.release(&mut c, "h:1", 1, th));
+    // w was granted, with a 200 ms lease, and did not take it in time
+    thread::sleep(Duration::from_millis(300));
+    let r = sem.raw.leave("w:1", 1, false, true).run(&mut c).unwrap();
+    assert_eq!(r, SemLeave::Left, "a claim of a lapsed hold");
+    assert!(
+        sem.pop_grant(&mut c, "x:1", 1).is_some(),
+        "the head was not granted the lapsed permits"
+    );
+    let (holds, used) = sem.holds(&mut c);
+    assert_eq!(used, 1);
+    assert_eq!(holds.keys().collect::<Vec<_>>(), ["x:1#1"]);
+}
+
+/// sem_capacity.lua: a capacity change for a name in use with the other kind is told the stored
+/// kind and capacity, and changes nothing.
+#[test]
+fn a_capacity_change_of_the_other_kind_is_told_the_stored_kind_and_capacity() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let rw = Sem::new("kinds", "rw", RW_MAX);
+    granted(rw.acquire(&mut c, "r:1", 1, 1, 30_000, true));
+    let sem = Sem::new("kinds", "sem", 2);
+    let r = sem.raw.set_capacity(5).run(&mut c).unwrap();
+    assert_eq!(
+        r,
+        SemCapacity::Mismatch {
+            kind: "rw".into(),
+            capacity: RW_MAX
+        }
+    );
+    let (kind, cap): (String, u64) = redis::cmd("HMGET")
+        .arg(&sem.keys[0])
+        .arg("~kind")
+        .arg("~cap")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!((kind.as_str(), cap), ("rw", RW_MAX));
+}
+
+/// sem_acquire.lua: a waiter queues with the semaphore's kind and capacity stored, so that they
+/// bind while it waits. Here the hash was lost (evicted) while a waiter that wants 3 permits was
+/// queued; a newcomer whose handle says capacity 2 cannot grant that head and queues behind it,
+/// storing capacity 2: a client with capacity 3 is then told of the mismatch, and the head is
+/// not granted 3 permits under it.
+#[test]
+fn a_waiter_queueing_on_a_lost_hash_stores_the_capacity_it_waits_under() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("lost-hash", "sem", 3);
+    granted(sem.acquire(&mut c, "a:1", 1, 1, 30_000, true));
+    assert_eq!(
+        sem.acquire(&mut c, "b:1", 1, 3, 30_000, true),
+        Reply::Queued
+    );
+    let _: () = redis::cmd("DEL").arg(&sem.keys[0]).query(&mut c).unwrap();
+    assert_eq!(
+        sem.acquire_as(&mut c, "c:1", 1, 1, 30_000, true, 2),
+        Reply::Queued
+    );
+    let (kind, cap): (Option<String>, Option<u64>) = redis::cmd("HMGET")
+        .arg(&sem.keys[0])
+        .arg("~kind")
+        .arg("~cap")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!((kind.as_deref(), cap), (Some("sem"), Some(2)));
+    assert_eq!(
+        sem.acquire(&mut c, "d:1", 1, 1, 30_000, true),
+        Reply::Mismatch
+    );
+    assert_eq!(sem.pop_grant(&mut c, "b:1", 1), None);
 }
