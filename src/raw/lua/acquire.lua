@@ -85,7 +85,9 @@ return run(function()
       drop_wakeups(owner)
       local token = grant_with_wakeup(owner, attempt, h.token, lease, take, h, owner, attempt,
         lease, meta)
-      -- (a wake list that cannot be reached now: the reply is the only word, as for a newcomer)
+      -- (a wake list the drop above could read but the push could not write: the reply is the
+      -- only word, as for a newcomer; one that cannot be read at all fails the drop, and with
+      -- it this run, before any write)
       token = token or take(h, owner, attempt, lease, meta)
       dequeue(owner)
       return { 'granted', fmt(token), now_ms(), lease }
