@@ -1725,3 +1725,49 @@ fn a_waiter_queueing_on_a_lost_hash_stores_the_capacity_it_waits_under() {
     );
     assert_eq!(sem.pop_grant(&mut c, "b:1", 1), None);
 }
+
+/// sem_leave.lua: a leave that asks for no mark never touches the marks' key, a key the scripts
+/// do not declare (common.lua, "Undeclared keys"). Where that key cannot be reached (a Cluster
+/// slot migrating, an ACL) the waiter still leaves, its place gone; a leave that asks for a mark
+/// is refused there before it writes anything. (The lock's twin is in `protocol::`.)
+#[test]
+fn a_leave_that_asks_no_mark_works_where_the_marks_cannot_be_reached() {
+    let server = RedisServer::start();
+    let mut admin = server.conn();
+    let s = Sem::new("no-mark-reach", "sem", 1);
+    let _ = granted(s.acquire(&mut admin, "h:1", 1, 1, 60_000, true));
+    for (owner, attempt) in [("t:1", 2), ("x:1", 3)] {
+        assert_eq!(
+            s.acquire(&mut admin, owner, attempt, 1, 60_000, true),
+            Reply::Queued
+        );
+    }
+    // the semaphore's declared keys and the leaver's own wake list can be reached, the marks
+    // cannot
+    let mut acl = redis::cmd("ACL");
+    acl.arg("SETUSER")
+        .arg("declared")
+        .arg("on")
+        .arg(">pw")
+        .arg("+@all");
+    for key in s.keys.iter().cloned().chain([s.raw.wake_key("t:1")]) {
+        acl.arg(format!("~{key}"));
+    }
+    let _: () = acl.query(&mut admin).unwrap();
+    let url = format!("redis://declared:pw@127.0.0.1:{}/", server.port);
+    let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let waiters = |admin: &mut redis::Connection| -> Vec<String> {
+        redis::cmd("ZRANGE")
+            .arg(&s.keys[2])
+            .arg(0)
+            .arg(-1)
+            .query(admin)
+            .unwrap()
+    };
+    let r = s.raw.leave("t:1", 2, false, false).run(&mut c);
+    assert!(r.is_ok(), "a leave without a mark: {r:?}");
+    assert_eq!(waiters(&mut admin), ["x:1"]);
+    let r = s.raw.leave("x:1", 3, true, false).run(&mut c);
+    assert!(r.is_err(), "a marking leave with the marks refused: {r:?}");
+    assert_eq!(waiters(&mut admin), ["x:1"]);
+}
