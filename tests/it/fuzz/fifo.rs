@@ -12,7 +12,8 @@
 //! the back, or not, has no known place). Not counted as overtaking, each counted by name when it
 //! would otherwise have been one: the waiter ahead is unsure (found dead once: a pause, missed
 //! heartbeats, forward clock steps; or its place was lost to an eviction, data loss or a retry
-//! it was told), the grantee is unsure likewise, the grant came in the passed-over waiter's own
+//! it was told, or may have expired with the queue keys under forward clock steps past the
+//! queue's TTL since its last refresh), the grantee is unsure likewise, the grant came in the passed-over waiter's own
 //! call (its leave passes the lock on), or the grantee waits with no `Queued` reply of that
 //! attempt (a late copy, an ended attempt, a crashed client's: check 6's exemptions). A
 //! semaphore grants several heads in one call: a waiter granted in the same call (Redis holds
@@ -123,6 +124,9 @@ impl World {
                         "its place was lost (eviction, data loss, told to retry)"
                     } else if !w.live(&self.cfg, real) {
                         "found dead once (pause, missed heartbeats, forward clock steps)"
+                    } else if w.queue_ttl_passed(&self.cfg, real) {
+                        "its place may have expired (forward clock steps and real time since its \
+                         last refresh past the queue's TTL)"
                     } else {
                         continue;
                     };

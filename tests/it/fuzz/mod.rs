@@ -678,7 +678,8 @@ fn sem_leases_of_a_stored_capacity_live_as_long_as_its_hash() {
 /// 390 s. Each step is less than the queue's TTL (10 minutes), together they are more, and no
 /// heartbeat ran between them: the queue and the waiters hash expire with the waiter's place,
 /// as docs/guarantees.md says of forward steps past the queue's TTL. Check 4' called that a
-/// lost place (`WaiterLost`); it now lets a place go once the forward steps and the real time
+/// lost place (`WaiterLost`), and check 4''' the next grant an overtaking (seed 20261401);
+/// both now let a place go once the forward steps and the real time
 /// since the waiter's last refresh add up to the queue's TTL, and still fails one lost sooner
 /// (planted: a queue TTL of 5 minutes fails this test with one step of 390 s).
 #[test]
@@ -687,7 +688,7 @@ fn a_place_may_expire_under_forward_steps_past_the_queue_ttl_between_heartbeats(
     for p in [Prim::Lock, Prim::Sem] {
         let cfg = Config {
             locks: 1,
-            clients: 2,
+            clients: 3,
             threads: 1,
             sems: vec![model::SemShape { rw: false, cap: 1 }],
             ..Config::for_seed(1)
@@ -703,6 +704,11 @@ fn a_place_may_expire_under_forward_steps_past_the_queue_ttl_between_heartbeats(
             }),
             Step::Clock { ms: 390_000 },
             Step::Clock { ms: 390_000 },
+            // a newcomer then finds the queue empty and takes it: no overtaking (check 4''')
+            Step::Acquire(AcquireStep {
+                p,
+                ..AcquireStep::plain(2, 0, 0, true, 800)
+            }),
         ];
         let (n, log) = replay_counting(
             &cfg,
