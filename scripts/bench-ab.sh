@@ -8,9 +8,10 @@
 # ROUNDS defaults to 2; SECTIONS to handoff,scaling (the driver's --only list); LOCKS to every
 # lock the driver knows (its --libs list, e.g. fairlock). The order alternates (A B, then B A),
 # so neither side always runs first. Prints each round's Markdown tables, then for every row of a
-# table with a "p50 µs" column (the hand-off tables) that both sides printed, the median of its
-# p50 over the rounds, side by side; the figures move with the machine's load, so compare rows
-# of the same round, or medians over many rounds. Example:
+# table with a "p50 µs" column (the hand-off tables) or an "acq/s" column (contended throughput)
+# that both sides printed, the median of that figure over the rounds, side by side; the figures
+# move with the machine's load, so compare rows of the same round, or medians over many rounds.
+# Example:
 #   scripts/bench-ab.sh dc1aca5 HEAD 24 handoff fairlock
 # The worktrees (each with its driver) stay, so a second run builds nothing new; remove them with
 # `rm -rf target/bench-ab && git worktree prune`.
@@ -73,24 +74,30 @@ for round in $(seq 1 "$rounds"); do
     "$driver" --only "$sections" "${libs[@]}" --out "$root/round-$round-$side.json" 2>/dev/null \
       | grep '^|' > "$out" || true
     cat "$out"
-    # the p50 of every row of a table with a "p50 µs" column, labelled by its first two cells
-    # (a table's header is the line before its |---| line)
+    # the p50 of every row of a table with a "p50 µs" column (the hand-off tables) and the
+    # acquisitions per second of every row of one with an "acq/s" column (contended
+    # throughput), labelled by the row's first two cells (three for throughput: lock, workers,
+    # hold) and the column (a table's header is the line before its |---| line)
     awk -F'|' -v side="$side" '
       /^\| *---/ {
         col = 0
         n = split(header, h, "|")
-        for (i = 2; i < n; i++) if (!col && h[i] ~ /^ *p50 µs *$/) col = i
+        for (i = 2; i < n; i++) if (!col && h[i] ~ /^ *(p50 µs|acq\/s) *$/) { col = i; name = h[i] }
+        gsub(/^ +| +$/, "", name)
         next
       }
       { header = $0 }
-      col > 0 && $col ~ /^ *[0-9.]+ *$/ { printf "%s\t%s|%s\t%s\n", side, $2, $3, $col + 0 }
+      col > 0 && $col ~ /^ *[0-9.]+ *$/ {
+        label = $2 "|" $3 (name == "acq/s" ? "|" $4 : "")
+        printf "%s\t%s %s\t%s\n", side, label, name, $col + 0
+      }
     ' "$out" >> "$rows"
   done
 done
 
 # the median over the rounds of each row's p50, per side
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ x[NR] = $1 } END { print (NR % 2 ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2) }'; }
-echo "== median p50 over $rounds rounds: $a -> $b"
+echo "== medians over $rounds rounds (hand-off p50 µs, contended acq/s): $a -> $b"
 awk -F'\t' '{ v[$2 "\t" $1] = v[$2 "\t" $1] " " $3; seen[$2] = 1 }
   END { for (r in seen) if ((r "\ta") in v && (r "\tb") in v) print r "\t" v[r "\ta"] "\t" v[r "\tb"] }' "$rows" \
   | sort | while IFS=$'\t' read -r row va vb; do
