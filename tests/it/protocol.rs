@@ -2246,6 +2246,26 @@ fn a_fence_of_sixteen_digits_from_two_to_the_53_on_is_refused() {
     }
 }
 
+/// status.lua reads the fence (a lock whose hash is gone reports the last token from it): a
+/// string there that is not a fairlock token is another program's, and the status says so
+/// instead of reporting the fence as gone.
+#[test]
+fn the_status_refuses_a_fence_that_is_not_a_token() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let lock = raw_lock(&mut c, "status-foreign-fence");
+    let fence = lock.key_names()[1];
+    let _: () = redis::cmd("SET")
+        .arg(fence)
+        .arg("not-a-token")
+        .query(&mut c)
+        .unwrap();
+    let r = lock.status().run(&mut c);
+    assert!(matches!(r, Err(Error::ForeignData { .. })), "{r:?}");
+    let after: String = redis::cmd("GET").arg(fence).query(&mut c).unwrap();
+    assert_eq!(after, "not-a-token");
+}
+
 /// leave.lua: a leave that asks for no mark never touches the marks' key, a key the scripts do
 /// not declare (common.lua, "Undeclared keys"). Where that key cannot be reached (a Cluster slot
 /// migrating, an ACL, an offering that checks declared keys) the waiter still leaves, its place
@@ -2259,8 +2279,9 @@ fn a_leave_that_asks_no_mark_works_where_the_marks_cannot_be_reached() {
     take(&mut admin, &lock, "h:1", 1);
     enqueue(&mut admin, &lock, "t:1", 2);
     enqueue(&mut admin, &lock, "x:1", 3);
-    // the leaver's own wake list can be reached, the marks cannot
-    let mut c = declared_keys_only(&server, name, &[":wake:t"]);
+    // both leavers' wake lists can be reached, the marks cannot: only the marks refuse the
+    // marking leave, which must find that out before it writes
+    let mut c = declared_keys_only(&server, name, &[":wake:t", ":wake:x"]);
     let r = lock
         .leave("t:1", 2, LeaveMode::Pass, LateAcquire::Impossible)
         .run(&mut c);

@@ -1742,15 +1742,20 @@ fn a_leave_that_asks_no_mark_works_where_the_marks_cannot_be_reached() {
             Reply::Queued
         );
     }
-    // the semaphore's declared keys and the leaver's own wake list can be reached, the marks
-    // cannot
+    // the semaphore's declared keys and both leavers' wake lists can be reached, the marks
+    // cannot: only the marks refuse the marking leave, which must find that out before it writes
     let mut acl = redis::cmd("ACL");
     acl.arg("SETUSER")
         .arg("declared")
         .arg("on")
         .arg(">pw")
         .arg("+@all");
-    for key in s.keys.iter().cloned().chain([s.raw.wake_key("t:1")]) {
+    for key in s
+        .keys
+        .iter()
+        .cloned()
+        .chain([s.raw.wake_key("t:1"), s.raw.wake_key("x:1")])
+    {
         acl.arg(format!("~{key}"));
     }
     let _: () = acl.query(&mut admin).unwrap();
@@ -1770,4 +1775,26 @@ fn a_leave_that_asks_no_mark_works_where_the_marks_cannot_be_reached() {
     let r = s.raw.leave("x:1", 3, true, false).run(&mut c);
     assert!(r.is_err(), "a marking leave with the marks refused: {r:?}");
     assert_eq!(waiters(&mut admin), ["x:1"]);
+}
+
+/// sem_status.lua reads the fence: a string there that is not a fairlock token is another
+/// program's, and the status says so instead of reporting the fence as gone (the lock's twin is
+/// in `protocol::`).
+#[test]
+fn the_status_refuses_a_fence_that_is_not_a_token() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let s = Sem::new("status-foreign-fence", "sem", 2);
+    let _: () = redis::cmd("SET")
+        .arg(&s.keys[1])
+        .arg("not-a-token")
+        .query(&mut c)
+        .unwrap();
+    let r = s.raw.status().run(&mut c);
+    assert!(
+        matches!(r, Err(fairlock::Error::ForeignData { .. })),
+        "{r:?}"
+    );
+    let after: String = redis::cmd("GET").arg(&s.keys[1]).query(&mut c).unwrap();
+    assert_eq!(after, "not-a-token");
 }
