@@ -2294,6 +2294,29 @@ fn a_leave_that_asks_no_mark_works_where_the_marks_cannot_be_reached() {
     assert_eq!(queue(&mut admin, &lock), ["x:1"]);
 }
 
+/// release.lua: an outermost release that asks for a left mark touches the marks' key (not
+/// declared) before its first write. Where that key cannot be reached it is refused with the
+/// lock still held, never after freeing it: the holder's guard then still owns a hold it can
+/// release without a mark, or that runs out.
+#[test]
+fn a_marking_release_where_the_marks_cannot_be_reached_is_refused_before_it_frees_the_lock() {
+    let server = RedisServer::start();
+    let mut admin = server.conn();
+    let name = "mark-release-reach";
+    let lock = raw_lock(&mut admin, name);
+    let th = take(&mut admin, &lock, "h:1", 1);
+    let mut c = declared_keys_only(&server, name, &[":wake:h"]);
+    let r = lock.release_marking("h:1", th, 1, 1).run(&mut c);
+    assert!(
+        r.is_err(),
+        "a marking release with the marks refused: {r:?}"
+    );
+    assert_eq!(holder(&mut admin, &lock), (Some("h:1".into()), Some(th)));
+    let r = lock.release("h:1", th, 1).run(&mut c);
+    assert!(r.is_ok(), "a release without a mark: {r:?}");
+    assert_eq!(holder(&mut admin, &lock), (None, None));
+}
+
 /// state.lua's `dequeue`, with the queue's front already read in the script: a waiters entry left
 /// without its place (its queue key was lost) goes alone; it is never taken for the queue's last
 /// entry, which would delete the live head's entry with it (and an empty front would let the
