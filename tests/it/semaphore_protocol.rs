@@ -1798,3 +1798,64 @@ fn the_status_refuses_a_fence_that_is_not_a_token() {
     let after: String = redis::cmd("GET").arg(&s.keys[1]).query(&mut c).unwrap();
     assert_eq!(after, "not-a-token");
 }
+
+/// sem.lua's expiry: a lease entry whose hold is gone (the hash was evicted with the hold in it)
+/// goes once it is due, so the leases zset holds no more than the live holds and the entries
+/// not yet due (an orphan kept would stay as long as the semaphore is used, one more per lost
+/// hash).
+#[test]
+fn a_lease_entry_whose_hold_went_with_the_hash_goes_once_due() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("orphan-lease", "sem", 3);
+    // a short hold and a long one (which keeps the hash and the leases for 30 s)
+    let _ = granted(sem.acquire(&mut c, "a:1", 1, 1, 100, true));
+    let _ = granted(sem.acquire(&mut c, "z:1", 1, 1, 30_000, true));
+    let _: () = redis::cmd("DEL").arg(&sem.keys[0]).query(&mut c).unwrap();
+    thread::sleep(Duration::from_millis(150));
+    let _ = granted(sem.acquire(&mut c, "b:1", 1, 1, 30_000, true));
+    let mut leases: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&sem.keys[4])
+        .arg(0)
+        .arg(-1)
+        .query(&mut c)
+        .unwrap();
+    leases.sort();
+    // a's entry was due: gone; z's is not due yet
+    assert_eq!(leases, ["b:1#1", "z:1#1"]);
+}
+
+/// A grantee that heartbeats while its hand-off waits to be popped, then dies: the heartbeat
+/// gives the hand-off more time but does not confirm it (only a pop does), so once the grantee
+/// stops, the hand-off is revoked after the waiter timeout and the next waiter is served long
+/// before the 30 s lease would have run out.
+#[test]
+fn a_grantee_that_heartbeats_then_dies_still_loses_its_unpopped_hand_off() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("heartbeat-then-die", "sem", 1);
+    let ta = granted(sem.acquire(&mut c, "a:1", 1, 1, 30_000, true));
+    for owner in ["dead:1", "c:1"] {
+        assert_eq!(
+            sem.acquire(&mut c, owner, 1, 1, 30_000, true),
+            Reply::Queued
+        );
+    }
+    assert!(sem.release(&mut c, "a:1", 1, ta));
+    // "dead" was granted: it heartbeats once, then never again and never pops
+    sem.heartbeat(&mut c, &[("dead:1", 1)]);
+    let deadline = std::time::Instant::now() + Duration::from_millis(WAITER_TTL * 4);
+    loop {
+        sem.heartbeat(&mut c, &[("c:1", 1)]);
+        if sem.pop_grant(&mut c, "c:1", 1).is_some() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "c not served within four waiter timeouts: the hand-off was confirmed by a heartbeat"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let (holds, _) = sem.holds(&mut c);
+    assert!(!holds.contains_key("dead:1#1"), "{holds:?}");
+}
