@@ -48,6 +48,9 @@ pub enum Lib {
     RwWrite,
     Redlock,
     Naive,
+    /// node `redis-semaphore`'s Mutex, which barges (`benches/peers/redis-semaphore/mutex.js`):
+    /// runs in node worker processes only (the driver's section "peer"), not in `ALL`
+    NodeMutex,
 }
 
 impl Lib {
@@ -66,6 +69,7 @@ impl Lib {
             Lib::RwWrite => "fairlock-rw",
             Lib::Redlock => "redlock",
             Lib::Naive => "naive",
+            Lib::NodeMutex => "node-mutex",
         }
     }
 
@@ -170,6 +174,7 @@ impl Locker {
                 held: false,
                 unlock: redis::Script::new(COMPARE_AND_DELETE),
             },
+            Lib::NodeMutex => return Err("node-mutex runs in node processes only".into()),
         })
     }
 
