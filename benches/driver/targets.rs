@@ -445,6 +445,10 @@ fn targets_peer(j: &Results) -> Targets {
             &|_| true,
         );
     }
+    t.zero(
+        "contended runs whose counter is not the acquisitions (a lost update), every lock",
+        p.map(|p| p.contended.iter().filter(|r| !r.counter_ok).count() as f64),
+    );
     t.ratio(
         "uncontended acquire + release: server µs, fairlock / node Mutex",
         false,
