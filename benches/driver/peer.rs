@@ -112,26 +112,22 @@ pub fn peer(b: &mut Bench) {
         }
     })
     .collect();
+    let node_start = if node { node_start_ns() } else { 0 };
     let secs = b.sizes.throughput_secs;
     let dur = (secs * SEC as f64) as u64;
 
     for hold in [0, 1000] {
         for &lib in &libs {
-            let row = run(
-                b,
-                lib,
-                &format!("peer-{}-{hold}", lib.name()),
-                PROCS,
-                hold,
-                dur,
-            );
+            let name = format!("peer-{}-{hold}", lib.name());
+            let row = run(b, lib, &name, PROCS, hold, dur, node_start);
             out.contended.push(row);
         }
     }
     for lib in [Lib::NodeMutex, Lib::Fairlock, Lib::Semaphore] {
-        if lib != Lib::NodeMutex || node {
+        if libs.contains(&lib) {
             let name = format!("peer-pair-{}", lib.name());
-            out.uncontended.push(run(b, lib, &name, 1, 0, dur / 2));
+            out.uncontended
+                .push(run(b, lib, &name, 1, 0, dur / 2, node_start));
         }
     }
     for hold in [0, 1000] {
@@ -145,11 +141,44 @@ pub fn peer(b: &mut Bench) {
     b.results.peer = Some(out);
 }
 
+/// How long to give node worker processes to start: three times what 8 of them took to load the
+/// peer's packages here, and at least 3 s (a worker that starts late says so in an error).
+fn node_start_ns() -> u64 {
+    let t = mono_ns();
+    let dir = node_peer().unwrap_or_default();
+    let loads: Vec<_> = (0..PROCS)
+        .filter_map(|_| {
+            std::process::Command::new("node")
+                .current_dir(&dir)
+                .args(["-e", "require('ioredis'); require('redis-semaphore')"])
+                .spawn()
+                .ok()
+        })
+        .collect();
+    for mut l in loads {
+        let _ = l.wait();
+    }
+    (3 * (mono_ns() - t)).max(3 * SEC)
+}
+
 /// `procs` worker processes of one worker each on `lib` with hold `hold` µs for `dur` ns: with
 /// more than one, each hold does GET/SET on a counter; with one, the loop is acquire → release.
-fn run(b: &mut Bench, lib: Lib, what: &str, procs: u32, hold: u64, dur: u64) -> PeerRow {
-    // node takes its time to start and load its packages (a late node worker says so)
-    let start = mono_ns() + if lib == Lib::NodeMutex { 3000 } else { 800 } * MS;
+/// Node workers start `node_start` ns after they are spawned, the others 0.8 s.
+fn run(
+    b: &mut Bench,
+    lib: Lib,
+    what: &str,
+    procs: u32,
+    hold: u64,
+    dur: u64,
+    node_start: u64,
+) -> PeerRow {
+    let start = mono_ns()
+        + if lib == Lib::NodeMutex {
+            node_start
+        } else {
+            800 * MS
+        };
     let counter = procs > 1;
     let spec = b.timed_spec(lib, what, counter, hold, start, dur);
     let window = (start + dur / 4, start + dur * 9 / 10);
