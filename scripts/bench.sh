@@ -15,7 +15,7 @@
 #   scripts/bench.sh [--quick] [--out PATH] [--only SECTIONS]
 #
 # Writes the JSON results (default target/bench/results.json, or PATH) and prints Markdown
-# tables. The full run takes about 4.5 minutes after the build; --quick (what CI runs) checks that
+# tables. The full run takes about 6.5 minutes after the build; --quick (what CI runs) checks that
 # everything still works in well under a minute and its numbers mean nothing.
 # --only SECTIONS (comma-separated: micro, handoff, throughput, fifo, scaling, scripts, waiting,
 # cluster, tls, semaphore, peer) runs those sections of the driver only, and skips the criterion micro benchmarks
