@@ -7,15 +7,18 @@
 # (hand-off, contended throughput); the semaphore and the read/write lock beside the mutex
 # (hand-off, throughput; cost with 1-256 holders, hand-off with 1-256 waiters), and node
 # redis-semaphore's Semaphore on the same server (hand-off, throughput; when node and npm are
-# installed; written to <out>-redis-semaphore.json).
+# installed; written to <out>-redis-semaphore.json); against node redis-semaphore's barging Mutex
+# (section peer: 8 worker processes, throughput, fairness, Redis server time and CPU per
+# acquisition, the uncontended pair, memory per lock and per waiter), closed by the speed
+# targets, PASS or FAIL against the peer of the same run.
 #
 #   scripts/bench.sh [--quick] [--out PATH] [--only SECTIONS]
 #
 # Writes the JSON results (default target/bench/results.json, or PATH) and prints Markdown
-# tables. The full run takes about 4.5 minutes after the build; --quick (what CI runs) checks that
+# tables. The full run takes about 6.5 minutes after the build; --quick (what CI runs) checks that
 # everything still works in well under a minute and its numbers mean nothing.
 # --only SECTIONS (comma-separated: micro, handoff, throughput, fifo, scaling, scripts, waiting,
-# cluster, tls, semaphore) runs those sections of the driver only, and skips the criterion micro benchmarks
+# cluster, tls, semaphore, peer) runs those sections of the driver only, and skips the criterion micro benchmarks
 # unless "micro" is among them.
 # Benchmarks are not tests: nothing here fails on a slow figure, only on a broken run.
 set -euo pipefail
@@ -30,7 +33,7 @@ while [ $# -gt 0 ]; do
     --quick) quick="--quick" ;;
     --out) out="${2:?--out needs a path}"; shift ;;
     --only) only=(--only "${2:?--only needs sections, e.g. handoff,cluster}"); shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -98,21 +101,29 @@ if [ ${#only[@]} -eq 0 ] || [[ ",${only[1]}," == *,micro,* ]]; then
   cargo bench --quiet --all-features --bench micro -- --noplot "${criterion_args[@]}" >&2
 fi
 
+# node redis-semaphore on the same server: its Mutex, the barging peer of the driver's section
+# "peer" (FAIRLOCK_BENCH_NODE_PEER tells the driver where it is), and its Semaphore for the
+# semaphore's tables (sections handoff and semaphore, run here before the driver so that the
+# driver's targets close the output); skipped without node and npm, or when npm cannot fetch the
+# packages (npm ci only when the installed ones do not match the lock file)
+wants() { [ ${#only[@]} -eq 0 ] || [[ ",${only[1]}," == *,"$1",* ]]; }
+peer=benches/peers/redis-semaphore
+if wants handoff || wants semaphore || wants peer; then
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    echo "== peer redis-semaphore skipped: node and npm are not installed" >&2
+  elif ! (cd "$peer" && { npm ls --silent >/dev/null 2>&1 || npm ci --no-audit --no-fund --silent >&2; }); then
+    echo "== peer redis-semaphore skipped: npm could not install it" >&2
+  else
+    export FAIRLOCK_BENCH_NODE_PEER="$PWD/$peer"
+    if wants handoff || wants semaphore; then
+      echo "== peer: node redis-semaphore (Semaphore)" >&2
+      if [ -n "$quick" ]; then peer_args=(20 0.5); else peer_args=(200 4); fi
+      mkdir -p "$(dirname "$out")"
+      node "$peer/handoff.js" "$BENCH_URL" "${peer_args[@]}" "${out%.json}-redis-semaphore.json"
+    fi
+  fi
+fi
+
 echo "== driver${quick:+ (quick)}" >&2
 mkdir -p "$(dirname "$out")"
 cargo bench --quiet --all-features --bench driver -- $quick --out "$out" --criterion "$target_dir/criterion" "${only[@]}"
-
-# node redis-semaphore's Semaphore on the same server, for the semaphore's tables (sections
-# handoff and semaphore); skipped without node and npm, or when npm cannot fetch the packages
-if [ ${#only[@]} -eq 0 ] || [[ ",${only[1]}," == *,handoff,* || ",${only[1]}," == *,semaphore,* ]]; then
-  peer=benches/peers/redis-semaphore
-  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-    echo "== peer redis-semaphore skipped: node and npm are not installed" >&2
-  elif ! (cd "$peer" && npm ci --no-audit --no-fund --silent >&2); then
-    echo "== peer redis-semaphore skipped: npm could not install it" >&2
-  else
-    echo "== peer: node redis-semaphore" >&2
-    if [ -n "$quick" ]; then peer_args=(20 0.5); else peer_args=(200 4); fi
-    node "$peer/handoff.js" "$BENCH_URL" "${peer_args[@]}" "${out%.json}-redis-semaphore.json"
-  fi
-fi

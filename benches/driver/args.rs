@@ -28,7 +28,7 @@ pub struct Args {
     pub criterion: Option<PathBuf>,
 
     /// The scenarios to run, comma-separated: micro, handoff, throughput, fifo, scaling, scripts,
-    /// waiting, cluster (default: all).
+    /// waiting, cluster, tls, semaphore, peer (default: all).
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set)]
     pub only: Option<Vec<String>>,
 

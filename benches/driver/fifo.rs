@@ -79,41 +79,51 @@ pub fn fifo(b: &mut Bench) {
     for (i, (procs, threads)) in layouts.into_iter().enumerate() {
         for hold in [0, 1000] {
             let dur = (b.sizes.throughput_secs * SEC as f64 * 0.5) as u64;
-            let start = mono_ns() + if procs > 0 { 800 * MS } else { 200 * MS };
-            let spec = b.timed_spec(
-                Lib::Fairlock,
-                &format!("fifo{i}-{hold}"),
-                true,
-                hold,
-                start,
-                dur,
-            );
-            let o = run(&spec, procs, threads, None, true);
-            let (audited, over, unmatched) = fifo_audit(&o);
-            let clock = overtakes(&o.recs);
+            let row = audited_run(b, &format!("fifo{i}-{hold}"), procs, threads, hold, dur);
             let layout = if procs > 0 {
                 format!("{procs} procs × {threads}")
             } else {
                 format!("{threads} threads")
             };
             b.md.push(format!(
-                "| {layout} | {} ms | {audited} | {over} | {clock} | {unmatched} |",
-                hold as f64 / 1000.0
+                "| {layout} | {} ms | {} | {} | {} | {} |",
+                row.hold_ms,
+                row.audited,
+                row.overtakes_server_order,
+                row.overtakes_client_clock,
+                row.workers_not_paired
             ));
-            out.push(FifoRow {
-                processes: procs,
-                threads_per_process: threads,
-                hold_ms: hold as f64 / 1000.0,
-                grants: o.recs.iter().filter(|r| r.got > 0).count(),
-                audited,
-                overtakes_server_order: over,
-                overtakes_client_clock: clock,
-                workers_not_paired: unmatched,
-                errors: o.errors,
-            });
-            cleanup(&b.url, &spec);
+            out.push(row);
         }
     }
     b.md.push(String::new());
     b.results.fifo_audit = Some(out);
+}
+
+/// One audited run of fairlock's contended loop: `procs` processes of `threads` workers (0
+/// processes: threads of this one), hold `hold` µs, for `dur` ns, under `MONITOR`.
+pub fn audited_run(
+    b: &mut Bench,
+    what: &str,
+    procs: u32,
+    threads: u32,
+    hold: u64,
+    dur: u64,
+) -> FifoRow {
+    let start = mono_ns() + if procs > 0 { 800 * MS } else { 200 * MS };
+    let spec = b.timed_spec(Lib::Fairlock, what, true, hold, start, dur);
+    let o = run(&spec, procs, threads, None, true);
+    let (audited, over, unmatched) = fifo_audit(&o);
+    cleanup(&b.url, &spec);
+    FifoRow {
+        processes: procs,
+        threads_per_process: threads,
+        hold_ms: hold as f64 / 1000.0,
+        grants: o.recs.iter().filter(|r| r.got > 0).count(),
+        audited,
+        overtakes_server_order: over,
+        overtakes_client_clock: overtakes(&o.recs),
+        workers_not_paired: unmatched,
+        errors: o.errors,
+    }
 }

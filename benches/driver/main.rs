@@ -7,7 +7,7 @@
 //! `scripts/bench.sh` builds and runs it against a throwaway redis-server whose URL it passes in
 //! `FAIRLOCK_BENCH_REDIS`. Arguments: `[--quick] [--out PATH] [--criterion DIR] [--only LIST]`
 //! (LIST: comma-separated of micro, handoff, throughput, fifo, scaling, scripts, waiting, cluster,
-//! tls) and, to narrow
+//! tls, semaphore, peer) and, to narrow
 //! a run down while investigating, `--libs fairlock,naive --layouts 8x4,0x32 --holds 0,1000
 //! --secs 2`.
 //! It writes a JSON file and prints Markdown tables. Multi-process scenarios re-invoke this
@@ -17,7 +17,8 @@
 //! loop, child processes, `run`), `stats` (distributions, fairness, hand-offs, overtakes),
 //! `redis_cost` (Redis's calls and CPU per acquisition) and `monitor` (following `MONITOR`);
 //! `bench` (the state the scenarios share); one module per scenario (`micro`, `handoff`,
-//! `throughput`, `fifo`, `scaling`, `scripts`, `waiting`, `cluster`, `tls`), each with its table and its rows of
+//! `throughput`, `fifo`, `scaling`, `scripts`, `waiting`, `cluster`, `tls`, `semaphore`, `peer`:
+//! against node `redis-semaphore`'s barging Mutex), each with its table and its rows of
 //! the results file; `targets`; `report` (the results file and the head of the Markdown).
 //!
 //! How the figures are taken (all times from CLOCK_MONOTONIC, shared by the processes):
@@ -47,6 +48,7 @@ mod fifo;
 mod handoff;
 mod micro;
 mod monitor;
+mod peer;
 mod redis_cost;
 mod report;
 mod scaling;
@@ -106,7 +108,7 @@ fn main() {
         if args.quick { " (quick)" } else { "" }
     );
     type Step = (&'static str, fn(&mut Bench));
-    let steps: [Step; 10] = [
+    let steps: [Step; 11] = [
         ("micro", micro::micro),
         ("handoff", handoff::handoff),
         ("throughput", throughput::throughput),
@@ -117,6 +119,7 @@ fn main() {
         ("cluster", cluster::cluster),
         ("tls", tls::tls),
         ("semaphore", semaphore::semaphore),
+        ("peer", peer::peer),
     ];
     for (name, step) in steps {
         if args.wants(name) {

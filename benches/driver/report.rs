@@ -47,10 +47,16 @@ pub struct Results {
     /// section "semaphore": cost with holders, hand-off with waiters
     #[serde(skip_serializing_if = "Option::is_none")]
     pub semaphore: Option<Vec<crate::semaphore::SemaphoreRow>>,
+    /// section "peer": against node `redis-semaphore`'s barging Mutex
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer: Option<crate::peer::PeerResults>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub targets: Option<Vec<TargetRow>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub targets_cost: Option<Vec<TargetRow>>,
+    /// the speed targets: fairlock against the barging peer of the same run
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub targets_peer: Option<Vec<TargetRow>>,
 }
 
 impl Results {
@@ -78,6 +84,15 @@ impl Results {
             .chain(of("cluster", &self.cluster, |r| &r.errors))
             .chain(of("tls", &self.tls, |r| &r.errors))
             .chain(of("semaphore", &self.semaphore, |r| &r.errors))
+            .chain(self.peer.iter().flat_map(|p| {
+                let runs = p.contended.iter().chain(&p.uncontended).map(|r| &r.errors);
+                let audit = p.audit.iter().map(|r| &r.errors);
+                let memory = p.memory.iter().map(|r| &r.errors);
+                runs.chain(audit)
+                    .chain(memory)
+                    .flatten()
+                    .map(|e| ("peer", e.as_str()))
+            }))
             .collect()
     }
 }

@@ -35,6 +35,8 @@ pub struct Sizes {
     pub grace: u64,
     /// section "semaphore": the numbers of holders and of waiters
     pub sem_sizes: Vec<u32>,
+    /// section "peer": the waiters queued for the memory per waiter
+    pub peer_waiters: u32,
 }
 
 impl Sizes {
@@ -64,6 +66,7 @@ impl Sizes {
                 waiting_secs: 0.6,
                 grace: 3 * SEC,
                 sem_sizes: vec![1, 16],
+                peer_waiters: 4,
             }
         } else {
             Sizes {
@@ -90,6 +93,7 @@ impl Sizes {
                 waiting_secs: 2.5,
                 grace: 8 * SEC,
                 sem_sizes: vec![1, 16, 256],
+                peer_waiters: 16,
             }
         }
     }

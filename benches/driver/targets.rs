@@ -6,6 +6,7 @@ use crate::bench::Bench;
 use crate::fifo::FifoRow;
 use crate::handoff::HandoffRow;
 use crate::micro::MicroRow;
+use crate::peer::{PeerResults, PeerRow};
 use crate::report::Results;
 use crate::scaling::ScalingRow;
 use crate::throughput::ThroughputRow;
@@ -76,15 +77,46 @@ impl Targets {
         );
     }
 
-    /// Adds the Markdown table under `title`; returns the rows for the results file.
-    fn report(self, b: &mut Bench, title: &str) -> Vec<TargetRow> {
+    /// A target on the ratio `a / b` of two figures of this run (with the PING p50 of the runs
+    /// they come from, shown beside them), at least or at most `limit`.
+    fn ratio(
+        &mut self,
+        name: &str,
+        at_least: bool,
+        limit: f64,
+        a: Option<(f64, f64)>,
+        b: Option<(f64, f64)>,
+        unit: &str,
+    ) {
+        let goal = format!("{} {limit}", if at_least { "≥" } else { "≤" });
+        let (value, met) = match a.zip(b) {
+            Some(((a, pa), (b, pb))) => {
+                let r = a / b.max(0.001);
+                (
+                    format!("{r:.2} ({a:.1} / {b:.1} {unit}; PING {pa:.0} / {pb:.0} µs)"),
+                    Some(if at_least { r >= limit } else { r <= limit }),
+                )
+            }
+            None => ("not measured".into(), None),
+        };
+        self.rows.push(TargetRow {
+            target: name.to_string(),
+            goal,
+            value,
+            met,
+        });
+    }
+
+    /// Adds the Markdown table under `title`, "met" as `words` (yes, no); returns the rows for
+    /// the results file.
+    fn report(self, b: &mut Bench, title: &str, words: [&str; 2]) -> Vec<TargetRow> {
         b.md.push(format!("### {title}\n"));
         b.md.push("| target | goal | this run | met |".into());
         b.md.push("|---|---|---:|---|".into());
         for r in &self.rows {
             let met = match r.met {
-                Some(true) => "yes",
-                Some(false) => "**no**",
+                Some(true) => words[0],
+                Some(false) => words[1],
                 None => "-",
             };
             b.md.push(format!(
@@ -145,10 +177,18 @@ fn x2(v: f64) -> String {
 
 /// The targets, checked against this run; then the workers' errors.
 pub fn targets(b: &mut Bench) {
+    const YES_NO: [&str; 2] = ["yes", "**no**"];
     let latency = targets_latency(&b.results);
-    b.results.targets = Some(latency.report(b, "Targets: latency, fairness and throughput"));
+    b.results.targets =
+        Some(latency.report(b, "Targets: latency, fairness and throughput", YES_NO));
     let cost = targets_cost(&b.results);
-    b.results.targets_cost = Some(cost.report(b, "Targets: what a lock costs Redis"));
+    b.results.targets_cost = Some(cost.report(b, "Targets: what a lock costs Redis", YES_NO));
+    let speed = targets_peer(&b.results);
+    b.results.targets_peer = Some(speed.report(
+        b,
+        "Targets: the speed targets, against the barging peer of this run (section peer)",
+        ["PASS", "**FAIL**"],
+    ));
     worker_errors(b);
 }
 
@@ -327,6 +367,158 @@ fn targets_cost(j: &Results) -> Targets {
         fairlock_over_naive(&|lock| contended(lock).and_then(|c| c.redis_cpu_us_per_acq)),
     );
     t.micro_rtt(j, 2.6);
+    t
+}
+
+/// The speed targets: fairlock against node `redis-semaphore`'s barging Mutex (and the other
+/// peers) of section "peer", each a ratio of two figures of this run.
+fn targets_peer(j: &Results) -> Targets {
+    const NODE: &str = "node-mutex";
+    let p: Option<&PeerResults> = j.peer.as_ref();
+    let run = |lock: &str, hold: f64| -> Option<&PeerRow> {
+        p?.contended
+            .iter()
+            .find(|r| r.lock == lock && r.hold_ms == hold)
+    };
+    let pair = |lock: &str| p?.uncontended.iter().find(|r| r.lock == lock);
+    let rate = |r: Option<&PeerRow>| r.map(|r| (r.acq_per_s, r.ping_us));
+    let server = |r: Option<&PeerRow>| r.and_then(|r| Some((r.cost.server_us_per_acq?, r.ping_us)));
+    let cpu = |r: Option<&PeerRow>| r.and_then(|r| Some((r.cost.redis_cpu_us_per_acq?, r.ping_us)));
+    let cmds = |r: Option<&PeerRow>| r.and_then(|r| Some((r.cost.redis_cmds_per_acq?, r.ping_us)));
+    let audit = |hold: f64| p?.audit.iter().find(|a| a.hold_ms == hold);
+    let mut t = Targets::default();
+    for hold in [0.0, 1.0] {
+        let f = run("fairlock", hold);
+        if hold == 0.0 {
+            t.ratio(
+                "contended, hold 0 ms: acq/s, fairlock / node Mutex",
+                true,
+                1.0,
+                rate(f),
+                rate(run(NODE, hold)),
+                "acq/s",
+            );
+        } else {
+            // the best peer of the run: the node Mutex, the redlock crate or the naive lock
+            let best = [NODE, "redlock", "naive"]
+                .into_iter()
+                .filter_map(|l| run(l, hold).map(|r| (l, r)))
+                .max_by(|a, b| a.1.acq_per_s.total_cmp(&b.1.acq_per_s));
+            t.ratio(
+                &format!(
+                    "contended, hold 1 ms: acq/s, fairlock / best peer ({})",
+                    best.map_or("-", |b| b.0)
+                ),
+                true,
+                1.0,
+                rate(f),
+                rate(best.map(|b| b.1)),
+                "acq/s",
+            );
+        }
+        t.zero(
+            &format!("contended, hold {hold} ms: fairlock overtakes (server order, MONITOR audit)"),
+            audit(hold).map(|a| a.overtakes_server_order as f64),
+        );
+        t.add(
+            &format!("contended, hold {hold} ms: fairlock Jain's index"),
+            "1.000",
+            f.map(|f| f.jain),
+            &|v| format!("{v:.3}"),
+            &|v| v >= 0.9995,
+        );
+        t.ratio(
+            &format!("contended, hold {hold} ms: server µs / acq, fairlock / node Mutex"),
+            false,
+            2.0,
+            server(f),
+            server(run(NODE, hold)),
+            "µs",
+        );
+        t.add(
+            &format!(
+                "contended, hold {hold} ms: Redis CPU µs / acq, fairlock / node Mutex (informative)"
+            ),
+            "-",
+            cpu(f).zip(cpu(run(NODE, hold))).map(|(a, b)| a.0 / b.0),
+            &x2,
+            &|_| true,
+        );
+    }
+    t.zero(
+        "contended runs whose counter is not the acquisitions (a lost update), every lock",
+        p.map(|p| p.contended.iter().filter(|r| !r.counter_ok).count() as f64),
+    );
+    t.ratio(
+        "uncontended acquire + release: server µs, fairlock / node Mutex",
+        false,
+        1.5,
+        server(pair("fairlock")),
+        server(pair(NODE)),
+        "µs",
+    );
+    t.add(
+        "uncontended acquire + release: Redis CPU µs, fairlock / node Mutex (informative)",
+        "-",
+        cpu(pair("fairlock"))
+            .zip(cpu(pair(NODE)))
+            .map(|(a, b)| a.0 / b.0),
+        &x2,
+        &|_| true,
+    );
+    let (sem, lock) = (run("fairlock-sem", 0.0), run("fairlock", 0.0));
+    t.ratio(
+        "semaphore, contended hold 0 ms: Redis cmds / acq, fairlock-sem / fairlock",
+        false,
+        1.0,
+        cmds(sem),
+        cmds(lock),
+        "cmds",
+    );
+    t.ratio(
+        "semaphore, contended hold 0 ms: server µs / acq, fairlock-sem / fairlock",
+        false,
+        1.0,
+        server(sem),
+        server(lock),
+        "µs",
+    );
+    for between in ["threads", "processes"] {
+        let p50 = |lock: &str| handoff_row(j, lock, between).map(|h| (h.dist.p50_us, h.rtt_us));
+        t.ratio(
+            &format!(
+                "semaphore: hand-off p50 ({between}, section handoff), fairlock-sem / fairlock"
+            ),
+            false,
+            1.1,
+            p50("fairlock-sem"),
+            p50("fairlock"),
+            "µs",
+        );
+    }
+    for m in p.iter().flat_map(|p| &p.memory) {
+        let bytes = |v: f64| format!("{v:.0} bytes");
+        t.add(
+            &format!(
+                "memory: fairlock {} idle, every key (reported)",
+                m.primitive
+            ),
+            "-",
+            Some(m.idle_bytes as f64),
+            &bytes,
+            &|_| true,
+        );
+        t.add(
+            &format!(
+                "memory: fairlock {} per waiter, {} queued (reported)",
+                m.primitive, m.waiters
+            ),
+            "-",
+            m.per_waiter_bytes,
+            &bytes,
+            &|_| true,
+        );
+    }
     t
 }
 

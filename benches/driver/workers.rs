@@ -397,9 +397,19 @@ pub fn run_layout(
                 .iter()
                 .zip(firsts)
                 .map(|(&threads, first)| {
-                    Command::new(&exe)
-                        .arg("--child")
-                        .args(spec.args())
+                    let mut cmd = match (spec.lib, node_peer()) {
+                        (Lib::NodeMutex, Some(dir)) => {
+                            let mut c = Command::new("node");
+                            c.arg(dir.join("mutex.js"));
+                            c
+                        }
+                        _ => {
+                            let mut c = Command::new(&exe);
+                            c.arg("--child");
+                            c
+                        }
+                    };
+                    cmd.args(spec.args())
                         .arg(format!("first_worker={first}"))
                         .arg(format!("threads={threads}"))
                         .stdin(Stdio::null())
@@ -488,6 +498,14 @@ pub fn run_layout(
         cost,
         counter,
     }
+}
+
+/// The directory of the node peer (`benches/peers/redis-semaphore`, its packages installed),
+/// which scripts/bench.sh passes in `FAIRLOCK_BENCH_NODE_PEER` when node and npm could set it up.
+pub fn node_peer() -> Option<std::path::PathBuf> {
+    std::env::var_os("FAIRLOCK_BENCH_NODE_PEER")
+        .map(std::path::PathBuf::from)
+        .filter(|d| d.join("node_modules").is_dir())
 }
 
 /// Delete a run's keys (the locks' own keys expire or are empty at the end).

@@ -6,6 +6,8 @@
 //!   crate does. A waiter calls `lock` again until it gets the lock.
 //! - `naive`: the lock fairlock replaces (the user's original code): `SET key id NX PX 30000`,
 //!   on failure sleep 100 ms and try again; release with an atomic compare-and-delete script. One connection per worker.
+//! - `node-mutex`: node `redis-semaphore`'s Mutex, run by the driver's section "peer" in node
+//!   worker processes (`benches/peers/redis-semaphore/mutex.js`), never in this process.
 //!
 //! Every lock lives in the worker thread that uses it (fairlock guards belong to their thread).
 #![allow(dead_code)] // each bench target uses a different part
@@ -48,6 +50,9 @@ pub enum Lib {
     RwWrite,
     Redlock,
     Naive,
+    /// node `redis-semaphore`'s Mutex, which barges (`benches/peers/redis-semaphore/mutex.js`):
+    /// runs in node worker processes only (the driver's section "peer"), not in `ALL`
+    NodeMutex,
 }
 
 impl Lib {
@@ -66,6 +71,7 @@ impl Lib {
             Lib::RwWrite => "fairlock-rw",
             Lib::Redlock => "redlock",
             Lib::Naive => "naive",
+            Lib::NodeMutex => "node-mutex",
         }
     }
 
@@ -170,6 +176,7 @@ impl Locker {
                 held: false,
                 unlock: redis::Script::new(COMPARE_AND_DELETE),
             },
+            Lib::NodeMutex => return Err("node-mutex runs in node processes only".into()),
         })
     }
 
