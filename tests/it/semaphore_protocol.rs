@@ -1859,3 +1859,44 @@ fn a_grantee_that_heartbeats_then_dies_still_loses_its_unpopped_hand_off() {
     let (holds, _) = sem.holds(&mut c);
     assert!(!holds.contains_key("dead:1#1"), "{holds:?}");
 }
+
+/// The late copy's hold that a marking release frees goes to the queue's head at once (as any
+/// release's permits do), not at the next heartbeat.
+#[test]
+fn the_permits_a_marking_release_takes_from_a_late_copy_go_to_the_head_at_once() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("own-ghost-head", "sem", 1);
+    let first = granted(sem.acquire(&mut c, "a:1", 1, 1, 50, true));
+    thread::sleep(Duration::from_millis(100));
+    let _copy = granted(sem.acquire(&mut c, "a:1", 1, 1, 30_000, true));
+    assert_eq!(
+        sem.acquire(&mut c, "w:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert!(!sem.release_marking(&mut c, "a:1", 1, first, true));
+    assert!(
+        sem.pop_grant(&mut c, "w:1", 1).is_some(),
+        "the head was not granted the freed permit"
+    );
+    let (holds, used) = sem.holds(&mut c);
+    assert_eq!((holds.len(), used), (1, 1), "{holds:?}");
+    assert!(holds.contains_key("w:1#1"));
+}
+
+/// A renewal never brings back a hold whose lease ran out on the server's clock: the hold is
+/// expired first (its permits go back), and the renewal reports it lost, as the mutex's does.
+#[test]
+fn a_renewal_after_the_lease_ran_out_reports_the_hold_lost() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("renew-expired", "sem", 2);
+    let ta = granted(sem.acquire(&mut c, "a:1", 1, 1, 100, true));
+    // a long hold keeps the hash and the leases alive past a's lease
+    let _ = granted(sem.acquire(&mut c, "z:1", 1, 1, 30_000, true));
+    thread::sleep(Duration::from_millis(150));
+    assert!(!sem.renew(&mut c, "a:1", 1, ta), "an expired hold renewed");
+    let (holds, used) = sem.holds(&mut c);
+    assert_eq!((holds.len(), used), (1, 1), "{holds:?}");
+    assert!(holds.contains_key("z:1#1"));
+}
