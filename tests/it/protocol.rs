@@ -1656,20 +1656,9 @@ fn a_grant_told_again_to_a_thread_that_took_it_is_never_revoked() {
 /// are refused, as while a Cluster slot migrates or under a serverless offering that checks
 /// declared keys.
 fn declared_keys_only(server: &RedisServer, name: &str, extra: &[&str]) -> redis::Connection {
-    let mut admin = server.conn();
     let base = format!("fairlock:{{{name}}}");
-    let mut acl = redis::cmd("ACL");
-    acl.arg("SETUSER")
-        .arg("declared")
-        .arg("on")
-        .arg(">pw")
-        .arg("+@all");
-    for suffix in ["", ":fence", ":queue", ":waiters"].iter().chain(extra) {
-        acl.arg(format!("~{base}{suffix}"));
-    }
-    let _: () = acl.query(&mut admin).unwrap();
-    let url = format!("redis://declared:pw@127.0.0.1:{}/", server.port);
-    redis::Client::open(url).unwrap().get_connection().unwrap()
+    let suffixes = ["", ":fence", ":queue", ":waiters"].iter().chain(extra);
+    server.conn_limited_to("declared", suffixes.map(|suffix| format!("{base}{suffix}")))
 }
 
 /// A generator beyond the one Cluster test: every script that may grant, run by a user refused the

@@ -1020,18 +1020,7 @@ fn with_the_undeclared_keys_refused_the_grant_loop_leaves_no_half_grant() {
             s.acquire(&mut admin, "w:1", 3, 1, 60_000, true),
             Reply::Queued
         );
-        let mut acl = redis::cmd("ACL");
-        acl.arg("SETUSER")
-            .arg(format!("declared{i}"))
-            .arg("on")
-            .arg(">pw")
-            .arg("+@all");
-        for key in &s.keys {
-            acl.arg(format!("~{key}"));
-        }
-        let _: () = acl.query(&mut admin).unwrap();
-        let url = format!("redis://declared{i}:pw@127.0.0.1:{}/", server.port);
-        let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let mut c = server.conn_limited_to(&format!("declared{i}"), &s.keys);
         let r = match *call {
             "release" => s
                 .raw
@@ -1744,23 +1733,8 @@ fn a_leave_that_asks_no_mark_works_where_the_marks_cannot_be_reached() {
     }
     // the semaphore's declared keys and both leavers' wake lists can be reached, the marks
     // cannot: only the marks refuse the marking leave, which must find that out before it writes
-    let mut acl = redis::cmd("ACL");
-    acl.arg("SETUSER")
-        .arg("declared")
-        .arg("on")
-        .arg(">pw")
-        .arg("+@all");
-    for key in s
-        .keys
-        .iter()
-        .cloned()
-        .chain([s.raw.wake_key("t:1"), s.raw.wake_key("x:1")])
-    {
-        acl.arg(format!("~{key}"));
-    }
-    let _: () = acl.query(&mut admin).unwrap();
-    let url = format!("redis://declared:pw@127.0.0.1:{}/", server.port);
-    let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let wake_lists = [s.raw.wake_key("t:1"), s.raw.wake_key("x:1")];
+    let mut c = server.conn_limited_to("declared", s.keys.iter().chain(&wake_lists));
     let waiters = |admin: &mut redis::Connection| -> Vec<String> {
         redis::cmd("ZRANGE")
             .arg(&s.keys[2])

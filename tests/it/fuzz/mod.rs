@@ -457,6 +457,17 @@ fn backward_step_then_lost_renewal() {
 }
 
 /// Replay `steps` and fail with the step log on a violation.
+/// Run `steps`, then the quiet phase (every thread served, Redis settled), which must pass.
+fn replay_settling_without_violation(cfg: &Config, steps: &[steps::Step]) {
+    let out = run(cfg, Source::Replay(steps), Some(runner::QUIET_LIMIT));
+    assert!(
+        out.violation.is_none(),
+        "{:?}\n{}",
+        out.violation,
+        out.log.join("\n")
+    );
+}
+
 fn replay_expecting_no_violation(cfg: &Config, steps: &[steps::Step]) {
     let out = run(cfg, Source::Replay(steps), None);
     assert!(
@@ -541,13 +552,7 @@ fn late_acquire_after_its_leave_leaves_no_ghost_waiter() {
             ..AcquireStep::plain(0, 0, 2, true, 600)
         }),
     ];
-    let out = run(&cfg, Source::Replay(&steps), Some(runner::QUIET_LIMIT));
-    assert!(
-        out.violation.is_none(),
-        "{:?}\n{}",
-        out.violation,
-        out.log.join("\n")
-    );
+    replay_settling_without_violation(&cfg, &steps);
 }
 
 /// Found by this fuzzer once it drove the semaphores (seed 1 of the CI run, shrunk to 16
@@ -626,13 +631,7 @@ fn sem_evicted_leases_do_not_strand_permits() {
             key: EvictKey::Leases,
         },
     ];
-    let out = run(&cfg, Source::Replay(&steps), Some(runner::QUIET_LIMIT));
-    assert!(
-        out.violation.is_none(),
-        "{:?}\n{}",
-        out.violation,
-        out.log.join("\n")
-    );
+    replay_settling_without_violation(&cfg, &steps);
 }
 
 /// Found by the long run (seed 20261173, not reproducible by replay; rebuilt by hand): an
@@ -664,13 +663,7 @@ fn sem_leases_of_a_stored_capacity_live_as_long_as_its_hash() {
         }),
         Step::Crash { c: 0 },
     ];
-    let out = run(&cfg, Source::Replay(&steps), Some(runner::QUIET_LIMIT));
-    assert!(
-        out.violation.is_none(),
-        "{:?}\n{}",
-        out.violation,
-        out.log.join("\n")
-    );
+    replay_settling_without_violation(&cfg, &steps);
 }
 
 /// Found by the long run (seed 20261319, not reproducible by replay; rebuilt by hand): a waiter's

@@ -210,6 +210,29 @@ impl RedisServer {
     }
 
     /// All keys on the server, sorted.
+    /// A connection as a new user `user` that may run every command on `keys` only (an ACL
+    /// like a deployment's that refuses the keys a script does not declare).
+    pub fn conn_limited_to<K: std::fmt::Display>(
+        &self,
+        user: &str,
+        keys: impl IntoIterator<Item = K>,
+    ) -> redis::Connection {
+        let mut acl = redis::cmd("ACL");
+        acl.arg("SETUSER")
+            .arg(user)
+            .arg("on")
+            .arg(">pw")
+            .arg("+@all");
+        for key in keys {
+            acl.arg(format!("~{key}"));
+        }
+        let _: () = acl.query(&mut self.conn()).expect("ACL SETUSER");
+        let url = format!("redis://{user}:pw@127.0.0.1:{}/", self.port);
+        redis::Client::open(url)
+            .and_then(|c| c.get_connection())
+            .expect("a connection as the limited user")
+    }
+
     pub fn keys(&self) -> Vec<String> {
         let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut self.conn()).unwrap();
         keys.sort();
