@@ -19,6 +19,7 @@ use crate::error::failover_error;
 
 mod checks;
 use checks::text_of;
+mod cluster_nodes;
 pub(crate) mod credentials;
 mod manager;
 mod pool;
@@ -208,6 +209,39 @@ impl Conn {
         self.dropped
     }
 
+    /// Load a script or the function library (`cmd`) on every master of a Cluster: those of the
+    /// crate's slot map, where it would route the load, and those `CLUSTER NODES` lists that the
+    /// map lacks. A master that owns no slot yet (a shard being added) is in no slot map, and a
+    /// map refreshed during a resharding may come from a node not yet told of the move; a call
+    /// that reaches such a master (through `ASK`, or `MOVED`) would find the script missing
+    /// again after the load. The extra loads are best effort: their failures are left to the
+    /// next call that reaches the node. Returns the reply of one master of the slot map.
+    fn load_on_every_master(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
+        let mut reply = None;
+        let mut loaded = std::collections::HashSet::new();
+        for (node, value) in self.query_masters(cmd)? {
+            let value = value.extract_error()?;
+            loaded.insert(node);
+            reply.get_or_insert(value);
+        }
+        let listed = self
+            .query::<String>(redis::cmd("CLUSTER").arg("NODES"))
+            .map(|text| cluster_nodes::masters(&text))
+            .unwrap_or_default();
+        if let Inner::Cluster(c) = &mut self.inner {
+            for (host, port) in listed {
+                if loaded.contains(&format!("{host}:{port}")) {
+                    continue;
+                }
+                let route = SingleNodeRoutingInfo::ByAddress { host, port };
+                if let Err(e) = c.route_command(cmd, RoutingInfo::SingleNode(route)) {
+                    log::debug!("fairlock: loading scripts on a master outside the slot map: {e}");
+                }
+            }
+        }
+        reply.ok_or_else(|| unexpected_reply("a reply from a master", "none"))
+    }
+
     fn note<T>(&mut self, result: &redis::RedisResult<T>) {
         if let Err(e) = result {
             if is_connection_error(e) {
@@ -232,6 +266,9 @@ impl redis::ConnectionLike for Conn {
     }
 
     fn req_command(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
+        if self.is_cluster() && is_load(cmd) {
+            return self.load_on_every_master(cmd);
+        }
         // a Cluster routes a command by its key (its packed bytes alone would be parsed again)
         let result = self.inner.as_like().req_command(cmd);
         self.note(&result);
@@ -271,6 +308,17 @@ impl redis::ConnectionLike for Conn {
 pub(crate) struct Scanned {
     pub masters: usize,
     pub calls: u64,
+}
+
+/// Whether `cmd` loads a script or the function library (`SCRIPT LOAD`, `FUNCTION LOAD`).
+fn is_load(cmd: &redis::Cmd) -> bool {
+    let mut args = cmd.args_iter().map(|arg| match arg {
+        redis::Arg::Simple(bytes) => bytes,
+        _ => &[],
+    });
+    let (first, second) = (args.next(), args.next());
+    first.is_some_and(|a| a.eq_ignore_ascii_case(b"SCRIPT") || a.eq_ignore_ascii_case(b"FUNCTION"))
+        && second.is_some_and(|a| a.eq_ignore_ascii_case(b"LOAD"))
 }
 
 fn unexpected_reply(what: &str, got: &str) -> redis::RedisError {
