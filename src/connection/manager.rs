@@ -90,6 +90,7 @@ impl ClusterAccess {
         };
         #[allow(unused_mut)]
         let mut builder = ClusterClientBuilder::new(nodes)
+            .tcp_settings(super::tcp_settings())
             .connection_timeout(self.connect_timeout)
             .response_timeout(self.read_timeout)
             .retries(retries)

@@ -127,6 +127,7 @@ impl Tls {
     /// A client for `info` (a TLS address or not): with the CA and the client certificate on a
     /// TLS address, and the host-name check as set.
     pub fn client(&self, info: redis::ConnectionInfo) -> redis::RedisResult<redis::Client> {
+        let info = info.set_tcp_settings(super::tcp_settings());
         #[cfg(feature = "tls")]
         if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
             install_crypto_provider();

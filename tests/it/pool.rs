@@ -98,3 +98,31 @@ fn sixty_four_waiters_do_not_starve_a_pool_of_eight() {
     assert_eq!(order, queue, "not served in queue order");
     server.assert_released_keys("crowded");
 }
+
+/// Every connection of a client (the pool's and the waker's) has `TCP_NODELAY` set, as Redis
+/// sets it on its side: a request is never held back by Nagle's algorithm waiting for the
+/// server's delayed ACK.
+#[test]
+fn every_connection_to_redis_has_tcp_nodelay_set() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.fair_lock("nodelay").unwrap();
+    let held = lock.lock().unwrap();
+    let waiter = {
+        let lock = lock.clone();
+        thread::spawn(move || lock.lock().map(|g| g.fencing_token()))
+    };
+    // the waiter blocks on the waker's connection, the pool has the holder's
+    let waiting = eventually(Duration::from_secs(10), || {
+        lock.status().unwrap().waiters.len() == 1
+    });
+    assert!(waiting, "the waiter never queued");
+    let sockets = support::nodelay_of_connections_to(server.port);
+    assert!(sockets.len() >= 2, "connections found: {sockets:?}");
+    assert!(
+        sockets.iter().all(|&on| on),
+        "TCP_NODELAY per connection: {sockets:?}"
+    );
+    drop(held);
+    assert!(waiter.join().unwrap().is_ok());
+}

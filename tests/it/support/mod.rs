@@ -846,3 +846,47 @@ pub fn assert_foreign_data_untouched(
     let ttl: i64 = redis::cmd("PTTL").arg(key).query(c).unwrap();
     assert_eq!(ttl, -1, "the foreign data got a TTL: {context}");
 }
+
+/// For each TCP socket of this process connected to 127.0.0.1:`port`, whether `TCP_NODELAY` is
+/// set on it (read from the sockets under /proc/self/fd with getsockopt).
+pub fn nodelay_of_connections_to(port: u16) -> Vec<bool> {
+    let mut found = Vec::new();
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return found;
+    };
+    for entry in fds.flatten() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: getpeername and getsockopt only write into the buffers given, of the sizes
+        // given; a descriptor closed meanwhile or not a socket makes them fail, not misbehave.
+        unsafe {
+            let mut addr: libc::sockaddr_in = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let peer = libc::getpeername(fd, (&raw mut addr).cast(), &mut len);
+            if peer != 0 || i32::from(addr.sin_family) != libc::AF_INET {
+                continue;
+            }
+            if u16::from_be(addr.sin_port) != port {
+                continue;
+            }
+            let mut on: libc::c_int = 0;
+            let mut on_len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            let got = libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&raw mut on).cast(),
+                &mut on_len,
+            );
+            if got == 0 {
+                found.push(on != 0);
+            }
+        }
+    }
+    found
+}
