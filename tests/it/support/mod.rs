@@ -110,6 +110,9 @@ pub fn has_command(conn: &mut redis::Connection, name: &str) -> bool {
     !matches!(info.first(), None | Some(redis::Value::Nil))
 }
 
+/// How long a server started (or started again) has to answer PING.
+pub const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl RedisServer {
     /// Start a throwaway server: no RDB, no AOF.
     pub fn start() -> RedisServer {
@@ -143,7 +146,7 @@ impl RedisServer {
     }
 
     /// Start redis-server on `self.port`; false when it exited before answering (port taken)
-    /// or did not answer within 10 s.
+    /// or did not answer within [`LAUNCH_TIMEOUT`].
     fn launch(&mut self) -> bool {
         let mut cmd = Command::new(server_binary());
         cmd.arg("--port")
@@ -175,7 +178,9 @@ impl RedisServer {
             });
         let pid = child.id();
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // generous: a restart with a large AOF answers LOADING until it is read, which took
+        // over 10 s once on a loaded 2-core machine
+        let deadline = Instant::now() + LAUNCH_TIMEOUT;
         while Instant::now() < deadline {
             if let Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
                 return false;
