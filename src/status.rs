@@ -71,6 +71,10 @@ pub struct Waiter {
     pub origin: Origin,
     /// How long since its first attempt reached Redis (server clock).
     pub waiting_for: Duration,
+    /// When its first attempt reached Redis: the server's clock, since the Unix epoch, as stored
+    /// with the queue entry. It names this wait: a thread that leaves the queue and comes back
+    /// gets a later one.
+    pub queued_at: Duration,
 }
 
 pub(crate) fn origin(owner: String, meta: &str) -> Origin {
@@ -106,6 +110,7 @@ impl LockStatus {
             .map(|(owner, arrival_us, meta)| Waiter {
                 origin: origin(owner, &meta),
                 waiting_for: ms(raw.server_ms - arrival_us / 1000),
+                queued_at: Duration::from_micros(arrival_us.max(0) as u64),
             })
             .collect();
         LockStatus {
@@ -241,6 +246,7 @@ impl SemaphoreStatus {
                     origin: origin(w.owner, &w.meta),
                     permits: w.permits,
                     waiting_for: Duration::from_micros(now_us.saturating_sub(w.since_us)),
+                    queued_at: Duration::from_micros(w.since_us),
                 })
                 .collect(),
         }
@@ -275,4 +281,7 @@ pub struct PermitWaiter {
     pub permits: u64,
     /// How long since its first attempt reached Redis (server clock).
     pub waiting_for: Duration,
+    /// When its first attempt reached Redis (the server's clock, since the Unix epoch): it
+    /// names this wait, as [`Waiter::queued_at`] does.
+    pub queued_at: Duration,
 }
