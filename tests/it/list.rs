@@ -366,7 +366,7 @@ fn a_thousand_locks_in_mixed_states_are_listed_exactly_sorted_with_holders_and_w
 }
 
 /// The fields of one lock in `list --json`, as docs/cli.md documents them: `status --json`'s
-/// object (without `eviction_accepted`) and `stale`.
+/// object (without `eviction_accepted`), `stale` and `deadlocked`.
 fn assert_schema(obj: &serde_json::Value) {
     let fields = |v: &serde_json::Value| -> BTreeSet<String> {
         v.as_object().expect("an object").keys().cloned().collect()
@@ -381,7 +381,8 @@ fn assert_schema(obj: &serde_json::Value) {
             "holder",
             "fencing_counter",
             "waiters",
-            "stale"
+            "stale",
+            "deadlocked"
         ]),
         "{obj}"
     );

@@ -20,6 +20,7 @@ mod cluster;
 mod counter;
 mod crash;
 mod credentials;
+mod deadlock;
 mod fairness;
 #[cfg(feature = "raw")]
 mod fuzz;

@@ -2,6 +2,8 @@
 
 use std::io::Write;
 
+/// `deadlocks`: a deadlock was found (and confirmed).
+pub const DEADLOCK: u8 = 3;
 /// Bad arguments: unknown flag, bad duration, bad lock name, bad URL, out-of-range lease.
 pub const USAGE: u8 = 64;
 /// A key of the lock holds data of another type (another program uses the name).

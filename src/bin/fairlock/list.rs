@@ -1,7 +1,7 @@
 //! `fairlock list`: every lock under the key prefix, one line each (stale-looking holds marked
-//! `!`), or a JSON array of the objects `status --json` prints.
+//! `!`, locks in a deadlock `D`), or a JSON array of the objects `status --json` prints.
 
-use fairlock::{ListOptions, LockClient, LockListing, LockStatus, StaleSigns};
+use fairlock::{Deadlock, HoldKind, ListOptions, LockClient, LockListing, LockStatus, StaleSigns};
 
 use crate::duration::human;
 use crate::exit::{say, Failure};
@@ -20,6 +20,8 @@ pub fn list(
     eviction_accepted: bool,
 ) -> Result<u8, Failure> {
     let listing = client.list_locks(ListOptions::new().include_idle(all))?;
+    // reads again only the locks of a cycle the listing shows
+    let deadlocks = client.deadlocks_in(&listing)?;
     let text = if as_json {
         let array: Vec<serde_json::Value> = listing
             .locks
@@ -27,6 +29,7 @@ pub fn list(
             .map(|lock| {
                 let mut json = to_json(lock);
                 json["stale"] = stale_words(listing.stale_signs(lock)).into();
+                json["deadlocked"] = in_cycle(&deadlocks, &lock.name, HoldKind::Lock).into();
                 json
             })
             .collect();
@@ -35,7 +38,11 @@ pub fn list(
             listing
                 .semaphores
                 .iter()
-                .map(crate::status::semaphore_json)
+                .map(|st| {
+                    let mut json = crate::status::semaphore_json(st);
+                    json["deadlocked"] = in_cycle(&deadlocks, &st.name, HoldKind::Semaphore).into();
+                    json
+                })
                 .collect()
         } else {
             array
@@ -45,7 +52,7 @@ pub fn list(
         s.push('\n');
         s
     } else {
-        let mut s = to_text(&listing, all);
+        let mut s = to_text(&listing, &deadlocks, all);
         if eviction_accepted {
             s += "warning: the server may evict keys (--danger-accept-eviction): a lock can get a second holder\n";
         }
@@ -56,6 +63,21 @@ pub fn list(
         say(&skipped_warning(&listing));
     }
     Ok(0)
+}
+
+/// Whether `name` (a lock, or with another kind a semaphore) is one of a cycle's locks.
+fn in_cycle(deadlocks: &[Deadlock], name: &str, kind: HoldKind) -> bool {
+    deadlocks.iter().any(|d| d.involves(name, kind))
+}
+
+/// The mark before a row: `!` for a stale-looking hold, `D` for a lock in a deadlock.
+fn mark(stale: bool, deadlocked: bool) -> &'static str {
+    match (stale, deadlocked) {
+        (false, false) => "  ",
+        (true, false) => "! ",
+        (false, true) => "D ",
+        (true, true) => "!D",
+    }
 }
 
 /// The stale signs as the words `--json` prints: `lease_running_out`, `held_unusually_long`.
@@ -79,7 +101,7 @@ fn clean(text: &str) -> String {
 
 /// The table, sorted by name as the listing is, then a note per stale-looking hold and a
 /// summary line.
-fn to_text(listing: &LockListing, all: bool) -> String {
+fn to_text(listing: &LockListing, deadlocks: &[Deadlock], all: bool) -> String {
     let header = [
         "NAME",
         "HOLDER",
@@ -88,10 +110,13 @@ fn to_text(listing: &LockListing, all: bool) -> String {
         "WAITERS",
         "TOKEN",
     ];
-    let rows: Vec<(bool, [String; 6])> = listing
+    let rows: Vec<(&str, [String; 6])> = listing
         .locks
         .iter()
-        .map(|lock| (listing.stale_signs(lock).any(), row(lock)))
+        .map(|lock| {
+            let dead = in_cycle(deadlocks, &lock.name, HoldKind::Lock);
+            (mark(listing.stale_signs(lock).any(), dead), row(lock))
+        })
         .collect();
     let mut widths = header.map(|h| h.chars().count());
     for (_, cells) in &rows {
@@ -113,8 +138,8 @@ fn to_text(listing: &LockListing, all: bool) -> String {
     let mut s = String::new();
     if !rows.is_empty() {
         s += &line("  ", &header.map(String::from));
-        for (stale, cells) in &rows {
-            s += &line(if *stale { "! " } else { "  " }, cells);
+        for (mark, cells) in &rows {
+            s += &line(mark, cells);
         }
         s += "\n";
     }
@@ -162,15 +187,27 @@ fn to_text(listing: &LockListing, all: bool) -> String {
         );
     }
     s += "\n";
+    if !deadlocks.is_empty() {
+        s += &format!(
+            "D {} in a cycle of waits: see fairlock deadlocks\n",
+            count(deadlocks.len() as u64, "deadlock")
+        );
+    }
     if !listing.semaphores.is_empty() {
-        s += &semaphores_text(&listing.semaphores);
+        s += &semaphores_text(&listing.semaphores, deadlocks);
     }
     s
 }
 
 /// The semaphores (and read/write locks) as a second table, then a summary line.
-fn semaphores_text(sems: &[fairlock::SemaphoreStatus]) -> String {
+fn semaphores_text(sems: &[fairlock::SemaphoreStatus], deadlocks: &[Deadlock]) -> String {
     let mut s = String::from("\n");
+    let marks: Vec<&str> = std::iter::once("  ")
+        .chain(
+            sems.iter()
+                .map(|st| mark(false, in_cycle(deadlocks, &st.name, HoldKind::Semaphore))),
+        )
+        .collect();
     let rows: Vec<[String; 5]> = sems
         .iter()
         .map(|st| {
@@ -197,8 +234,11 @@ fn semaphores_text(sems: &[fairlock::SemaphoreStatus]) -> String {
             *w = (*w).max(cell.chars().count());
         }
     }
-    for cells in std::iter::once(header.map(String::from)).chain(rows) {
-        let mut l = String::from("  ");
+    for (cells, mark) in std::iter::once(header.map(String::from))
+        .chain(rows)
+        .zip(marks)
+    {
+        let mut l = String::from(mark);
         for (cell, w) in cells.iter().zip(widths) {
             l += &format!("{cell:<w$}  ");
         }

@@ -4,6 +4,7 @@
 //! Every way of ending prints at most one line on stderr and exits with a documented code
 //! (`exit.rs`); panics are turned into one line and exit code 70.
 
+mod deadlocks;
 mod duration;
 mod exit;
 mod holder;
@@ -37,6 +38,7 @@ static DEFAULT_LEASE: LazyLock<String> = LazyLock::new(|| duration::text(fairloc
 const EXIT_CODES: &str = "\
 Exit codes:
   0-255  run: the command's exit code (128+N when signal N ended it)
+  3      deadlocks: a deadlock was found (0: none)
   64     bad arguments, lock name, Redis URL or lease, or --permits other than the stored
   65     a key of the lock holds another program's data
   69     Redis unreachable, not Redis, or older than 6.2
@@ -200,6 +202,10 @@ enum Cmd {
     /// List every lock that is held or waited for (with --all idle ones too), sorted by name;
     /// stale-looking holds are marked with `!`.
     List(ListArgs),
+    /// Find deadlocks: cycles of holders each waiting for a lock the next one holds (locks,
+    /// semaphores and read/write locks), each confirmed by a second reading; exits with 3 when
+    /// one is found, 0 when none. Changes nothing.
+    Deadlocks(DeadlocksArgs),
     /// Release the lock whoever holds it (with --force; with --hold: one holder of a
     /// semaphore); the next waiter gets it.
     Release(ReleaseArgs),
@@ -278,6 +284,13 @@ struct ListArgs {
 }
 
 #[derive(Args, Debug)]
+struct DeadlocksArgs {
+    /// Print a JSON array (one object per cycle, its members in cycle order) instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
 struct ReleaseArgs {
     /// Lock name (with --hold: the semaphore's)
     name: String,
@@ -327,7 +340,7 @@ fn usage_error(e: clap::Error) -> u8 {
         }
         // the first with no arguments at all, the second when $FAIRLOCK_REDIS_URL counts as one
         ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
-            say("missing command: use run, status, list, release or hold; see fairlock --help");
+            say("missing command: use run, status, list, deadlocks, release or hold; see fairlock --help");
             exit::USAGE
         }
         _ => {
@@ -426,6 +439,10 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
                 args.semaphores,
                 client.config().danger_accept_eviction,
             )
+        }
+        Cmd::Deadlocks(args) => {
+            let client = build_client(&server, fairlock::DEFAULT_LEASE)?;
+            deadlocks::deadlocks(&client, args.json)
         }
         Cmd::Release(args) => {
             if !args.force {

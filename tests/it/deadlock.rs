@@ -1,0 +1,510 @@
+//! `LockClient::find_deadlocks` and `fairlock deadlocks` / `fairlock list` against real
+//! redis-servers: cycles of threads (each with a `LockClient` of its own, so an owner id of its
+//! own) that hold one lock and wait for the next one's are reported with every holder and wait;
+//! locks taken in one global order are never reported; a cycle that dissolved before the
+//! confirming read is not reported; semaphores and read/write locks join the graph. Every wait
+//! is bounded: each member waits at most `LIMIT`, and each test breaks its cycle by force.
+
+use crate::support;
+
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::support::{eventually, Out, Proc, RedisServer};
+use fairlock::{Blocking, Deadlock, HoldKind, ListOptions, LockClient};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fairlock");
+/// Upper bound for any one wait, thread or fairlock process in these tests.
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// What a member holds or waits for.
+#[derive(Clone, Copy, Debug)]
+enum Res {
+    Lock(&'static str),
+    /// A semaphore of this capacity; one permit.
+    Permit(&'static str, u64),
+}
+
+/// A member thread: its own client; holds `hold`, says so, then, once `go` is sent (or
+/// dropped), waits at most `wait` for `want`. The thread is named `member-<hold's name>`; it
+/// returns whether it got `want`.
+fn member(server: &RedisServer, hold: Res, want: Res, wait: Duration) -> Member {
+    let url = server.url();
+    let (held_tx, held_rx) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let name = match hold {
+        Res::Lock(n) | Res::Permit(n, _) => format!("member-{n}"),
+    };
+    let t = std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            let client = support::client_with_url(&url, |b| b);
+            let _held: Box<dyn std::any::Any> = match hold {
+                Res::Lock(n) => Box::new(client.fair_lock(n).unwrap().lock().unwrap()),
+                Res::Permit(n, cap) => {
+                    Box::new(client.semaphore(n, cap).unwrap().acquire().unwrap())
+                }
+            };
+            held_tx.send(()).unwrap();
+            let _ = go_rx.recv_timeout(LIMIT);
+            match want {
+                Res::Lock(n) => client
+                    .fair_lock(n)
+                    .unwrap()
+                    .try_lock_for(wait)
+                    .unwrap()
+                    .is_some(),
+                Res::Permit(n, cap) => client
+                    .semaphore(n, cap)
+                    .unwrap()
+                    .try_acquire_for(wait)
+                    .unwrap()
+                    .is_some(),
+            }
+        })
+        .unwrap();
+    held_rx
+        .recv_timeout(LIMIT)
+        .expect("the member took its hold");
+    Member { thread: t, go }
+}
+
+/// A member thread and what starts its wait.
+struct Member {
+    thread: JoinHandle<bool>,
+    go: mpsc::Sender<()>,
+}
+
+/// Start the members' waits (each holds its lock by now); their threads.
+fn go(members: Vec<Member>) -> Vec<JoinHandle<bool>> {
+    members
+        .into_iter()
+        .map(|m| {
+            m.go.send(()).unwrap();
+            m.thread
+        })
+        .collect()
+}
+
+/// Whether `res` has `n` waiters within `LIMIT`.
+fn waiters(client: &LockClient, res: Res, n: usize) -> bool {
+    eventually(LIMIT, || match res {
+        Res::Lock(name) => {
+            client
+                .fair_lock(name)
+                .unwrap()
+                .status()
+                .unwrap()
+                .waiters
+                .len()
+                == n
+        }
+        Res::Permit(name, cap) => {
+            client
+                .semaphore(name, cap)
+                .unwrap()
+                .status()
+                .unwrap()
+                .waiters
+                .len()
+                == n
+        }
+    })
+}
+
+/// Join `t` within `LIMIT`; what it returned.
+fn join(t: JoinHandle<bool>) -> bool {
+    assert!(
+        eventually(LIMIT, || t.is_finished()),
+        "a member did not finish within {LIMIT:?}"
+    );
+    t.join().unwrap()
+}
+
+/// (lock, holder's thread, what it waits for) of each member, in cycle order.
+fn shape(d: &Deadlock) -> Vec<(String, String, String)> {
+    d.members
+        .iter()
+        .map(|m| {
+            (
+                m.lock.name.clone(),
+                m.holder.thread.clone(),
+                m.waits_for.name.clone(),
+            )
+        })
+        .collect()
+}
+
+/// The shape rotated to start at its smallest lock name (the cycle's start is the smallest
+/// owner id's wait, which these tests do not choose).
+fn normalized(d: &Deadlock) -> Vec<(String, String, String)> {
+    let mut s = shape(d);
+    let first = (0..s.len()).min_by_key(|&i| s[i].0.clone()).unwrap();
+    s.rotate_left(first);
+    s
+}
+
+fn triple(lock: &str, thread: &str, waits: &str) -> (String, String, String) {
+    (lock.into(), thread.into(), waits.into())
+}
+
+fn fairlock(server: &RedisServer, args: &[&str]) -> Out {
+    let mut c = Command::new(BIN);
+    c.env("FAIRLOCK_REDIS_URL", server.url())
+        .env("RUST_BACKTRACE", "1")
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    Proc::spawn(&mut c).finish(LIMIT)
+}
+
+#[test]
+fn deadlock_of_two_holders_is_reported_with_both_holds_and_waits_then_gone_once_broken() {
+    let server = RedisServer::start();
+    let admin = support::client(&server);
+    let m1 = member(&server, Res::Lock("a"), Res::Lock("b"), LIMIT);
+    let m2 = member(&server, Res::Lock("b"), Res::Lock("a"), LIMIT);
+    let [t1, t2]: [JoinHandle<bool>; 2] = go(vec![m1, m2]).try_into().unwrap();
+    assert!(waiters(&admin, Res::Lock("a"), 1) && waiters(&admin, Res::Lock("b"), 1));
+
+    let found = admin.find_deadlocks().unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        normalized(&found[0]),
+        [triple("a", "member-a", "b"), triple("b", "member-b", "a")]
+    );
+    let a = admin.fair_lock("a").unwrap().status().unwrap();
+    let b = admin.fair_lock("b").unwrap().status().unwrap();
+    for m in &found[0].members {
+        let st = if m.lock.name == "a" { &a } else { &b };
+        let h = st.holder.as_ref().unwrap();
+        assert_eq!(m.holder, h.origin, "{m:?}");
+        assert_eq!(m.holder.pid, std::process::id());
+        assert_eq!(
+            m.blocking,
+            Blocking::Holds {
+                fencing_token: h.fencing_token,
+                permits: 1
+            }
+        );
+        assert_eq!(
+            (m.lock.kind, m.waits_for.kind),
+            (HoldKind::Lock, HoldKind::Lock)
+        );
+        // what the holder waits for is its place in the other lock's queue
+        let other = if m.lock.name == "a" { &b } else { &a };
+        assert_eq!(other.waiters[0].origin, m.holder);
+        assert_eq!(other.waiters[0].queued_at, m.queued_at);
+    }
+    // the two holders' owners differ, and the youngest wait is the later queued one
+    let y = found[0].youngest_wait();
+    let latest = found[0].members.iter().map(|m| m.queued_at).max().unwrap();
+    assert_eq!(y.queued_at, latest);
+
+    // the command-line tool: text, exit code 3, JSON
+    let out = fairlock(&server, &["deadlocks"]);
+    assert_eq!(out.code, Some(3), "{} {}", out.stdout, out.stderr);
+    for needle in [
+        "deadlock 1 of 1: 2 holders",
+        "lock \"a\": held by ",
+        "lock \"b\": held by ",
+        "(thread \"member-a\")",
+        "(thread \"member-b\")",
+        "it waits for lock \"b\"",
+        "it waits for lock \"a\"",
+        "1 deadlock found",
+    ] {
+        assert!(out.stdout.contains(needle), "{needle:?} in {}", out.stdout);
+    }
+    let out = fairlock(&server, &["deadlocks", "--json"]);
+    assert_eq!(out.code, Some(3), "{} {}", out.stdout, out.stderr);
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    let members = json[0]["members"].as_array().expect("members");
+    assert_eq!(json.as_array().unwrap().len(), 1);
+    let got: BTreeSet<(String, String, String)> = members
+        .iter()
+        .map(|m| {
+            (
+                m["lock"].as_str().unwrap().to_string(),
+                m["holder"]["thread"].as_str().unwrap().to_string(),
+                m["waits_for"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        BTreeSet::from([triple("a", "member-a", "b"), triple("b", "member-b", "a")])
+    );
+    assert!(members.iter().all(|m| m["kind"] == "lock"
+        && m["fencing_token"].is_u64()
+        && m["holder"]["pid"] == std::process::id()));
+    // fairlock list marks both rows, and --json says "deadlocked"
+    let out = fairlock(&server, &["list"]);
+    assert_eq!(out.code, Some(0), "{} {}", out.stdout, out.stderr);
+    let rows: Vec<&str> = out.stdout.lines().filter(|l| l.starts_with("D ")).collect();
+    assert_eq!(rows.len(), 3, "{}", out.stdout);
+    assert!(
+        rows[0].starts_with("D a ") && rows[1].starts_with("D b "),
+        "{rows:?}"
+    );
+    let out = fairlock(&server, &["list", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    assert!(
+        json.as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["deadlocked"] == true),
+        "{json}"
+    );
+
+    // broken by force: member-b gets a, ends, releases b; member-a gets b
+    assert!(admin
+        .fair_lock("a")
+        .unwrap()
+        .force_unlock()
+        .unwrap()
+        .is_some());
+    assert!(join(t2));
+    assert!(join(t1));
+    assert!(admin.find_deadlocks().unwrap().is_empty());
+    let out = fairlock(&server, &["deadlocks"]);
+    assert_eq!(
+        (out.code, out.stdout.trim()),
+        (Some(0), "no deadlock found")
+    );
+    let out = fairlock(&server, &["deadlocks", "--json"]);
+    assert_eq!((out.code, out.stdout.trim()), (Some(0), "[]"));
+}
+
+#[test]
+fn deadlock_of_three_holders_is_one_cycle_in_order() {
+    let server = RedisServer::start();
+    let admin = support::client(&server);
+    let m1 = member(&server, Res::Lock("a"), Res::Lock("b"), LIMIT);
+    let m2 = member(&server, Res::Lock("b"), Res::Lock("c"), LIMIT);
+    let m3 = member(&server, Res::Lock("c"), Res::Lock("a"), LIMIT);
+    // a bystander waits behind the cycle: blocked, but no member
+    let m4 = member(&server, Res::Lock("z"), Res::Lock("a"), LIMIT);
+    let [t1, t2, t3, t4]: [JoinHandle<bool>; 4] = go(vec![m1, m2, m3, m4]).try_into().unwrap();
+    for l in ["a", "b", "c"] {
+        assert!(waiters(&admin, Res::Lock(l), if l == "a" { 2 } else { 1 }));
+    }
+    let found = admin.find_deadlocks().unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        normalized(&found[0]),
+        [
+            triple("a", "member-a", "b"),
+            triple("b", "member-b", "c"),
+            triple("c", "member-c", "a"),
+        ]
+    );
+    let out = fairlock(&server, &["deadlocks"]);
+    assert_eq!(out.code, Some(3), "{} {}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("deadlock 1 of 1: 3 holders"),
+        "{}",
+        out.stdout
+    );
+
+    assert!(admin
+        .fair_lock("a")
+        .unwrap()
+        .force_unlock()
+        .unwrap()
+        .is_some());
+    for t in [t3, t2, t1, t4] {
+        assert!(join(t));
+    }
+    assert!(admin.find_deadlocks().unwrap().is_empty());
+}
+
+#[test]
+fn deadlock_is_never_reported_among_locks_taken_in_one_global_order() {
+    let server = RedisServer::start();
+    let admin = support::client(&server);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let names: Vec<String> = (0..6).map(|i| format!("ordered-{i}")).collect();
+    let workers: Vec<JoinHandle<u64>> = (0..8)
+        .map(|w| {
+            let (url, stop, names) = (server.url(), stop.clone(), names.clone());
+            std::thread::spawn(move || {
+                let client = support::client_with_url(&url, |b| b);
+                let mut rng = support::rng::Rng::new(w as u64 + 1);
+                let mut rounds = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // a random subset, always taken in the names' order
+                    let mut guards = Vec::new();
+                    for n in &names {
+                        if rng.below(2) == 0 {
+                            let lock = client.fair_lock(n).unwrap();
+                            let g = lock.try_lock_for(LIMIT).unwrap().expect("served");
+                            std::thread::sleep(Duration::from_millis(rng.below(5)));
+                            guards.push(g);
+                        }
+                    }
+                    drop(guards);
+                    rounds += 1;
+                }
+                rounds
+            })
+        })
+        .collect();
+    // 200 looks while they run; some must catch a holder that waits for another lock
+    let mut chains = 0;
+    for _ in 0..200 {
+        let listing = admin.list_locks(ListOptions::new()).unwrap();
+        let holders: BTreeSet<&str> = listing
+            .locks
+            .iter()
+            .filter_map(|l| Some(l.holder.as_ref()?.origin.owner.as_str()))
+            .collect();
+        if listing.locks.iter().any(|l| {
+            l.waiters
+                .iter()
+                .any(|w| holders.contains(w.origin.owner.as_str()))
+        }) {
+            chains += 1;
+        }
+        let found = admin.deadlocks_in(&listing).unwrap();
+        assert!(found.is_empty(), "{found:?}");
+        assert!(admin.find_deadlocks().unwrap().is_empty());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds: u64 = workers
+        .into_iter()
+        .map(|t| {
+            assert!(eventually(LIMIT, || t.is_finished()));
+            t.join().unwrap()
+        })
+        .sum();
+    assert!(
+        chains > 0,
+        "no look saw a holder waiting: the test proved nothing"
+    );
+    assert!(rounds > 0);
+}
+
+#[test]
+fn deadlock_that_dissolved_before_the_confirming_read_is_not_reported() {
+    let server = RedisServer::start();
+    let admin = support::client(&server);
+    // member-a gives up on b after a while; member-b waits for a as long as it takes
+    let m1 = member(
+        &server,
+        Res::Lock("a"),
+        Res::Lock("b"),
+        Duration::from_secs(3),
+    );
+    let m2 = member(&server, Res::Lock("b"), Res::Lock("a"), LIMIT);
+    let [t1, t2]: [JoinHandle<bool>; 2] = go(vec![m1, m2]).try_into().unwrap();
+    assert!(waiters(&admin, Res::Lock("a"), 1) && waiters(&admin, Res::Lock("b"), 1));
+    let listing = admin.list_locks(ListOptions::new()).unwrap();
+    // the listing shows the cycle, and it stands: confirmed
+    assert_eq!(admin.deadlocks_in(&listing).unwrap().len(), 1);
+    // member-a's wait ends: it still holds a, but waits for nothing
+    assert!(waiters(&admin, Res::Lock("b"), 0));
+    // the same listing still shows the cycle, but the confirming read does not
+    assert!(admin.deadlocks_in(&listing).unwrap().is_empty());
+    assert!(admin.find_deadlocks().unwrap().is_empty());
+    assert!(!join(t1));
+    assert!(join(t2));
+}
+
+#[test]
+fn deadlock_through_a_semaphore_and_through_a_read_write_queue() {
+    let server = RedisServer::start();
+    let admin = support::client(&server);
+    // permits: member-s holds the only permit of s and waits for lock a; member-a holds a and
+    // waits for a permit
+    let m1 = member(&server, Res::Permit("s", 1), Res::Lock("a"), LIMIT);
+    let m2 = member(&server, Res::Lock("a"), Res::Permit("s", 1), LIMIT);
+    let [t1, t2]: [JoinHandle<bool>; 2] = go(vec![m1, m2]).try_into().unwrap();
+    assert!(waiters(&admin, Res::Lock("a"), 1) && waiters(&admin, Res::Permit("s", 1), 1));
+    let found = admin.find_deadlocks().unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        normalized(&found[0]),
+        [triple("a", "member-a", "s"), triple("s", "member-s", "a")]
+    );
+    let m = &found[0].members;
+    let s = m.iter().find(|m| m.lock.name == "s").unwrap();
+    assert_eq!(
+        (s.lock.kind, s.waits_for.kind),
+        (HoldKind::Semaphore, HoldKind::Lock)
+    );
+    assert!(matches!(s.blocking, Blocking::Holds { permits: 1, .. }));
+    // the semaphore table marks s
+    let out = fairlock(&server, &["list", "--json", "--semaphores"]);
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    assert_eq!(json[0]["name"], "s");
+    assert_eq!(json[0]["deadlocked"], true);
+    assert!(admin
+        .fair_lock("a")
+        .unwrap()
+        .force_unlock()
+        .unwrap()
+        .is_some());
+    assert!(join(t2) && join(t1));
+
+    // a read/write lock: member holds a read and asks for another behind a waiting writer,
+    // which waits for that first read
+    let url = server.url();
+    let (read_tx, read_rx) = mpsc::channel();
+    let reader = std::thread::Builder::new()
+        .name("reader".into())
+        .spawn(move || {
+            let client = support::client_with_url(&url, |b| b);
+            let rw = client.rw_lock("rw").unwrap();
+            let first = rw.read().unwrap();
+            read_tx.send(()).unwrap();
+            // wait until the writer is queued, then ask again
+            assert!(eventually(LIMIT, || rw.status().unwrap().waiters.len() == 1));
+            let again = rw.try_read_for(LIMIT).unwrap();
+            drop(first);
+            again.is_some()
+        })
+        .unwrap();
+    read_rx.recv_timeout(LIMIT).unwrap();
+    let url = server.url();
+    let writer = std::thread::Builder::new()
+        .name("writer".into())
+        .spawn(move || {
+            let client = support::client_with_url(&url, |b| b);
+            let got = client.rw_lock("rw").unwrap().try_write_for(LIMIT).unwrap();
+            got.is_some()
+        })
+        .unwrap();
+    let rw = admin.rw_lock("rw").unwrap();
+    assert!(eventually(LIMIT, || rw.status().unwrap().waiters.len() == 2));
+    let found = admin.find_deadlocks().unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let by_thread = |t: &str| {
+        found[0]
+            .members
+            .iter()
+            .find(|m| m.holder.thread == t)
+            .unwrap_or_else(|| panic!("{t} in {found:?}"))
+    };
+    let w = by_thread("writer");
+    assert_eq!(w.blocking, Blocking::QueuedAhead);
+    assert_eq!(
+        (w.lock.kind, w.waits_for.kind),
+        (HoldKind::Write, HoldKind::Write)
+    );
+    let r = by_thread("reader");
+    assert!(matches!(r.blocking, Blocking::Holds { permits: 1, .. }));
+    assert_eq!(
+        (r.lock.kind, r.waits_for.kind),
+        (HoldKind::Read, HoldKind::Read)
+    );
+    // broken by force: the first read goes, the writer is served and done, then the reader
+    let st = rw.status().unwrap();
+    let h = &st.holders[0];
+    assert!(rw.force_release(&h.hold_id, h.fencing_token).unwrap());
+    assert!(join(writer) && join(reader));
+    assert!(admin.find_deadlocks().unwrap().is_empty());
+}
