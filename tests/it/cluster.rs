@@ -26,7 +26,7 @@ fn master_kill_turn() -> std::sync::MutexGuard<'static, ()> {
 }
 const SECS_60: Duration = Duration::from_secs(60);
 
-fn cluster_url(cluster: &RedisCluster) -> String {
+pub(crate) fn cluster_url(cluster: &RedisCluster) -> String {
     // two of the six nodes: the client learns the others from them
     let urls = cluster.urls();
     let hosts: Vec<&str> = urls
@@ -54,7 +54,7 @@ fn lock_key(name: &str) -> String {
 }
 
 /// A lock name on each master, in `master_ports` order.
-fn names_on_every_master(cluster: &RedisCluster, prefix: &str) -> Vec<(String, u16)> {
+pub(crate) fn names_on_every_master(cluster: &RedisCluster, prefix: &str) -> Vec<(String, u16)> {
     cluster
         .master_ports()
         .into_iter()

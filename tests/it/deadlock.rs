@@ -32,7 +32,11 @@ enum Res {
 /// dropped), waits at most `wait` for `want`. The thread is named `member-<hold's name>`; it
 /// returns whether it got `want`.
 fn member(server: &RedisServer, hold: Res, want: Res, wait: Duration) -> Member {
-    let url = server.url();
+    member_at(server.url(), hold, want, wait)
+}
+
+/// [`member`] of the server at `url`.
+fn member_at(url: String, hold: Res, want: Res, wait: Duration) -> Member {
     let (held_tx, held_rx) = mpsc::channel();
     let (go, go_rx) = mpsc::channel::<()>();
     let name = match hold {
@@ -506,5 +510,51 @@ fn deadlock_through_a_semaphore_and_through_a_read_write_queue() {
     let h = &st.holders[0];
     assert!(rw.force_release(&h.hold_id, h.fencing_token).unwrap());
     assert!(join(writer) && join(reader));
+    assert!(admin.find_deadlocks().unwrap().is_empty());
+}
+
+#[test]
+fn deadlock_across_three_masters_of_a_cluster_is_found_across_slots() {
+    let cluster = crate::support::topology::RedisCluster::start();
+    let url = crate::cluster::cluster_url(&cluster);
+    let admin = support::client_with_url(&url, |b| b);
+    let names: Vec<&'static str> = crate::cluster::names_on_every_master(&cluster, "dl")
+        .into_iter()
+        .map(|(n, _)| &*Box::leak(n.into_boxed_str()))
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    let members: Vec<Member> = (0..3)
+        .map(|i| {
+            let (hold, want) = (names[i], names[(i + 1) % 3]);
+            member_at(url.clone(), Res::Lock(hold), Res::Lock(want), LIMIT)
+        })
+        .collect();
+    let threads = go(members);
+    for n in &names {
+        assert!(waiters(&admin, Res::Lock(n), 1), "{n}");
+    }
+    let found = admin.find_deadlocks().unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let mut expected: Vec<(String, String, String)> = (0..3)
+        .map(|i| {
+            triple(
+                names[i],
+                &format!("member-{}", names[i]),
+                names[(i + 1) % 3],
+            )
+        })
+        .collect();
+    let first = (0..3).min_by_key(|&i| names[i]).unwrap();
+    expected.rotate_left(first);
+    assert_eq!(normalized(&found[0]), expected);
+    assert!(admin
+        .fair_lock(names[0])
+        .unwrap()
+        .force_unlock()
+        .unwrap()
+        .is_some());
+    for t in threads {
+        assert!(join(t));
+    }
     assert!(admin.find_deadlocks().unwrap().is_empty());
 }
