@@ -22,7 +22,9 @@
 //! keeps it out, each of them. Every member of `D` has at least one edge, so each leads to a
 //! cycle; Tarjan's algorithm finds the strongly connected sets, and from each set that holds a
 //! cycle (two owners or more, or one that blocks itself) one elementary cycle is taken: the
-//! shortest from the set's smallest owner id back to it, edges tried in a fixed order. A set may
+//! shortest cycle of holds from the smallest owner id on one, or, in a set without a cycle of
+//! holds, the shortest from its smallest owner id using waits ahead in a queue too, edges tried
+//! in a fixed order (`cycle_in`). A set may
 //! hold more cycles than the one reported; breaking any member of the reported one frees the set
 //! or leaves another cycle to find on the next look. Owners in `D` that are in no such set wait
 //! behind a cycle (they are freed when it is broken) and are not reported as members.
@@ -225,18 +227,38 @@ fn strongly_connected<L>(edges: &[Vec<(L, usize)>]) -> Vec<Vec<usize>> {
     t.out
 }
 
-/// The shortest cycle from the smallest node of `set` back to it, through nodes of `set` only
-/// (breadth first, edges in their order); `None` when `set` holds no cycle (one node without an
-/// edge to itself).
+/// The cycle reported for the strongly connected `set`: the shortest cycle of holds (every step
+/// blocked by the next owner's hold) from the smallest node of `set` that is on one, through
+/// nodes of `set` only; when `set` has no cycle of holds (a reader queued behind a writer that
+/// waits for that reader's own read), the shortest from its smallest node using waits ahead in
+/// a queue too. `None` when `set` holds no cycle (one node without an edge to itself).
+///
+/// Holds first because a waiter queued ahead is blocked by the same cycle it would seem to
+/// join: with a cycle `a -> b -> c -> a` of holds and `z` queued ahead of `c` for what `a`
+/// holds, `c -> z -> a` closes a longer cycle through `z`, and refusing `z`, which holds
+/// nothing anybody in the cycle waits for, would break nothing.
 fn cycle_in(set: &[usize], edges: &[Vec<(Step, usize)>]) -> Option<Vec<Step>> {
-    let start = *set.first()?;
+    let holds_only = |step: &Step| matches!(step.via, Via::Hold(_));
+    set.iter()
+        .find_map(|&start| shortest_cycle(start, set, edges, holds_only))
+        .or_else(|| shortest_cycle(*set.first()?, set, edges, |_| true))
+}
+
+/// The shortest cycle from `start` back to it through nodes of `set` and edges that `usable`
+/// lets pass (breadth first, edges in their order).
+fn shortest_cycle(
+    start: usize,
+    set: &[usize],
+    edges: &[Vec<(Step, usize)>],
+    usable: impl Fn(&Step) -> bool,
+) -> Option<Vec<Step>> {
     let inside: BTreeSet<usize> = set.iter().copied().collect();
     // came_by[n]: the node and edge n was first reached from
     let mut came_by: BTreeMap<usize, (usize, Step)> = BTreeMap::new();
     let mut queue = VecDeque::from([start]);
     while let Some(v) = queue.pop_front() {
         for &(step, w) in &edges[v] {
-            if !inside.contains(&w) {
+            if !inside.contains(&w) || !usable(&step) {
                 continue;
             }
             if w == start {
@@ -349,6 +371,21 @@ mod tests {
         ]);
         assert_eq!(cycles, owners(&[&["c:1", "c:2"]]));
         assert_eq!(blocked, ["c:1", "c:2", "c:7", "c:8", "c:9"]);
+    }
+
+    #[test]
+    fn a_waiter_queued_ahead_of_a_member_is_not_made_a_member() {
+        // a -> b -> c -> a by holds; "a:0" (the smallest id) holds z and is queued for "a"
+        // ahead of "c:3": it closes a longer cycle through the queue, and refusing it would
+        // break nothing
+        let (cycles, blocked) = run(vec![
+            lock("a", Some("c:1"), &["a:0", "c:3"]),
+            lock("b", Some("c:2"), &["c:1"]),
+            lock("c", Some("c:3"), &["c:2"]),
+            lock("z", Some("a:0"), &[]),
+        ]);
+        assert_eq!(cycles, owners(&[&["c:1", "c:2", "c:3"]]));
+        assert_eq!(blocked, ["a:0", "c:1", "c:2", "c:3"]);
     }
 
     #[test]
