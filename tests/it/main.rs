@@ -26,6 +26,8 @@ mod fairness;
 mod fuzz;
 #[cfg(feature = "raw")]
 mod handoff_cost;
+#[cfg(feature = "raw")]
+mod handoff_hops;
 mod layers;
 #[cfg(feature = "cli")]
 mod leader;
