@@ -1,11 +1,12 @@
 //! Where the time of one contended lock hand-off goes, hop by hop (docs/benchmarks.md, "Where the
-//! time of a hand-off goes"). Over some 300 rounds on one local redis-server of its own, with
-//! `slowlog-log-slower-than 0`:
+//! time of a hand-off goes"). Over 300 hand-offs of each kind on one local redis-server of its
+//! own, in rounds that alternate between the slowlog off (server times from `INFO commandstats`
+//! around each script call) and `slowlog-log-slower-than 0` (each call apart):
 //!
 //! 1. the release, through the raw layer on connection A: its round trip as the releaser sees it
 //!    (`Instant`s around the call), and inside it the release script's server time and its inner
 //!    calls (`SLOWLOG`: on Redis 7 the `FCALL` and each `redis.call` inside it are logged apart,
-//!    the inner ones with client `?:0`);
+//!    the inner ones with client `?:0`, before the `FCALL`);
 //! 2. the push reaching the waiter: a second thread blocked in `BLPOP <wake list>` on its own
 //!    connection B (as the library's waker blocks), and the instant its `BLPOP` returns, from
 //!    the instant the release was sent and from the instant the release's reply was read; the
@@ -17,8 +18,9 @@
 //!
 //! Then the library's hand-off for comparison, in the same run: two threads taking turns on one
 //! lock, from the holder calling `unlock` to the waiter's `lock()` returning, with two threads of
-//! one `LockClient` and with a client per thread (as two processes would). Ignored by default (it
-//! measures); run it with
+//! one `LockClient` and with a client per thread (as two processes would), with the script calls
+//! per hand-off and their server time. The kinds run in turn in 6 blocks, so that they share the
+//! machine's moods. Ignored by default (it measures); run it with
 //!
 //! `nice -n 10 cargo test --release --all-features --test it -- --ignored --nocapture handoff_hops::`
 //!
@@ -128,9 +130,9 @@ struct ScriptCost {
     names: Vec<String>,
 }
 
-/// The cost of the script call whose function name ends in `_<script>` (or the `EVALSHA` of
-/// client `client`, the `n`-th of the log when `EVALSHA`): a script's inner calls are logged
-/// before the call itself, after whatever was logged before.
+/// The cost of the `nth` script call (`FCALL` or `EVALSHA`) of client `client` in the log: a
+/// script's inner calls are logged just before the call itself, after whatever was logged
+/// before.
 fn script_cost(log: &[Entry], client: &str, nth: usize) -> ScriptCost {
     let mut seen = 0;
     let mut inner: Vec<&Entry> = vec![];
