@@ -11,6 +11,12 @@
 # the bench's per-script table lists them), in two functions that do nothing else, next to the
 # naive lock's pair (SET NX PX, then a GET + DEL script).
 #
+# Last, the steps of a hand-off's scripts one by one: each of the library's helpers (common.lua,
+# state.lua) that the release and the queueing acquire run, 100 times in one function call on a
+# held lock with one waiter, so that a step's cost is its row less the empty loop's, divided by
+# 100 (the calls among them only read, but for the waiters hash's clock, stored at most once a
+# call when due).
+#
 # The figures show where the script time of an acquisition goes (docs/benchmarks.md); they move
 # with the machine's load like every timing here, so compare rows of one round.
 set -euo pipefail
@@ -96,4 +102,49 @@ for round in $(seq 1 "$rounds"); do
     "$(usec SET '{n}' me NX PX 30000)"
   printf '| %s | naive release (EVALSHA: GET, DEL) | %s |\n' "$round" \
     "$(usec EVALSHA "$naive_del" 1 '{n}' me)"
+done
+
+# The steps: the library's helpers under other function names, and a function per step that runs
+# it 100 times (a held lock "{s}" with one waiter, queued by the library's own acquire).
+steps_lib=$(lua library | sed -e '1s/.*/#!lua name=fairlock_steps/' \
+  -e "s/redis.register_function('fairlock_[0-9a-f]*_/redis.register_function('steps_/")
+steps_lib+='
+local function hundred(step)
+  return function(KEYS, ARGV)
+    reset(KEYS, ARGV)
+    reset_state()
+    return run(function()
+      for i = 1, 100 do step(i) end
+      return 1
+    end)
+  end
+end
+redis.register_function("step_loop", hundred(function() end))
+redis.register_function("step_read_lock", hundred(function() read_lock() end))
+redis.register_function("step_front", hundred(function() Q = nil front() end))
+redis.register_function("step_waiter_entry", hundred(function() reset_state() waiter_entry("w:1") end))
+redis.register_function("step_time", hundred(function() clock = nil now_ms() end))
+redis.register_function("step_advance", hundred(function() advance("1795601210931|1795601210931", 1000) end))
+redis.register_function("step_clock_value", hundred(function(i) formatted = {} clock_value(1795601210931 + i) end))
+redis.register_function("step_parse_waiter", hundred(function() parse_waiter("12|1795601210931|30000|h|1|1") end))
+redis.register_function("step_grant_message", hundred(function(i) formatted = {} grant_message(12 + i, 1795601210931211 + i) end))
+redis.register_function("step_wake_of", hundred(function() wake_of("0f8c2d4e-5a6b-4c7d-8e9f-a0b1c2d3e4f5:4") end))
+redis.register_function("step_with_receipt", hundred(function() with_receipt("1795601210931205 1795601210931206 1795601210931207 1795601210931208 1795601210931209 1795601210931210", "1795601210931211") end))
+redis.register_function("step_token_value", hundred(function() token_value("1795601210931211") end))'
+cli FUNCTION LOAD REPLACE "$steps_lib" >/dev/null
+step_keys=(4 '{s}' '{s}:fence' '{s}:queue' '{s}:waiters' 604800000 3000)
+cli FCALL steps_acquire "${step_keys[@]}" h:1 1 30000 wait 'h|1|1' >/dev/null
+cli FCALL steps_acquire "${step_keys[@]}" w:1 1 30000 wait 'h|1|1' >/dev/null
+echo
+echo "| round | step (100 times in one call) | server µs per call | µs per step (less the empty loop) |"
+echo "|---:|---|---:|---:|"
+for round in $(seq 1 "$rounds"); do
+  loop=$(usec FCALL step_loop "${step_keys[@]}")
+  printf '| %s | the empty loop | %s | - |\n' "$round" "$loop"
+  for step in read_lock front waiter_entry time advance clock_value parse_waiter grant_message \
+    wake_of with_receipt token_value; do
+    us=$(usec FCALL "step_$step" "${step_keys[@]}")
+    printf '| %s | `%s` | %s | %s |\n' "$round" "$step" "$us" \
+      "$(awk -v a="$us" -v b="$loop" 'BEGIN { printf "%.2f", (a - b) / 100 }')"
+  done
 done
