@@ -1,5 +1,5 @@
-//! What a hold is ([`HoldKind`]: a lock's, permits, a read or a write), and how every message
-//! names one.
+//! What a hold is ([`HoldKind`]: a lock's, permits, a read or a write), how every message
+//! names one, and where a holder or waiter runs ([`Origin`]).
 
 use std::fmt;
 
@@ -16,6 +16,20 @@ pub enum HoldKind {
     Read,
     /// The write of an [`RwLock`](crate::RwLock) (a [`WriteGuard`](crate::WriteGuard)).
     Write,
+}
+
+/// Where a holder or waiter runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Origin {
+    /// Owner id: `<client id>:<thread number>`.
+    pub owner: String,
+    /// Host name of the machine.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+    /// Thread name (`unnamed` when the thread has none).
+    pub thread: String,
 }
 
 /// A hold's kind and name as a text says it: `lock "x"`, `permits of semaphore "x"`,

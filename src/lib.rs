@@ -153,6 +153,7 @@ mod boot_clock;
 mod client;
 mod config;
 mod connection;
+mod cycle;
 mod deadlock;
 mod error;
 mod hold;
@@ -183,7 +184,7 @@ pub use connection::credentials::{Credentials, CredentialsError};
 /// The channels of [`LockGuard::lost_signal`], re-exported so that `select!` needs no other
 /// dependency.
 pub use crossbeam_channel;
-pub use deadlock::{Blocking, Deadlock, DeadlockMember, LockRef};
+pub use cycle::{Blocking, Deadlock, DeadlockMember, LockRef};
 pub use error::{Error, ErrorKind, Result};
 pub use keys::validate_name;
 pub use kind::HoldKind;

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+pub use crate::kind::Origin;
 use crate::raw::{RawStatus, SemStatus};
 
 /// Who holds a lock and who waits for it, read in one atomic step.
@@ -17,20 +18,6 @@ pub struct LockStatus {
     pub fencing_counter: u64,
     /// Waiters in queue order (the first is served next).
     pub waiters: Vec<Waiter>,
-}
-
-/// Where a holder or waiter runs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Origin {
-    /// Owner id: `<client id>:<thread number>`.
-    pub owner: String,
-    /// Host name of the machine.
-    pub host: String,
-    /// Process id.
-    pub pid: u32,
-    /// Thread name (`unnamed` when the thread has none).
-    pub thread: String,
 }
 
 /// The holder of a lock.

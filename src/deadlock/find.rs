@@ -4,8 +4,9 @@
 use std::collections::BTreeSet;
 
 use crate::client::LockClient;
+use crate::cycle::Deadlock;
 use crate::deadlock::graph::analyse;
-use crate::deadlock::report::{deadlock, Deadlock};
+use crate::deadlock::report::deadlock;
 use crate::deadlock::snapshot::{Primitive, Resource, ResourceKey};
 use crate::error::Result;
 use crate::list::{ListOptions, LockListing};

@@ -4,7 +4,7 @@
 //! - `snapshot`: locks, semaphores and read/write locks as one shape, and what stood through
 //!   two readings of one;
 //! - `graph`: pure functions: which waiting owners are proven blocked, and the cycles among them;
-//! - `report`: [`Deadlock`] as people and tools read it, and the youngest wait of a cycle;
+//! - `report`: a cycle of the graph as a [`Deadlock`](crate::Deadlock) (the type is in `cycle`);
 //! - `find`: [`LockClient::find_deadlocks`](crate::LockClient::find_deadlocks), which reads and
 //!   confirms.
 
@@ -12,5 +12,3 @@ mod find;
 mod graph;
 mod report;
 mod snapshot;
-
-pub use report::{Blocking, Deadlock, DeadlockMember, LockRef};

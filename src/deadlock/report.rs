@@ -1,111 +1,8 @@
-//! [`Deadlock`]: a cycle of the wait-for graph as people and tools read it, and which member's
-//! wait is the youngest ([`Deadlock::youngest_wait`], the rule for breaking one).
+//! A cycle of the graph as a [`Deadlock`] (the type lives in `cycle`, below the error type).
 
-use std::time::Duration;
-
+use crate::cycle::{Blocking, Deadlock, DeadlockMember, LockRef};
 use crate::deadlock::graph::{Step, Via};
 use crate::deadlock::snapshot::Resource;
-use crate::kind::HoldKind;
-use crate::status::Origin;
-
-/// A cycle of waits among holders of locks, semaphores and read/write locks, each blocked for
-/// as long as the next one is: nobody in it is served until one of them gives up (a timed wait
-/// ends, a process dies and its lease runs out, or an operator releases a hold).
-///
-/// Found by [`LockClient::find_deadlocks`](crate::LockClient::find_deadlocks), which reports a
-/// cycle only when two readings of every lock in it agree (see there).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Deadlock {
-    /// In the order of the cycle: each member's holder waits for the next member's lock, and
-    /// the last one's for the first one's. The first is the lock that the smallest owner id of
-    /// the cycle waits for (so the last member's holder is that owner).
-    pub members: Vec<DeadlockMember>,
-}
-
-/// One lock of a [`Deadlock`], who keeps the previous member's holder out of it, and what that
-/// one waits for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DeadlockMember {
-    /// The lock (or semaphore, or read/write lock), and what `holder` holds of it (or, when it is
-    /// [`Blocking::QueuedAhead`], wants of it).
-    pub lock: LockRef,
-    /// Who holds it (or waits ahead in its queue).
-    pub holder: Origin,
-    /// How `holder` keeps the previous member's holder out of `lock`.
-    pub blocking: Blocking,
-    /// What `holder` waits for: the next member's lock.
-    pub waits_for: LockRef,
-    /// How long `holder` has waited for it (server clock, at the reading).
-    pub waiting_for: Duration,
-    /// When `holder`'s wait reached Redis (server clock, since the Unix epoch; see
-    /// [`Waiter::queued_at`](crate::Waiter::queued_at)).
-    pub queued_at: Duration,
-}
-
-/// A lock, semaphore or read/write lock by name, and what is held or wanted of it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LockRef {
-    /// The name.
-    pub name: String,
-    /// [`HoldKind::Lock`] for a [`FairLock`](crate::FairLock), [`HoldKind::Semaphore`] for
-    /// permits, [`HoldKind::Read`] or [`HoldKind::Write`] for a read/write lock.
-    pub kind: HoldKind,
-}
-
-/// How a member's holder keeps the waiter before it out of its lock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Blocking {
-    /// It holds the lock (or these permits of it) with this fencing token.
-    Holds {
-        /// The hold's fencing token.
-        fencing_token: u64,
-        /// Permits held (1 for a lock; 2^30 for a read/write lock's write).
-        permits: u64,
-    },
-    /// It waits ahead in the lock's queue, which is served in order: the waiter behind cannot
-    /// be served before it is (a reader behind a writer that waits for a read).
-    QueuedAhead,
-}
-
-impl Deadlock {
-    /// The member whose holder's wait is the youngest (the latest [`DeadlockMember::queued_at`];
-    /// ties: the smallest owner id). Every reader of the same cycle picks the same one, from
-    /// values stored in Redis, whatever its clock: it is the one to refuse to break the cycle,
-    /// as it has waited least.
-    ///
-    /// ```
-    /// # fn show(d: &fairlock::Deadlock) {
-    /// let v = d.youngest_wait();
-    /// println!("break it at {} pid {} ({})", v.holder.host, v.holder.pid, v.holder.owner);
-    /// # }
-    /// ```
-    pub fn youngest_wait(&self) -> &DeadlockMember {
-        youngest(&self.members).expect("a deadlock has members")
-    }
-
-    /// Whether `name`, as a lock of `kind`'s primitive, is one of the cycle's locks
-    /// ([`HoldKind::Lock`] for a [`FairLock`](crate::FairLock); any other kind for a semaphore or
-    /// read/write lock).
-    pub fn involves(&self, name: &str, kind: HoldKind) -> bool {
-        let lock = |k: HoldKind| k == HoldKind::Lock;
-        self.members
-            .iter()
-            .any(|m| m.lock.name == name && lock(m.lock.kind) == lock(kind))
-    }
-}
-
-/// The member with the latest `queued_at`, ties the smallest owner id; `None` for none.
-fn youngest(members: &[DeadlockMember]) -> Option<&DeadlockMember> {
-    members.iter().min_by(|a, b| {
-        b.queued_at
-            .cmp(&a.queued_at)
-            .then_with(|| a.holder.owner.cmp(&b.holder.owner))
-    })
-}
 
 /// The cycle `steps` of `resources` as a [`Deadlock`].
 pub(crate) fn deadlock(resources: &[Resource], steps: &[Step]) -> Deadlock {
@@ -151,9 +48,13 @@ pub(crate) fn deadlock(resources: &[Resource], steps: &[Step]) -> Deadlock {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::cycle::youngest;
     use crate::deadlock::graph::analyse;
     use crate::deadlock::snapshot::tests::{lock, semaphore};
+    use crate::kind::HoldKind;
 
     fn found(resources: Vec<Resource>) -> Vec<Deadlock> {
         let (resources, a) = analyse(resources);
