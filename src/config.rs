@@ -69,6 +69,12 @@ pub struct Config {
     /// With the feature `metrics`: label the per-lock metrics with the lock name (one series
     /// per name: only for a bounded set of names). Default false.
     pub metrics_lock_label: bool,
+    /// Find and break deadlocks among the waits of clients that have it on: a thread that has
+    /// waited this long checks whether its wait closes a cycle, and again every this long while
+    /// it waits (see
+    /// [`LockClientBuilder::deadlock_detection`](crate::LockClientBuilder::deadlock_detection)).
+    /// `None` (the default): off, no check and no index. 100 ms to 1 h.
+    pub deadlock_detection: Option<Duration>,
 }
 
 impl Config {
@@ -95,6 +101,7 @@ impl Default for Config {
             wait_mode: WaitMode::Shared,
             danger_accept_eviction: false,
             metrics_lock_label: false,
+            deadlock_detection: None,
         }
     }
 }
@@ -125,6 +132,9 @@ impl Config {
             "",
         )?;
         in_range("fence_ttl", self.fence_ttl, ranges::FENCE_TTL, "")?;
+        if let Some(after) = self.deadlock_detection {
+            in_range("deadlock_detection", after, ranges::DEADLOCK_DETECTION, "")?;
+        }
         in_range(
             "failover_timeout",
             self.failover_timeout,
@@ -208,7 +218,7 @@ mod tests {
     fn each_setting_is_refused_just_outside_its_range_and_taken_at_its_ends() {
         let ms = Duration::from_millis;
         type Case = (&'static str, fn(&mut Config, Duration), Duration, Duration);
-        let cases: [Case; 7] = [
+        let cases: [Case; 8] = [
             ("lease", |c, d| c.lease = d, MIN_LEASE, MAX_LEASE),
             (
                 "connect_timeout",
@@ -244,6 +254,12 @@ mod tests {
                 "failover_timeout",
                 |c, d| c.failover_timeout = d,
                 Duration::ZERO,
+                Duration::from_secs(3600),
+            ),
+            (
+                "deadlock_detection",
+                |c, d| c.deadlock_detection = Some(d),
+                ms(100),
                 Duration::from_secs(3600),
             ),
         ];

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::cycle::{Blocking, Deadlock};
 use crate::kind::{Held, HoldKind};
 
 /// Everything that can go wrong in fairlock. Each message says what happened and what to do.
@@ -122,6 +123,21 @@ pub enum Error {
         name: String,
         /// What was waited for.
         kind: HoldKind,
+    },
+    /// With [`LockClientBuilder::deadlock_detection`](crate::LockClientBuilder::deadlock_detection)
+    /// on: this thread's wait closed a cycle of waits (it waited for a lock whose holder waits,
+    /// directly or through others, for what this thread holds), confirmed by two readings, and
+    /// it was the youngest wait in it ([`Deadlock::youngest_wait`]), so it was refused to break
+    /// the cycle. It left the queue as a timed-out wait does: nothing was taken, and the other
+    /// members are served in turn. Release what this thread holds (drop its guards), then
+    /// retry; taking locks in one fixed order keeps cycles from forming.
+    Deadlock {
+        /// The name of the lock, semaphore or read/write lock this thread waited for.
+        name: String,
+        /// What it waited for.
+        kind: HoldKind,
+        /// The cycle: each lock, its holder (host, pid, thread) and what that holder waits for.
+        deadlock: Box<Deadlock>,
     },
     /// The TLS handshake failed: the server's certificate is not trusted (another CA, expired,
     /// or it names another host), the server refused the client certificate, or the server does
@@ -268,6 +284,45 @@ impl fmt::Display for Error {
                 "the wait for {} was abandoned (WaitCanceller::abandon); nothing is held",
                 Held { kind: *kind, name }
             ),
+            Error::Deadlock {
+                name,
+                kind,
+                deadlock,
+            } => {
+                write!(
+                    f,
+                    "deadlock: the wait for {} was refused to break a cycle of {} waits, as the youngest in it:",
+                    Held { kind: *kind, name },
+                    deadlock.members.len()
+                )?;
+                for (i, m) in deadlock.members.iter().enumerate() {
+                    let how = match m.blocking {
+                        Blocking::QueuedAhead => "is wanted, ahead in its queue, by",
+                        _ => "is held by",
+                    };
+                    write!(
+                        f,
+                        "{} {} {how} {} pid {} thread {:?} (owner {}), which waits for {}",
+                        if i == 0 { "" } else { ";" },
+                        Held {
+                            kind: m.lock.kind,
+                            name: &m.lock.name
+                        },
+                        m.holder.host,
+                        m.holder.pid,
+                        m.holder.thread,
+                        m.holder.owner,
+                        Held {
+                            kind: m.waits_for.kind,
+                            name: &m.waits_for.name
+                        },
+                    )?;
+                }
+                write!(
+                    f,
+                    ". Nothing was taken and the queue place was given up: release what this thread holds, then retry (taking locks in one fixed order avoids cycles)"
+                )
+            }
             Error::Tls { during, detail } => write!(
                 f,
                 "TLS failed while {during} ({detail}); check that the URL's port serves TLS, that the CA bundle (tls_ca_file, --tls-ca) signed the server's certificate, that the certificate is in date and names the host in the URL (or use danger_accept_invalid_hostnames), and, for mutual TLS, the client certificate"
@@ -329,6 +384,10 @@ pub enum ErrorKind {
     /// The wait was given up by a [`WaitCanceller`](crate::WaitCanceller)
     /// ([`Error::Abandoned`]): an outcome the caller asked for, not a failure.
     Abandoned,
+    /// The wait was refused to break a deadlock ([`Error::Deadlock`]): release what the thread
+    /// holds before retrying; the same call made while holding the same locks may close the
+    /// cycle again.
+    Deadlock,
     /// This client cannot be used in this process any more ([`Error::Forked`]), or the
     /// operating system refused a thread ([`Error::Io`]).
     Client,
@@ -365,6 +424,7 @@ impl Error {
             Error::ForeignData { .. } => ErrorKind::ForeignData,
             Error::NotHeld { .. } => ErrorKind::NotHeld,
             Error::Abandoned { .. } => ErrorKind::Abandoned,
+            Error::Deadlock { .. } => ErrorKind::Deadlock,
             Error::Forked | Error::Io { .. } => ErrorKind::Client,
             Error::PermissionDenied { .. } => ErrorKind::Permission,
             Error::Redis(_) | Error::Protocol { .. } => ErrorKind::Unexpected,

@@ -51,6 +51,10 @@ pub(crate) mod ranges {
         Duration::from_secs(60)..=Duration::from_secs(365 * 24 * 3600);
     pub const FAILOVER_TIMEOUT: RangeInclusive<Duration> =
         Duration::ZERO..=Duration::from_secs(3600);
+    /// how long a wait lasts before it checks for a deadlock, and then how often it checks
+    /// again: each check costs round trips, and a wait shorter than it costs none
+    pub const DEADLOCK_DETECTION: RangeInclusive<Duration> =
+        Duration::from_millis(100)..=Duration::from_secs(3600);
     /// and less than the read timeout
     pub const REPLICA_ACK_TIMEOUT: RangeInclusive<Duration> =
         Duration::from_millis(1)..=Duration::from_secs(3600);

@@ -41,6 +41,8 @@ pub(crate) enum Outcome {
     TimedOut,
     Busy,
     Abandoned,
+    /// Refused to break a deadlock (`Error::Deadlock`).
+    Deadlock,
     Error,
 }
 
@@ -52,6 +54,7 @@ impl Outcome {
             Outcome::TimedOut => "timed_out",
             Outcome::Busy => "busy",
             Outcome::Abandoned => "abandoned",
+            Outcome::Deadlock => "deadlock",
             Outcome::Error => "error",
         }
     }
@@ -67,6 +70,7 @@ fn kind_label(kind: ErrorKind) -> &'static str {
         ErrorKind::ForeignData => "foreign_data",
         ErrorKind::NotHeld => "not_held",
         ErrorKind::Abandoned => "abandoned",
+        ErrorKind::Deadlock => "deadlock",
         ErrorKind::Client => "client",
         ErrorKind::Permission => "permission",
         ErrorKind::Unexpected => "unexpected",

@@ -39,6 +39,8 @@ use crate::background::waker::{Event, Registration};
 use crate::boot_clock::BootInstant;
 use crate::client::ClientInner;
 use crate::connection::Conn;
+use crate::cycle::Deadlock;
+use crate::deadlock::chase::{self, IndexedWait};
 use crate::error::{Error, Result};
 use crate::kind::HoldKind;
 use crate::raw::{self, judge_handoff, Call, Handoff, Mode, Wake, Witness};
@@ -85,6 +87,7 @@ pub(crate) fn acquire<P: Primitive>(primitive: &P, wait: Wait) -> Result<Option<
     client.waiting.lock().insert(key.clone(), attempt.number);
     let result = attempt.run(wait);
     client.waiting.lock().remove(&key);
+    attempt.unpublish();
     if result.is_err() {
         // even a first request may have been applied (queued, or granted) before its reply
         // was lost: leave, handing on anything granted to this attempt
@@ -95,6 +98,7 @@ pub(crate) fn acquire<P: Primitive>(primitive: &P, wait: Wait) -> Result<Option<
         Ok(None) if matches!(wait, Wait::No) => Outcome::Busy,
         Ok(None) => Outcome::TimedOut,
         Err(Error::Abandoned { .. }) => Outcome::Abandoned,
+        Err(Error::Deadlock { .. }) => Outcome::Deadlock,
         Err(_) => Outcome::Error,
     };
     let label = primitive.metric_label();
@@ -155,6 +159,8 @@ enum Waited {
     Deadline,
     /// The attempt's queue entry was dropped: run acquire again.
     Again,
+    /// A deadlock check found this wait the youngest of a confirmed cycle: leave.
+    Deadlock(Box<Deadlock>),
     /// The server dropped the connection (a restart): run acquire again (with the same attempt
     /// it keeps the place, or returns a grant whose wake-up was lost).
     Dropped,
@@ -179,6 +185,11 @@ struct Attempt<'a, P: Primitive> {
     /// The newest request that found this attempt queued: a grant popped later is placed
     /// after it by its token (see `lease_estimate`).
     witness: SharedWitness,
+    /// With deadlock detection on: when the wait passed its first queueing and when it
+    /// checks next (see `deadlock_check`).
+    detection: Cell<Option<Instant>>,
+    /// The wait is in the client's index of long waits (to delete at its end).
+    published: Cell<bool>,
 }
 
 impl<'a, P: Primitive> Attempt<'a, P> {
@@ -193,6 +204,8 @@ impl<'a, P: Primitive> Attempt<'a, P> {
             drops: Streak::default(),
             unanswered: Cell::new(false),
             witness: Arc::new(Mutex::new(Witness::none(BootInstant::now()))),
+            detection: Cell::new(None),
+            published: Cell::new(false),
         }
     }
 
@@ -255,6 +268,12 @@ impl<'a, P: Primitive> Attempt<'a, P> {
                     last_token,
                 } => {
                     self.witness.lock().observe(sent, last_token);
+                    if !queued {
+                        // the wait starts: its first deadlock check is `after` from now
+                        let after = self.client().config.deadlock_detection;
+                        self.detection
+                            .set(after.and_then(|a| Instant::now().checked_add(a)));
+                    }
                     queued = true;
                     let Some(registration) = &registration else {
                         return Err(Error::protocol(
@@ -424,6 +443,17 @@ impl<'a, P: Primitive> Attempt<'a, P> {
                 None => Queue::GaveUp,
             },
             Ok(Waited::Again) => Queue::Again,
+            Ok(Waited::Deadlock(deadlock)) => match self.leave_at_deadline()? {
+                // served meanwhile: the cycle is gone, and the grant is this attempt's
+                Some(grant) => Queue::Granted(grant),
+                None => {
+                    return Err(Error::Deadlock {
+                        name: self.primitive.name().to_string(),
+                        kind: self.primitive.kind(),
+                        deadlock,
+                    })
+                }
+            },
             Ok(Waited::Dropped) => {
                 if self.drops.add() > MAX_DROPS {
                     return Err(Error::Connection {
@@ -490,23 +520,86 @@ impl<'a, P: Primitive> Attempt<'a, P> {
             Wait::Forever => None,
             Wait::Until(d) => Some(d),
         };
-        if deadline.is_some_and(|d| d <= Instant::now()) {
-            return Ok(Waited::Deadline);
-        }
         registration.watch(&self.primitive.wake_key(&self.owner));
-        Ok(match registration.next(deadline) {
-            None => Waited::Deadline,
-            Some(Event::Wake {
+        let event = loop {
+            if deadline.is_some_and(|d| d <= Instant::now()) {
+                return Ok(Waited::Deadline);
+            }
+            // the deadlock check comes first when it is due before the deadline
+            let check = self
+                .detection
+                .get()
+                .filter(|c| deadline.is_none_or(|d| *c < d));
+            match registration.next(check.or(deadline)) {
+                Some(event) => break event,
+                None if check.is_none() => return Ok(Waited::Deadline),
+                None => {
+                    if let Some(deadlock) = self.deadlock_check() {
+                        return Ok(Waited::Deadlock(Box::new(deadlock)));
+                    }
+                }
+            }
+        };
+        Ok(match event {
+            Event::Wake {
                 wake: Wake::Grant { token, .. },
                 acked,
-            }) => Waited::Handoff { token, acked },
-            Some(Event::Wake {
+            } => Waited::Handoff { token, acked },
+            Event::Wake {
                 wake: Wake::Retry { .. },
                 ..
-            }) => Waited::Again,
-            Some(Event::Dropped) => Waited::Dropped,
-            Some(Event::Failed(e)) => return Err(e),
+            } => Waited::Again,
+            Event::Dropped => Waited::Dropped,
+            Event::Failed(e) => return Err(e),
         })
+    }
+
+    /// The wait has lasted `deadlock_detection`'s `after` (or `after` since the last check):
+    /// publish (refresh) it in the client's index of long waits, then check whether it is the
+    /// youngest wait of a confirmed cycle (`chase::check`). The next check is `after` from the
+    /// end of this one. A check that fails is logged and the wait goes on: detection is best
+    /// effort, and never ends a wait by itself but to break a cycle it proved.
+    fn deadlock_check(&self) -> Option<Deadlock> {
+        let client = self.client();
+        let after = client.config.deadlock_detection?;
+        let wait = IndexedWait {
+            kind: self.primitive.kind(),
+            attempt: self.number,
+            permits: self.primitive.permits(),
+            name: self.primitive.name().to_string(),
+        };
+        let checked = chase::publish(client, &self.owner, &wait, after)
+            .inspect(|()| self.published.set(true))
+            .and_then(|()| chase::check(client, &self.owner, &wait));
+        self.detection
+            .set(Instant::now().checked_add(after).or(self.detection.get()));
+        match checked {
+            Ok(found) => found,
+            Err(e) => {
+                if e.is_connection() {
+                    log::debug!(
+                        "fairlock: the deadlock check of the wait for {} failed ({e}); waiting on",
+                        self.primitive.held()
+                    );
+                } else {
+                    log::warn!(
+                        "fairlock: the deadlock check of the wait for {} failed ({e}); waiting on",
+                        self.primitive.held()
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    /// The wait ended: delete its entry in the index of long waits, if it made one (best
+    /// effort: the entry's TTL bounds a stale one, and every hop is confirmed anyway).
+    fn unpublish(&self) {
+        if self.published.get() {
+            if let Err(e) = chase::unpublish(self.client(), &self.owner) {
+                log::debug!("fairlock: could not delete a long wait's index entry: {e}");
+            }
+        }
     }
 
     /// The deadline passed: leave the queue, but keep a grant that reached us meanwhile.

@@ -50,6 +50,10 @@ pub(crate) trait Primitive {
     /// What is being taken, for messages: `lock "x"`, `permits of semaphore "x"`, ...
     fn kind(&self) -> HoldKind;
     fn name(&self) -> &str;
+    /// The permits wanted (1 for a lock).
+    fn permits(&self) -> u64 {
+        1
+    }
     /// The lease a new hold gets.
     fn lease(&self) -> Duration;
     /// The main key: the one the waker, the janitor and the `waiting` map know it by.

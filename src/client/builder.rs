@@ -166,6 +166,44 @@ impl LockClientBuilder {
         self
     }
 
+    /// Find and break deadlocks (off by default): a thread of this client that has waited
+    /// `after` (at least 100 ms, at most 1 h) for a lock, permits or a read or write checks
+    /// whether its wait closes a cycle (it waits for a lock whose holder waits, directly or
+    /// through others, for what this thread holds), and again every `after` while it waits.
+    /// In a cycle that a second reading confirms, the youngest wait
+    /// ([`Deadlock::youngest_wait`](crate::Deadlock::youngest_wait)) is refused: its call
+    /// returns [`Error::Deadlock`](crate::Error::Deadlock) naming the cycle, having left the
+    /// queue as a timed-out wait does; every other member keeps its place and is served.
+    ///
+    /// Only the waits of clients with it on are found: every member of a cycle must have it on
+    /// (their long waits are published in an index, `<key prefix>:waits:{<client>}`, which the
+    /// check follows from the lock waited for, hop by hop, instead of scanning). A cycle
+    /// standing longer than twice `after`, plus the round trips of one check, is broken; a wait
+    /// shorter than `after` costs nothing. See `docs/design.md`, "Deadlock detection".
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// let client = fairlock::LockClient::builder("redis://127.0.0.1:6379/")
+    ///     .deadlock_detection(Duration::from_secs(2))
+    ///     .build()?;
+    /// let (a, b) = (client.fair_lock("accounts")?, client.fair_lock("ledger")?);
+    /// let _accounts = a.lock()?;
+    /// match b.lock() {
+    ///     Ok(_ledger) => { /* ... */ }
+    ///     Err(fairlock::Error::Deadlock { deadlock, .. }) => {
+    ///         // another process holds "ledger" and waits for "accounts": drop what this thread
+    ///         // holds, then start again
+    ///         eprintln!("{} locks in a cycle", deadlock.members.len());
+    ///     }
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), fairlock::Error>(())
+    /// ```
+    pub fn deadlock_detection(mut self, after: Duration) -> Self {
+        self.config.deadlock_detection = Some(after);
+        self
+    }
+
     /// Trust the certificate authorities in the PEM file at `path` instead of the system's
     /// roots, for a `rediss://` URL (or `rediss+sentinel://`, `rediss+cluster://`): a private
     /// CA, as self-hosted TLS and some managed services use. Read by [`build`](Self::build).

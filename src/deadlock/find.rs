@@ -5,13 +5,12 @@ use std::collections::BTreeSet;
 
 use crate::client::LockClient;
 use crate::cycle::Deadlock;
+use crate::deadlock::chase::read_resource;
 use crate::deadlock::graph::analyse;
 use crate::deadlock::report::deadlock;
-use crate::deadlock::snapshot::{Primitive, Resource, ResourceKey};
+use crate::deadlock::snapshot::Resource;
 use crate::error::Result;
 use crate::list::{ListOptions, LockListing};
-use crate::raw::{RawLock, RawSemaphore, SemKind};
-use crate::status::{LockStatus, SemaphoreStatus};
 
 impl LockClient {
     /// Every deadlock among the holds and waits under this client's key prefix: cycles of
@@ -99,7 +98,7 @@ impl LockClient {
             .collect();
         let mut stood = Vec::new();
         for i in needed {
-            let again = self.read_again(&first[i].key())?;
+            let again = read_resource(&self.inner, &first[i].key())?;
             stood.push(first[i].intersect(&again));
         }
         let (stood, confirmed) = analyse(stood);
@@ -108,27 +107,5 @@ impl LockClient {
             .iter()
             .map(|c| deadlock(&stood, c))
             .collect())
-    }
-
-    /// One resource's status, read again.
-    fn read_again(&self, (primitive, name): &ResourceKey) -> Result<Resource> {
-        let inner = &self.inner;
-        let prefix = inner.config.key_prefix.as_str();
-        match primitive {
-            Primitive::Lock => {
-                let call = RawLock::new(prefix, name, inner.protocol)?.status();
-                let raw = inner.with_conn(call.during(), |c| call.run(c))?;
-                Ok(Resource::of_lock(&LockStatus::from_raw(name, raw)))
-            }
-            Primitive::Semaphore => {
-                // (the kind and capacity do not matter to a status read)
-                let raw = RawSemaphore::new(prefix, name, SemKind::Semaphore, 1, inner.protocol)?;
-                let call = raw.status();
-                let raw = inner.with_conn(call.during(), |c| call.run(c))?;
-                Ok(Resource::of_semaphore(&SemaphoreStatus::from_raw(
-                    name, raw,
-                )))
-            }
-        }
     }
 }

@@ -6,8 +6,11 @@
 //! - `graph`: pure functions: which waiting owners are proven blocked, and the cycles among them;
 //! - `report`: a cycle of the graph as a [`Deadlock`](crate::Deadlock) (the type is in `cycle`);
 //! - `find`: [`LockClient::find_deadlocks`](crate::LockClient::find_deadlocks), which reads and
-//!   confirms.
+//!   confirms;
+//! - `chase`: the edge chasing of a waiting thread with `deadlock_detection` on, and the index
+//!   of long waits it follows.
 
+pub(crate) mod chase;
 mod find;
 mod graph;
 mod report;

@@ -444,6 +444,10 @@ impl Primitive for Permits<'_> {
         &self.sem.name
     }
 
+    fn permits(&self) -> u64 {
+        self.permits
+    }
+
     fn lease(&self) -> Duration {
         self.sem.lease.lease()
     }
