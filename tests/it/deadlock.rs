@@ -558,3 +558,197 @@ fn deadlock_across_three_masters_of_a_cluster_is_found_across_slots() {
     }
     assert!(admin.find_deadlocks().unwrap().is_empty());
 }
+
+// ---- detection in the library: LockClientBuilder::deadlock_detection ----
+
+/// How a detecting member's wait ended.
+#[derive(Debug)]
+enum Outcome {
+    Acquired,
+    TimedOut,
+    /// `Error::Deadlock`: the cycle, the message, and how long the wait lasted.
+    Refused(Box<Deadlock>, String, Duration),
+}
+
+/// A member thread with a client of its own that has `deadlock_detection(after)`: holds
+/// `hold`, says so, and once `go` is sent waits for `want`: as long as it takes (`lock()`,
+/// `acquire()`) when `wait` is `None`, else at most `wait`. Named `member-<hold's name>`.
+fn detecting(
+    url: &str,
+    after: Duration,
+    hold: Res,
+    want: Res,
+    wait: Option<Duration>,
+) -> (JoinHandle<Outcome>, mpsc::Sender<()>) {
+    let (held_tx, held_rx) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let name = match hold {
+        Res::Lock(n) | Res::Permit(n, _) => format!("member-{n}"),
+    };
+    let url = url.to_string();
+    let t = std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            let client = support::client_with_url(&url, |b| b.deadlock_detection(after));
+            let _held: Box<dyn std::any::Any> = match hold {
+                Res::Lock(n) => Box::new(client.fair_lock(n).unwrap().lock().unwrap()),
+                Res::Permit(n, cap) => {
+                    Box::new(client.semaphore(n, cap).unwrap().acquire().unwrap())
+                }
+            };
+            held_tx.send(()).unwrap();
+            let _ = go_rx.recv_timeout(LIMIT);
+            let started = std::time::Instant::now();
+            let got: fairlock::Result<bool> = match (want, wait) {
+                (Res::Lock(n), None) => client.fair_lock(n).unwrap().lock().map(|_| true),
+                (Res::Lock(n), Some(w)) => client
+                    .fair_lock(n)
+                    .unwrap()
+                    .try_lock_for(w)
+                    .map(|g| g.is_some()),
+                (Res::Permit(n, cap), None) => {
+                    client.semaphore(n, cap).unwrap().acquire().map(|_| true)
+                }
+                (Res::Permit(n, cap), Some(w)) => client
+                    .semaphore(n, cap)
+                    .unwrap()
+                    .try_acquire_for(w)
+                    .map(|p| p.is_some()),
+            };
+            match got {
+                Ok(true) => Outcome::Acquired,
+                Ok(false) => Outcome::TimedOut,
+                Err(e @ fairlock::Error::Deadlock { .. }) => {
+                    let message = e.to_string();
+                    let fairlock::Error::Deadlock { deadlock, .. } = e else {
+                        unreachable!()
+                    };
+                    Outcome::Refused(deadlock, message, started.elapsed())
+                }
+                Err(e) => panic!("unexpected error: {e}"),
+            }
+        })
+        .unwrap();
+    held_rx
+        .recv_timeout(LIMIT)
+        .expect("the member took its hold");
+    (t, go)
+}
+
+/// Join the members within `LIMIT`; if one does not finish, release every lock in `names` by
+/// force (so no thread is left waiting for ever) and fail.
+fn join_all(admin: &LockClient, threads: Vec<JoinHandle<Outcome>>, names: &[&str]) -> Vec<Outcome> {
+    let done = eventually(LIMIT, || threads.iter().all(|t| t.is_finished()));
+    if !done {
+        for n in names {
+            let _ = admin.fair_lock(n).unwrap().force_unlock();
+        }
+        panic!("the members did not finish within {LIMIT:?}: no deadlock was broken");
+    }
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+#[test]
+fn deadlock_detection_refuses_exactly_the_youngest_of_two_and_the_other_acquires() {
+    let server = RedisServer::start();
+    let admin = support::client(&server);
+    let after = Duration::from_millis(300);
+    let url = server.url();
+    let (t1, go1) = detecting(&url, after, Res::Lock("a"), Res::Lock("b"), None);
+    let (t2, go2) = detecting(&url, after, Res::Lock("b"), Res::Lock("a"), None);
+    // member-a queues first: member-b's is the youngest wait, the one to refuse
+    go1.send(()).unwrap();
+    assert!(waiters(&admin, Res::Lock("b"), 1));
+    go2.send(()).unwrap();
+    let out = join_all(&admin, vec![t1, t2], &["a", "b"]);
+    assert!(matches!(out[0], Outcome::Acquired), "{out:?}");
+    let Outcome::Refused(d, message, waited) = &out[1] else {
+        panic!("member-b was not refused: {out:?}");
+    };
+    // told within after, one check period and the round trips (generous on 2 cores)
+    assert!(*waited < Duration::from_secs(5), "{waited:?}");
+    assert!(
+        *waited >= after,
+        "refused after {waited:?}, before {after:?}"
+    );
+    assert_eq!(
+        normalized(d),
+        [triple("a", "member-a", "b"), triple("b", "member-b", "a")]
+    );
+    assert_eq!(d.youngest_wait().holder.thread, "member-b");
+    for m in &d.members {
+        assert_eq!(m.holder.pid, std::process::id());
+        assert!(matches!(m.blocking, Blocking::Holds { permits: 1, .. }));
+    }
+    for part in [
+        "deadlock",
+        "lock \"a\"",
+        "lock \"b\"",
+        "member-a",
+        "member-b",
+        "release what this thread holds",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message}");
+    }
+    // the refused wait left its queue, the index entries are gone, nothing is left behind
+    assert!(admin.find_deadlocks().unwrap().is_empty());
+    assert!(waiters(&admin, Res::Lock("a"), 0) && waiters(&admin, Res::Lock("b"), 0));
+    let mut conn = server.conn();
+    assert!(eventually(LIMIT, || {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("fairlock:waits:*")
+            .query(&mut conn)
+            .unwrap();
+        keys.is_empty()
+    }));
+}
+
+#[test]
+fn deadlock_detection_breaks_a_cycle_of_three_across_three_masters_of_a_cluster() {
+    let cluster = crate::support::topology::RedisCluster::start();
+    let url = crate::cluster::cluster_url(&cluster);
+    let admin = support::client_with_url(&url, |b| b);
+    let names: Vec<&'static str> = crate::cluster::names_on_every_master(&cluster, "dd")
+        .into_iter()
+        .map(|(n, _)| &*Box::leak(n.into_boxed_str()))
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    let after = Duration::from_millis(300);
+    let members: Vec<_> = (0..3)
+        .map(|i| {
+            let (hold, want) = (names[i], names[(i + 1) % 3]);
+            detecting(&url, after, Res::Lock(hold), Res::Lock(want), Some(LIMIT))
+        })
+        .collect();
+    let mut threads = Vec::new();
+    for (i, (t, go)) in members.into_iter().enumerate() {
+        go.send(()).unwrap();
+        // in order: the last one's wait is the youngest
+        let want = names[(i + 1) % 3];
+        assert!(waiters(&admin, Res::Lock(want), 1), "{want}");
+        threads.push(t);
+    }
+    let out = join_all(&admin, threads, &names);
+    let refused: Vec<usize> = (0..3)
+        .filter(|&i| matches!(out[i], Outcome::Refused(..)))
+        .collect();
+    assert_eq!(refused, [2], "{out:?}");
+    assert!(matches!(out[0], Outcome::Acquired) && matches!(out[1], Outcome::Acquired));
+    let Outcome::Refused(d, _, waited) = &out[2] else {
+        unreachable!()
+    };
+    assert!(*waited < Duration::from_secs(5), "{waited:?}");
+    let mut expected: Vec<(String, String, String)> = (0..3)
+        .map(|i| {
+            triple(
+                names[i],
+                &format!("member-{}", names[i]),
+                names[(i + 1) % 3],
+            )
+        })
+        .collect();
+    let first = (0..3).min_by_key(|&i| names[i]).unwrap();
+    expected.rotate_left(first);
+    assert_eq!(normalized(d), expected);
+    assert!(admin.find_deadlocks().unwrap().is_empty());
+}
