@@ -752,3 +752,193 @@ fn deadlock_detection_breaks_a_cycle_of_three_across_three_masters_of_a_cluster(
     assert_eq!(normalized(d), expected);
     assert!(admin.find_deadlocks().unwrap().is_empty());
 }
+
+#[test]
+fn deadlock_detection_refuses_nobody_among_locks_taken_in_one_global_order() {
+    let server = RedisServer::start();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let names: Vec<String> = (0..5).map(|i| format!("ordered-{i}")).collect();
+    // a short `after`, and holds long enough that waits pass it: checks run, and find chains
+    // of holders that wait, but never a cycle
+    let after = Duration::from_millis(100);
+    let workers: Vec<JoinHandle<(u64, u64)>> = (0..8)
+        .map(|w| {
+            let (url, stop, names) = (server.url(), stop.clone(), names.clone());
+            std::thread::spawn(move || {
+                let client = support::client_with_url(&url, |b| b.deadlock_detection(after));
+                let mut rng = support::rng::Rng::new(w as u64 + 1);
+                let (mut rounds, mut long_waits) = (0, 0);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let mut guards = Vec::new();
+                    for n in &names {
+                        if rng.below(2) == 0 {
+                            let lock = client.fair_lock(n).unwrap();
+                            let started = std::time::Instant::now();
+                            let g = match lock.try_lock_for(LIMIT) {
+                                Ok(g) => g.expect("served"),
+                                Err(e) => panic!("refused in a fixed order: {e}"),
+                            };
+                            if started.elapsed() > after * 2 {
+                                long_waits += 1;
+                            }
+                            std::thread::sleep(Duration::from_millis(rng.below(40)));
+                            guards.push(g);
+                        }
+                    }
+                    drop(guards);
+                    rounds += 1;
+                }
+                (rounds, long_waits)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(4));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut long_waits = 0;
+    for t in workers {
+        assert!(eventually(LIMIT, || t.is_finished()));
+        let (rounds, long) = t.join().expect("no worker was refused");
+        assert!(rounds > 0);
+        long_waits += long;
+    }
+    assert!(
+        long_waits > 0,
+        "no wait lasted two check periods: no check ran, the test proved nothing"
+    );
+}
+
+#[test]
+fn deadlock_detection_refuses_nobody_when_the_cycle_dissolves_on_its_own() {
+    let server = RedisServer::start();
+    let admin = support::client(&server);
+    let after = Duration::from_millis(300);
+    let url = server.url();
+    // member-b waits for a as long as it takes; member-a, queued later (the youngest wait),
+    // gives up on b sooner than its first check: the cycle ends with its wait
+    let (tb, gob) = detecting(&url, after, Res::Lock("b"), Res::Lock("a"), None);
+    let (ta, goa) = detecting(
+        &url,
+        after,
+        Res::Lock("a"),
+        Res::Lock("b"),
+        Some(Duration::from_millis(250)),
+    );
+    gob.send(()).unwrap();
+    assert!(waiters(&admin, Res::Lock("a"), 1));
+    goa.send(()).unwrap();
+    let out = join_all(&admin, vec![ta, tb], &["a", "b"]);
+    assert!(matches!(out[0], Outcome::TimedOut), "{out:?}");
+    assert!(matches!(out[1], Outcome::Acquired), "{out:?}");
+
+    // the same with a wait that lasts past member-b's checks but less than its own first
+    // check plus a round: member-b (older) checks, sees the cycle, is not the youngest, keeps
+    // waiting; member-a times out before or at its first check and refuses nobody, or its
+    // check refuses itself: never member-b
+    let (tb, gob) = detecting(&url, after, Res::Lock("b2"), Res::Lock("a2"), None);
+    let (ta, goa) = detecting(
+        &url,
+        after,
+        Res::Lock("a2"),
+        Res::Lock("b2"),
+        Some(Duration::from_millis(320)),
+    );
+    gob.send(()).unwrap();
+    assert!(waiters(&admin, Res::Lock("a2"), 1));
+    std::thread::sleep(after * 2);
+    goa.send(()).unwrap();
+    let out = join_all(&admin, vec![ta, tb], &["a2", "b2"]);
+    assert!(
+        matches!(out[0], Outcome::TimedOut | Outcome::Refused(..)),
+        "{out:?}"
+    );
+    assert!(matches!(out[1], Outcome::Acquired), "{out:?}");
+}
+
+#[test]
+fn deadlock_detection_breaks_a_cycle_through_a_semaphore_and_a_read_write_lock() {
+    let server = RedisServer::start();
+    let admin = support::client(&server);
+    let after = Duration::from_millis(300);
+    let url = server.url();
+    // member-s holds the only permit of s and waits for lock a; member-a holds a and waits
+    // for a permit (queued later: refused)
+    let (ts, gos) = detecting(
+        &url,
+        after,
+        Res::Permit("s", 1),
+        Res::Lock("a"),
+        Some(LIMIT),
+    );
+    let (ta, goa) = detecting(
+        &url,
+        after,
+        Res::Lock("a"),
+        Res::Permit("s", 1),
+        Some(LIMIT),
+    );
+    gos.send(()).unwrap();
+    assert!(waiters(&admin, Res::Lock("a"), 1));
+    goa.send(()).unwrap();
+    let out = join_all(&admin, vec![ts, ta], &["a"]);
+    assert!(matches!(out[0], Outcome::Acquired), "{out:?}");
+    let Outcome::Refused(d, message, _) = &out[1] else {
+        panic!("member-a was not refused: {out:?}");
+    };
+    assert_eq!(
+        normalized(d),
+        [triple("a", "member-a", "s"), triple("s", "member-s", "a")]
+    );
+    assert!(message.contains("permits of semaphore \"s\""), "{message}");
+
+    // a read/write lock: the reader holds a read of rw and waits for lock l; the writer holds
+    // l and waits for the write of rw, behind the read (queued later: refused)
+    let start = |name: &str, f: fn(&LockClient, &mpsc::Sender<()>, &mpsc::Receiver<()>) -> bool| {
+        let (held_tx, held_rx) = mpsc::channel();
+        let (go, go_rx) = mpsc::channel();
+        let url = url.clone();
+        let t = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let client = support::client_with_url(&url, |b| b.deadlock_detection(after));
+                f(&client, &held_tx, &go_rx)
+            })
+            .unwrap();
+        held_rx.recv_timeout(LIMIT).expect("took its hold");
+        (t, go)
+    };
+    let (reader, go_r) = start("reader", |client, held, go| {
+        let _read = client.rw_lock("rw").unwrap().read().unwrap();
+        held.send(()).unwrap();
+        let _ = go.recv_timeout(LIMIT);
+        match client.fair_lock("l").unwrap().try_lock_for(LIMIT) {
+            Ok(got) => got.is_some(),
+            Err(e) => panic!("the reader's wait is the older: {e}"),
+        }
+    });
+    let (writer, go_w) = start("writer", |client, held, go| {
+        let _l = client.fair_lock("l").unwrap().lock().unwrap();
+        held.send(()).unwrap();
+        let _ = go.recv_timeout(LIMIT);
+        match client.rw_lock("rw").unwrap().try_write_for(LIMIT) {
+            Err(fairlock::Error::Deadlock { deadlock, kind, .. }) => {
+                assert_eq!(kind, HoldKind::Write);
+                assert!(deadlock.involves("rw", HoldKind::Write));
+                assert!(deadlock.involves("l", HoldKind::Lock));
+                true
+            }
+            other => panic!(
+                "the writer was not refused: {:?}",
+                other.map(|g| g.is_some())
+            ),
+        }
+    });
+    go_r.send(()).unwrap();
+    assert!(waiters(&admin, Res::Lock("l"), 1));
+    go_w.send(()).unwrap();
+    if !eventually(LIMIT, || reader.is_finished() && writer.is_finished()) {
+        let _ = admin.fair_lock("l").unwrap().force_unlock();
+        panic!("the read/write cycle was not broken within {LIMIT:?}");
+    }
+    assert!(writer.join().expect("the writer was refused"));
+    assert!(reader.join().expect("the reader was served"));
+}
