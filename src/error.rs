@@ -653,6 +653,56 @@ pub type Result<T> = std::result::Result<T, Error>;
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_deadlock_says_the_cycle_the_refused_wait_and_what_to_do() {
+        use crate::cycle::{DeadlockMember, LockRef};
+        use crate::kind::Origin;
+        use std::time::Duration;
+        let member = |lock: &str, host: &str, owner: &str, waits: &str| DeadlockMember {
+            lock: LockRef {
+                name: lock.into(),
+                kind: HoldKind::Lock,
+            },
+            holder: Origin {
+                owner: owner.into(),
+                host: host.into(),
+                pid: 7,
+                thread: "worker".into(),
+            },
+            blocking: Blocking::Holds {
+                fencing_token: 3,
+                permits: 1,
+            },
+            waits_for: LockRef {
+                name: waits.into(),
+                kind: HoldKind::Lock,
+            },
+            waiting_for: Duration::from_secs(1),
+            queued_at: Duration::from_secs(100),
+        };
+        let e = Error::Deadlock {
+            name: "b".into(),
+            kind: HoldKind::Lock,
+            deadlock: Box::new(Deadlock {
+                members: vec![
+                    member("b", "web-1", "c1:1", "a"),
+                    member("a", "web-2", "c2:1", "b"),
+                ],
+            }),
+        };
+        let text = e.to_string();
+        assert_eq!(
+            text,
+            "deadlock: the wait for lock \"b\" was refused to break a cycle of 2 waits, as the youngest in it: \
+             lock \"b\" is held by web-1 pid 7 thread \"worker\" (owner c1:1), which waits for lock \"a\"; \
+             lock \"a\" is held by web-2 pid 7 thread \"worker\" (owner c2:1), which waits for lock \"b\". \
+             Nothing was taken and the queue place was given up: release what this thread holds, then retry \
+             (taking locks in one fixed order avoids cycles)"
+        );
+        assert_eq!(e.kind(), ErrorKind::Deadlock);
+        assert!(!e.is_retryable());
+    }
+
     /// The error the redis crate makes of the server's error reply `-<line>`.
     fn server_error(line: &str) -> redis::RedisError {
         let reply = redis::parse_redis_value(format!("-{line}\r\n").as_bytes())
