@@ -155,6 +155,24 @@ fn triple(lock: &str, thread: &str, waits: &str) -> (String, String, String) {
     (lock.into(), thread.into(), waits.into())
 }
 
+/// The cycle of `names` as [`normalized`] gives it: lock `names[i]` held by `member-<names[i]>`,
+/// which waits for the next name (the last for the first), from the smallest name on.
+fn ring(names: &[&str]) -> Vec<(String, String, String)> {
+    let n = names.len();
+    let mut ring: Vec<(String, String, String)> = (0..n)
+        .map(|i| {
+            triple(
+                names[i],
+                &format!("member-{}", names[i]),
+                names[(i + 1) % n],
+            )
+        })
+        .collect();
+    let first = (0..n).min_by_key(|&i| names[i]).unwrap_or(0);
+    ring.rotate_left(first);
+    ring
+}
+
 fn fairlock(server: &RedisServer, args: &[&str]) -> Out {
     let mut c = Command::new(BIN);
     c.env("FAIRLOCK_REDIS_URL", server.url())
@@ -535,17 +553,7 @@ fn deadlock_across_three_masters_of_a_cluster_is_found_across_slots() {
     }
     let found = admin.find_deadlocks().unwrap();
     assert_eq!(found.len(), 1, "{found:?}");
-    let mut expected: Vec<(String, String, String)> = (0..3)
-        .map(|i| {
-            triple(
-                names[i],
-                &format!("member-{}", names[i]),
-                names[(i + 1) % 3],
-            )
-        })
-        .collect();
-    let first = (0..3).min_by_key(|&i| names[i]).unwrap();
-    expected.rotate_left(first);
+    let expected = ring(&names);
     assert_eq!(normalized(&found[0]), expected);
     assert!(admin
         .fair_lock(names[0])
@@ -738,17 +746,7 @@ fn deadlock_detection_breaks_a_cycle_of_three_across_three_masters_of_a_cluster(
         unreachable!()
     };
     assert!(*waited < Duration::from_secs(5), "{waited:?}");
-    let mut expected: Vec<(String, String, String)> = (0..3)
-        .map(|i| {
-            triple(
-                names[i],
-                &format!("member-{}", names[i]),
-                names[(i + 1) % 3],
-            )
-        })
-        .collect();
-    let first = (0..3).min_by_key(|&i| names[i]).unwrap();
-    expected.rotate_left(first);
+    let expected = ring(&names);
     assert_eq!(normalized(d), expected);
     assert!(admin.find_deadlocks().unwrap().is_empty());
 }
