@@ -104,3 +104,84 @@ pub(crate) fn youngest(members: &[DeadlockMember]) -> Option<&DeadlockMember> {
             .then_with(|| a.holder.owner.cmp(&b.holder.owner))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(lock: &str, kind: HoldKind, owner: &str, queued_at: u64) -> DeadlockMember {
+        DeadlockMember {
+            lock: LockRef {
+                name: lock.into(),
+                kind,
+            },
+            holder: Origin {
+                owner: owner.into(),
+                host: "h".into(),
+                pid: 1,
+                thread: "t".into(),
+            },
+            blocking: Blocking::QueuedAhead,
+            waits_for: LockRef {
+                name: "next".into(),
+                kind: HoldKind::Lock,
+            },
+            waiting_for: Duration::from_secs(1),
+            queued_at: Duration::from_secs(queued_at),
+        }
+    }
+
+    fn victim(members: Vec<DeadlockMember>) -> String {
+        Deadlock { members }.youngest_wait().holder.owner.clone()
+    }
+
+    #[test]
+    fn the_youngest_wait_is_the_latest_queued_and_ties_go_to_the_smallest_owner() {
+        let members = vec![
+            member("a", HoldKind::Lock, "c:2", 50),
+            member("b", HoldKind::Lock, "c:1", 70),
+            member("c", HoldKind::Lock, "c:3", 60),
+        ];
+        assert_eq!(victim(members.clone()), "c:1");
+        let mut reversed = members;
+        reversed.reverse();
+        assert_eq!(victim(reversed), "c:1");
+        // the same queued_at: the smallest owner id, wherever it stands in the cycle
+        let tied = vec![
+            member("a", HoldKind::Lock, "c:3", 70),
+            member("b", HoldKind::Lock, "c:1", 70),
+            member("c", HoldKind::Lock, "c:2", 70),
+            member("d", HoldKind::Lock, "c:0", 69),
+        ];
+        assert_eq!(victim(tied.clone()), "c:1");
+        let mut reversed = tied;
+        reversed.reverse();
+        assert_eq!(victim(reversed), "c:1");
+        assert_eq!(youngest(&[]), None);
+    }
+
+    #[test]
+    fn a_deadlock_involves_its_locks_by_name_and_primitive_only() {
+        let d = Deadlock {
+            members: vec![
+                member("a", HoldKind::Lock, "c:1", 1),
+                member("rw", HoldKind::Read, "c:2", 2),
+                member("s", HoldKind::Semaphore, "c:3", 3),
+            ],
+        };
+        assert!(d.involves("a", HoldKind::Lock));
+        // a semaphore or read/write lock named like a lock of the cycle is another one
+        assert!(!d.involves("a", HoldKind::Semaphore));
+        assert!(!d.involves("a", HoldKind::Write));
+        // a read/write lock and a semaphore are one keyspace: any of their kinds
+        for kind in [HoldKind::Read, HoldKind::Write, HoldKind::Semaphore] {
+            assert!(d.involves("rw", kind), "{kind:?}");
+            assert!(d.involves("s", kind), "{kind:?}");
+        }
+        assert!(!d.involves("rw", HoldKind::Lock));
+        assert!(!d.involves("s", HoldKind::Lock));
+        for kind in [HoldKind::Lock, HoldKind::Semaphore] {
+            assert!(!d.involves("b", kind), "{kind:?}");
+        }
+    }
+}

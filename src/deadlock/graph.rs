@@ -400,6 +400,21 @@ mod tests {
     }
 
     #[test]
+    fn a_cycle_whose_wait_is_also_held_up_by_another_cycle_is_still_found() {
+        // m:1 <-> m:2 by locks a and b; x:1 <-> x:2: x:1 wants both permits of s, held by x:2
+        // and by m:1 (of the other cycle, already a closed set when x:1 is visited), x:2 waits
+        // for c, held by x:1
+        let (cycles, blocked) = run(vec![
+            semaphore("s", 2, &[("m:1", 1), ("x:2", 1)], &[("x:1", 2)]),
+            lock("a", Some("m:2"), &["m:1"]),
+            lock("b", Some("m:1"), &["m:2"]),
+            lock("c", Some("x:1"), &["x:2"]),
+        ]);
+        assert_eq!(cycles, owners(&[&["m:1", "m:2"], &["x:1", "x:2"]]));
+        assert_eq!(blocked, ["m:1", "m:2", "x:1", "x:2"]);
+    }
+
+    #[test]
     fn a_waiter_behind_permit_holders_is_blocked_only_if_the_free_ones_cannot_serve_it() {
         // s: 2 permits, held by c:1 (in the cycle) and c:3 (busy). c:2 wants 1: c:3's release
         // serves it, so nothing is proven

@@ -169,6 +169,7 @@ impl Resource {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::status::{PermitHolder, PermitWaiter};
 
     pub fn origin(owner: &str) -> Origin {
         Origin {
@@ -267,5 +268,64 @@ pub(crate) mod tests {
         later.capacity = Some(3);
         assert_eq!(s.intersect(&later).capacity, None);
         assert_eq!(s.intersect(&s).capacity, Some(2));
+    }
+
+    fn permit_holder(owner: &str, permits: u64) -> PermitHolder {
+        PermitHolder {
+            hold_id: format!("{owner}#1"),
+            origin: origin(owner),
+            permits,
+            fencing_token: 5,
+            lease_remaining: Duration::from_secs(1),
+            lease: Duration::from_secs(2),
+        }
+    }
+
+    fn permit_waiter(owner: &str, permits: u64) -> PermitWaiter {
+        PermitWaiter {
+            origin: origin(owner),
+            permits,
+            waiting_for: Duration::from_secs(3),
+            queued_at: Duration::from_secs(40),
+        }
+    }
+
+    fn status(capacity: Option<u64>) -> SemaphoreStatus {
+        SemaphoreStatus {
+            name: "s".into(),
+            capacity,
+            permits_held: 0,
+            fencing_counter: 5,
+            holders: vec![permit_holder("c:1", 1), permit_holder("c:2", RW_CAPACITY)],
+            waiters: vec![permit_waiter("c:3", RW_CAPACITY), permit_waiter("c:4", 1)],
+        }
+    }
+
+    fn kinds(r: &Resource) -> Vec<HoldKind> {
+        r.holds
+            .iter()
+            .map(|h| h.kind)
+            .chain(r.waits.iter().map(|w| w.kind))
+            .collect()
+    }
+
+    #[test]
+    fn a_read_write_lock_is_told_from_a_semaphore_by_its_capacity() {
+        use HoldKind::{Read, Semaphore, Write};
+        let rw = Resource::of_semaphore(&status(Some(RW_CAPACITY)));
+        assert_eq!(kinds(&rw), [Read, Write, Write, Read]);
+        assert_eq!(rw.capacity, Some(RW_CAPACITY));
+        assert_eq!(rw.key(), (Primitive::Semaphore, "s".to_string()));
+        // (a semaphore's permits are never a write, however many)
+        for capacity in [Some(2), None] {
+            let s = Resource::of_semaphore(&status(capacity));
+            assert_eq!(kinds(&s), [Semaphore; 4], "{capacity:?}");
+            assert_eq!(s.capacity, capacity);
+        }
+        let s = Resource::of_semaphore(&status(Some(2)));
+        assert_eq!(s.holds[1].id, "c:2#1");
+        assert_eq!(s.holds[1].permits, RW_CAPACITY);
+        assert_eq!(s.waits[0].origin.owner, "c:3");
+        assert_eq!(s.waits[0].queued_at, Duration::from_secs(40));
     }
 }
