@@ -171,6 +171,13 @@ fn holder_and_two_waiters(
     let pids: Vec<u32> = support::queue_pids(lock);
     assert_eq!(pids, [w1.pid(), w2.pid()]);
     w1.kill();
+    // until the server has seen W1's blocking connection close, its BLPOP is still served: a
+    // grant popped there (the reply lost with the connection) would be a hold of the dead
+    // process, ending only with its 30 s lease
+    assert!(
+        support::eventually(SECS_30, || server.connections_named("fairlock-waker") == 1),
+        "the dead waiter's blocking connection is still open"
+    );
     (holder, w1, w2)
 }
 

@@ -660,6 +660,15 @@ fn a_killed_waiter_is_passed_over_and_the_live_one_behind_it_gets_the_permit() {
     let (live, release_live) = taker(&sem, "live", 1, &tx);
     assert!(waiting(&sem, 2));
     dead.kill();
+    // the server must have seen the dead waiter's blocking connection close: until then its
+    // BLPOP is still served, and a grant popped there (its reply lost with the connection) is a
+    // hold of the dead process, which ends only with its 30 s lease (seen once under load)
+    assert!(
+        support::eventually(Duration::from_secs(10), || server
+            .connections_named("fairlock-waker")
+            == 1),
+        "the dead waiter's blocking connection is still open"
+    );
     // released at once: the permit goes to the dead head first, and is revoked
     let released = Instant::now();
     held.release().unwrap();

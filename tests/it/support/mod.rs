@@ -320,6 +320,18 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// How many connections named `name` (`CLIENT SETNAME`) the server has (`CLIENT LIST`).
+    pub fn connections_named(&self, name: &str) -> usize {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query(&mut self.conn())
+            .unwrap();
+        let field = format!("name={name}");
+        list.lines()
+            .filter(|l| l.split(' ').any(|f| f == field))
+            .count()
+    }
+
     /// `total_commands_processed` from `INFO stats`.
     pub fn total_commands(&self) -> u64 {
         let info: String = redis::cmd("INFO")
