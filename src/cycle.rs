@@ -73,16 +73,18 @@ impl Deadlock {
     /// The member whose holder's wait is the youngest (the latest [`DeadlockMember::queued_at`];
     /// ties: the smallest owner id). Every reader of the same cycle picks the same one, from
     /// values stored in Redis, whatever its clock: it is the one to refuse to break the cycle,
-    /// as it has waited least.
+    /// as it has waited least. `None` only for a `Deadlock` whose `members` were emptied after
+    /// it was found (every one fairlock reports has at least one).
     ///
     /// ```
     /// # fn show(d: &fairlock::Deadlock) {
-    /// let v = d.youngest_wait();
-    /// println!("break it at {} pid {} ({})", v.holder.host, v.holder.pid, v.holder.owner);
+    /// if let Some(v) = d.youngest_wait() {
+    ///     println!("break it at {} pid {} ({})", v.holder.host, v.holder.pid, v.holder.owner);
+    /// }
     /// # }
     /// ```
-    pub fn youngest_wait(&self) -> &DeadlockMember {
-        youngest(&self.members).expect("a deadlock has members")
+    pub fn youngest_wait(&self) -> Option<&DeadlockMember> {
+        youngest(&self.members)
     }
 
     /// Whether `name`, as a lock of `kind`'s primitive, is one of the cycle's locks
@@ -132,7 +134,12 @@ mod tests {
     }
 
     fn victim(members: Vec<DeadlockMember>) -> String {
-        Deadlock { members }.youngest_wait().holder.owner.clone()
+        Deadlock { members }
+            .youngest_wait()
+            .unwrap()
+            .holder
+            .owner
+            .clone()
     }
 
     #[test]

@@ -198,7 +198,7 @@ pub(crate) fn refusing(
         .cycles
         .iter()
         .map(|c| deadlock(&resources, c))
-        .find(|d| d.youngest_wait().holder.owner == me);
+        .find(|d| d.youngest_wait().is_some_and(|y| y.holder.owner == me));
     (resources, analysis.blocked, mine)
 }
 

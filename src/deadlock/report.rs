@@ -126,7 +126,7 @@ mod tests {
         d.members[0].queued_at = at(5);
         d.members[1].queued_at = at(9);
         d.members[2].queued_at = at(7);
-        let v = d.youngest_wait().holder.owner.clone();
+        let v = d.youngest_wait().unwrap().holder.owner.clone();
         assert_eq!(v, d.members[1].holder.owner);
         // a tie goes to the smallest owner id, wherever it is in the cycle
         d.members[2].queued_at = at(9);
@@ -135,7 +135,7 @@ mod tests {
             .owner
             .clone()
             .min(d.members[2].holder.owner.clone());
-        assert_eq!(d.youngest_wait().holder.owner, smaller);
+        assert_eq!(d.youngest_wait().unwrap().holder.owner, smaller);
         let mut rotated = d.clone();
         rotated.members.rotate_left(1);
         assert_eq!(rotated.youngest_wait(), d.youngest_wait());

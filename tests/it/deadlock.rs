@@ -222,7 +222,7 @@ fn deadlock_of_two_holders_is_reported_with_both_holds_and_waits_then_gone_once_
         assert_eq!(other.waiters[0].queued_at, m.queued_at);
     }
     // the two holders' owners differ, and the youngest wait is the later queued one
-    let y = found[0].youngest_wait();
+    let y = found[0].youngest_wait().unwrap();
     let latest = found[0].members.iter().map(|m| m.queued_at).max().unwrap();
     assert_eq!(y.queued_at, latest);
 
@@ -683,7 +683,7 @@ fn deadlock_detection_refuses_exactly_the_youngest_of_two_and_the_other_acquires
         normalized(d),
         [triple("a", "member-a", "b"), triple("b", "member-b", "a")]
     );
-    assert_eq!(d.youngest_wait().holder.thread, "member-b");
+    assert_eq!(d.youngest_wait().unwrap().holder.thread, "member-b");
     for m in &d.members {
         assert_eq!(m.holder.pid, std::process::id());
         assert!(matches!(m.blocking, Blocking::Holds { permits: 1, .. }));

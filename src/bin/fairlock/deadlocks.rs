@@ -104,13 +104,15 @@ fn to_text(found: &[Deadlock]) -> String {
         for m in &d.members {
             s += &member_text(m);
         }
-        let y = d.youngest_wait();
-        s += &format!(
-            "  youngest wait: {}, owner {}, for {}\n\n",
-            clean(&describe_origin(&y.holder)),
-            clean(&y.holder.owner),
-            wanted(y)
-        );
+        if let Some(y) = d.youngest_wait() {
+            s += &format!(
+                "  youngest wait: {}, owner {}, for {}\n",
+                clean(&describe_origin(&y.holder)),
+                clean(&y.holder.owner),
+                wanted(y)
+            );
+        }
+        s += "\n";
     }
     s += &match found.len() {
         0 => "no deadlock found\n".to_string(),
@@ -153,7 +155,7 @@ fn to_json(d: &Deadlock) -> serde_json::Value {
         .collect();
     json!({
         "members": members,
-        "youngest_wait": d.youngest_wait().holder.owner,
+        "youngest_wait": d.youngest_wait().map(|y| y.holder.owner.as_str()),
     })
 }
 
