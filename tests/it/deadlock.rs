@@ -8,15 +8,13 @@
 use crate::support;
 
 use std::collections::BTreeSet;
-use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::support::{eventually, Out, Proc, RedisServer};
+use crate::support::{eventually, Out, RedisServer};
 use fairlock::{Blocking, Deadlock, HoldKind, ListOptions, LockClient};
 
-const BIN: &str = env!("CARGO_BIN_EXE_fairlock");
 /// Upper bound for any one wait, thread or fairlock process in these tests.
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -174,13 +172,7 @@ fn ring(names: &[&str]) -> Vec<(String, String, String)> {
 }
 
 fn fairlock(server: &RedisServer, args: &[&str]) -> Out {
-    let mut c = Command::new(BIN);
-    c.env("FAIRLOCK_REDIS_URL", server.url())
-        .env("RUST_BACKTRACE", "1")
-        .args(args)
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped());
-    Proc::spawn(&mut c).finish(LIMIT)
+    support::fairlock_cli(server, args, LIMIT)
 }
 
 #[test]

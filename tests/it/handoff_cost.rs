@@ -25,23 +25,10 @@ const LEASE: Duration = Duration::from_secs(30);
 
 /// `INFO commandstats` as command -> (calls, usec).
 fn commandstats(c: &mut redis::Connection) -> HashMap<String, (u64, u64)> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
-    let mut out = HashMap::new();
-    for line in info.lines() {
-        let Some(rest) = line.strip_prefix("cmdstat_") else {
-            continue;
-        };
-        let (name, fields) = rest.split_once(':').unwrap();
-        let field = |key: &str| -> u64 {
-            fields
-                .split(',')
-                .find_map(|f| f.strip_prefix(key))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        out.insert(name.to_string(), (field("calls="), field("usec=")));
-    }
-    out
+    support::commandstats(c)
+        .into_iter()
+        .map(|(name, calls, usec)| (name, (calls, usec)))
+        .collect()
 }
 
 fn reset_stats(c: &mut redis::Connection) {

@@ -35,7 +35,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::RedisServer;
+use crate::support::{commandstats, RedisServer};
 use fairlock::raw::{self, Acquire, Mode, RawLock, Release, Runner, Settings, Wake};
 use redis::Value;
 
@@ -175,24 +175,6 @@ fn blocked_clients(c: &mut redis::Connection) -> u64 {
         .find_map(|l| l.strip_prefix("blocked_clients:"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
-}
-
-/// `INFO commandstats` as (command, calls, usec).
-fn commandstats(c: &mut redis::Connection) -> Vec<(String, u64, u64)> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let field = |key: &str| -> u64 {
-                fields
-                    .split(',')
-                    .find_map(|f| f.strip_prefix(key))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0)
-            };
-            Some((name.to_string(), field("calls="), field("usec=")))
-        })
-        .collect()
 }
 
 /// What ran between two `INFO commandstats`: the script calls' server time (µs) and the count

@@ -27,13 +27,7 @@ const IDLE: usize = 300;
 const OTHER_KEYS: usize = 3_000;
 
 fn fairlock(server: &RedisServer, args: &[&str]) -> Out {
-    let mut c = Command::new(BIN);
-    c.env("FAIRLOCK_REDIS_URL", server.url())
-        .env("RUST_BACKTRACE", "1")
-        .args(args)
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped());
-    Proc::spawn(&mut c).finish(LIMIT)
+    support::fairlock_cli(server, args, LIMIT)
 }
 
 fn redis<T: redis::FromRedisValue>(server: &RedisServer, cmd: &mut redis::Cmd) -> T {

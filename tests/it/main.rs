@@ -20,6 +20,7 @@ mod cluster;
 mod counter;
 mod crash;
 mod credentials;
+#[cfg(all(feature = "cli", feature = "raw"))]
 mod deadlock;
 mod fairness;
 #[cfg(feature = "raw")]

@@ -907,3 +907,35 @@ pub fn nodelay_of_connections_to(port: u16) -> Vec<bool> {
     }
     found
 }
+
+/// Run the `fairlock` command-line tool with `args` against `server` (`FAIRLOCK_REDIS_URL`),
+/// stdin closed, and wait for it (`timeout` at most, then it is killed).
+#[cfg(feature = "cli")]
+pub fn fairlock_cli(server: &RedisServer, args: &[&str], timeout: Duration) -> Out {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fairlock"));
+    c.env("FAIRLOCK_REDIS_URL", server.url())
+        .env("RUST_BACKTRACE", "1")
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    Proc::spawn(&mut c).finish(timeout)
+}
+
+/// `INFO commandstats` of the server `c` is connected to, as (command, calls, usec), one per
+/// command the server has run since its last `CONFIG RESETSTAT`.
+pub fn commandstats(c: &mut redis::Connection) -> Vec<(String, u64, u64)> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let field = |key: &str| -> u64 {
+                fields
+                    .split(',')
+                    .find_map(|f| f.strip_prefix(key))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            Some((name.to_string(), field("calls="), field("usec=")))
+        })
+        .collect()
+}
