@@ -523,16 +523,26 @@ fn deadlock_through_a_semaphore_and_through_a_read_write_queue() {
     assert!(admin.find_deadlocks().unwrap().is_empty());
 }
 
+/// Three lock names starting with `prefix`, each in a slot of another of the cluster's three
+/// masters (leaked: the members' threads take `&'static str` names).
+fn one_name_per_master(
+    cluster: &crate::support::topology::RedisCluster,
+    prefix: &str,
+) -> Vec<&'static str> {
+    let names: Vec<&'static str> = crate::cluster::names_on_every_master(cluster, prefix)
+        .into_iter()
+        .map(|(n, _)| &*Box::leak(n.into_boxed_str()))
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    names
+}
+
 #[test]
 fn deadlock_across_three_masters_of_a_cluster_is_found_across_slots() {
     let cluster = crate::support::topology::RedisCluster::start();
     let url = crate::cluster::cluster_url(&cluster);
     let admin = support::client_with_url(&url, |b| b);
-    let names: Vec<&'static str> = crate::cluster::names_on_every_master(&cluster, "dl")
-        .into_iter()
-        .map(|(n, _)| &*Box::leak(n.into_boxed_str()))
-        .collect();
-    assert_eq!(names.len(), 3, "{names:?}");
+    let names = one_name_per_master(&cluster, "dl");
     let members: Vec<Member> = (0..3)
         .map(|i| {
             let (hold, want) = (names[i], names[(i + 1) % 3]);
@@ -708,11 +718,7 @@ fn deadlock_detection_breaks_a_cycle_of_three_across_three_masters_of_a_cluster(
     let cluster = crate::support::topology::RedisCluster::start();
     let url = crate::cluster::cluster_url(&cluster);
     let admin = support::client_with_url(&url, |b| b);
-    let names: Vec<&'static str> = crate::cluster::names_on_every_master(&cluster, "dd")
-        .into_iter()
-        .map(|(n, _)| &*Box::leak(n.into_boxed_str()))
-        .collect();
-    assert_eq!(names.len(), 3, "{names:?}");
+    let names = one_name_per_master(&cluster, "dd");
     let after = Duration::from_millis(300);
     let members: Vec<_> = (0..3)
         .map(|i| {
