@@ -65,10 +65,22 @@ fn ephemeral_ports() -> RangeInclusive<u16> {
 /// is more room there), free when a bind to it works, and never handed out twice in one process.
 /// Panics after 100 candidates that were taken.
 pub fn free_port() -> u16 {
+    free_port_with(&[])
+}
+
+/// The offset of a Cluster node's bus port from its own (Redis's default `cluster-port`).
+pub const CLUSTER_BUS_OFFSET: u16 = 10000;
+
+/// As [`free_port`], for a server that also binds `port + offset` for each of `offsets` (a
+/// Cluster node's bus, a TLS port beside the plain one): every one of those ports is outside the
+/// ephemeral range, free, and handed out with it. A bus port left in the ephemeral range was
+/// taken by some connection's local port five times in a row once, under a loaded suite.
+pub fn free_port_with(offsets: &[u16]) -> u16 {
     static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     let ephemeral = ephemeral_ports();
-    let below = TEST_PORTS_FROM..*ephemeral.start();
-    let above = ephemeral.end().saturating_add(1)..u16::MAX;
+    let reach = offsets.iter().copied().max().unwrap_or(0);
+    let below = TEST_PORTS_FROM..ephemeral.start().saturating_sub(reach);
+    let above = ephemeral.end().saturating_add(1)..u16::MAX.saturating_sub(reach);
     let ports = if below.len() >= above.len() {
         below
     } else {
@@ -76,17 +88,23 @@ pub fn free_port() -> u16 {
     };
     assert!(
         !ports.is_empty(),
-        "no ports for tests outside the ephemeral range {ephemeral:?}"
+        "no ports for tests (and {offsets:?} above them) outside the ephemeral range {ephemeral:?}"
     );
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..100 {
         let port = fastrand::u16(ports.clone());
-        if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            handed_out.insert(port);
+        let all: Vec<u16> = std::iter::once(port)
+            .chain(offsets.iter().map(|o| port + o))
+            .collect();
+        let free = all
+            .iter()
+            .all(|p| !handed_out.contains(p) && TcpListener::bind(("127.0.0.1", *p)).is_ok());
+        if free {
+            handed_out.extend(all);
             return port;
         }
     }
-    panic!("no free port in {ports:?} after 100 tries");
+    panic!("no free port in {ports:?} (with {offsets:?} above it) after 100 tries");
 }
 
 /// The server program the tests start: `FAIRLOCK_TEST_REDIS_SERVER` when set (a path, e.g. the

@@ -1,8 +1,9 @@
 //! Real Redis topologies on loopback for tests: a Sentinel group ([`SentinelGroup`]: a master, 2
 //! replicas and 3 sentinels) and a Redis Cluster ([`RedisCluster`]: 3 masters with a replica each).
 //!
-//! Every process is a real `redis-server` on a free loopback port ([`free_port`]) with its own
-//! dir, config file and log under the topology's temp dir; dropping the topology kills every
+//! Every process is a real `redis-server` on a free loopback port
+//! ([`free_port_with`](super::free_port_with), with its TLS and bus ports) with its own dir,
+//! config file and log under the topology's temp dir; dropping the topology kills every
 //! process it started (and a panic on the way, in `start` too, drops what was started so far).
 //! Every wait has a deadline and panics naming what did not happen, the state it saw last and
 //! the tail of the log files of the processes concerned.
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 use redis::{Connection, FromRedisValue, RedisResult, Value};
 use tempfile::TempDir;
 
-use super::{free_port, Proc};
+use super::{free_port_with, Proc, CLUSTER_BUS_OFFSET};
 
 /// The name the sentinels monitor the master under.
 pub const MASTER_NAME: &str = "mymaster";
@@ -1017,7 +1018,8 @@ impl Node {
             child: None,
         };
         for _ in 0..5 {
-            node.port = free_port();
+            // the TLS port beside it (RedisCluster::tls_port) and a Cluster node's bus port too
+            node.port = free_port_with(&[1, CLUSTER_BUS_OFFSET]);
             fs::write(&node.conf, conf(node.port, &node.dir))
                 .unwrap_or_else(|e| panic!("write {}: {e}", node.conf.display()));
             if node.launch(&[]) {
