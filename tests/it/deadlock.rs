@@ -938,3 +938,107 @@ fn deadlock_detection_breaks_a_cycle_through_a_semaphore_and_a_read_write_lock()
     assert!(writer.join().expect("the writer was refused"));
     assert!(reader.join().expect("the reader was served"));
 }
+
+/// Two threads of ONE client (one client id, so one index hash for both, and with
+/// `WaitMode::PerThread` a waker connection per thread), each holding one lock and waiting for
+/// the other's: the youngest wait is refused, the other thread then acquires.
+fn two_threads_of_one_client_in_a_cycle(mode: fairlock::WaitMode) {
+    let server = RedisServer::start();
+    let admin = support::client(&server);
+    let after = Duration::from_millis(300);
+    let client = std::sync::Arc::new(support::client_with_url(&server.url(), |b| {
+        b.deadlock_detection(after).wait_mode(mode)
+    }));
+    let spawn = |hold: &'static str, want: &'static str| {
+        let client = client.clone();
+        let (held_tx, held_rx) = mpsc::channel();
+        let (go, go_rx) = mpsc::channel::<()>();
+        let t = std::thread::Builder::new()
+            .name(format!("member-{hold}"))
+            .spawn(move || {
+                let _held = client.fair_lock(hold).unwrap().lock().unwrap();
+                held_tx.send(()).unwrap();
+                let _ = go_rx.recv_timeout(LIMIT);
+                match client.fair_lock(want).unwrap().try_lock_for(LIMIT) {
+                    Ok(Some(_)) => Outcome::Acquired,
+                    Ok(None) => Outcome::TimedOut,
+                    Err(fairlock::Error::Deadlock { deadlock, .. }) => {
+                        Outcome::Refused(deadlock, String::new(), Duration::ZERO)
+                    }
+                    Err(e) => panic!("unexpected error: {e}"),
+                }
+            })
+            .unwrap();
+        held_rx
+            .recv_timeout(LIMIT)
+            .expect("the member took its hold");
+        (t, go)
+    };
+    let (ta, goa) = spawn("a", "b");
+    let (tb, gob) = spawn("b", "a");
+    goa.send(()).unwrap();
+    assert!(waiters(&admin, Res::Lock("b"), 1));
+    gob.send(()).unwrap();
+    let out = join_all(&admin, vec![ta, tb], &["a", "b"]);
+    assert!(matches!(out[0], Outcome::Acquired), "{mode:?}: {out:?}");
+    let Outcome::Refused(d, ..) = &out[1] else {
+        panic!("{mode:?}: member-b was not refused: {out:?}");
+    };
+    assert_eq!(
+        normalized(d),
+        [triple("a", "member-a", "b"), triple("b", "member-b", "a")],
+        "{mode:?}"
+    );
+    // both members are threads of the one client
+    let owners: BTreeSet<&str> = d.members.iter().map(|m| m.holder.owner.as_str()).collect();
+    assert_eq!(owners.len(), 2, "{owners:?}");
+    let clients: BTreeSet<&str> = owners
+        .iter()
+        .map(|o| o.rsplit_once(':').map_or(*o, |(c, _)| c))
+        .collect();
+    if mode == fairlock::WaitMode::Shared {
+        assert_eq!(clients.len(), 1, "{owners:?}");
+    }
+    assert!(waiters(&admin, Res::Lock("a"), 0) && waiters(&admin, Res::Lock("b"), 0));
+}
+
+#[test]
+fn deadlock_detection_breaks_a_cycle_of_two_threads_of_one_client() {
+    two_threads_of_one_client_in_a_cycle(fairlock::WaitMode::Shared);
+}
+
+#[test]
+fn deadlock_detection_breaks_a_cycle_of_two_threads_of_one_client_waiting_per_thread() {
+    two_threads_of_one_client_in_a_cycle(fairlock::WaitMode::PerThread);
+}
+
+#[test]
+fn deadlock_detection_breaks_a_cycle_of_clients_that_reach_redis_through_sentinel() {
+    let lone = crate::support::topology::LoneSentinel::start();
+    let url = format!(
+        "redis+sentinel://{}/{}",
+        lone.sentinel_url()
+            .trim_start_matches("redis://")
+            .trim_end_matches('/'),
+        crate::support::topology::MASTER_NAME
+    );
+    let admin = support::client_with_url(&url, |b| b);
+    let after = Duration::from_millis(300);
+    let (t1, go1) = detecting(&url, after, Res::Lock("a"), Res::Lock("b"), Some(LIMIT));
+    let (t2, go2) = detecting(&url, after, Res::Lock("b"), Res::Lock("a"), Some(LIMIT));
+    go1.send(()).unwrap();
+    assert!(waiters(&admin, Res::Lock("b"), 1));
+    go2.send(()).unwrap();
+    let out = join_all(&admin, vec![t1, t2], &["a", "b"]);
+    assert!(matches!(out[0], Outcome::Acquired), "{out:?}");
+    let Outcome::Refused(d, _, waited) = &out[1] else {
+        panic!("member-b was not refused: {out:?}");
+    };
+    assert!(*waited < Duration::from_secs(5), "{waited:?}");
+    assert_eq!(
+        normalized(d),
+        [triple("a", "member-a", "b"), triple("b", "member-b", "a")]
+    );
+    // the operator's view through the sentinel agrees: nothing is left
+    assert!(admin.find_deadlocks().unwrap().is_empty());
+}
