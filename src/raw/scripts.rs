@@ -61,6 +61,9 @@ struct Source {
     state: bool,
     /// uses sem.lua's helpers too (a semaphore's script)
     sem: bool,
+    /// only reads: registered with the `no-writes` flag, so that Redis runs it when it refuses
+    /// writes (`maxmemory` reached under `noeviction`), when an operator needs it most
+    reads_only: bool,
     body: &'static str,
 }
 
@@ -69,10 +72,14 @@ macro_rules! source {
         source!($name, $state, false)
     };
     ($name:literal, $state:expr, $sem:expr) => {
+        source!($name, $state, $sem, false)
+    };
+    ($name:literal, $state:expr, $sem:expr, $reads_only:expr) => {
         Source {
             name: $name,
             state: $state,
             sem: $sem,
+            reads_only: $reads_only,
             body: include_str!(concat!("lua/", $name, ".lua")),
         }
     };
@@ -85,13 +92,13 @@ const RENEW_SOURCE: Source = source!("renew", false);
 const LEAVE_SOURCE: Source = source!("leave", true);
 const FORCE_UNLOCK_SOURCE: Source = source!("force_unlock", true);
 const HEARTBEAT_SOURCE: Source = source!("heartbeat", true);
-const STATUS_SOURCE: Source = source!("status", true);
+const STATUS_SOURCE: Source = source!("status", true, false, true);
 const SEM_ACQUIRE_SOURCE: Source = source!("sem_acquire", true, true);
 const SEM_RELEASE_SOURCE: Source = source!("sem_release", true, true);
 const SEM_RENEW_SOURCE: Source = source!("sem_renew", true, true);
 const SEM_LEAVE_SOURCE: Source = source!("sem_leave", true, true);
 const SEM_HEARTBEAT_SOURCE: Source = source!("sem_heartbeat", true, true);
-const SEM_STATUS_SOURCE: Source = source!("sem_status", true, true);
+const SEM_STATUS_SOURCE: Source = source!("sem_status", true, true, true);
 const SEM_CAPACITY_SOURCE: Source = source!("sem_capacity", true, true);
 
 const SOURCES: [&Source; 15] = [
@@ -141,13 +148,25 @@ static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     for s in SOURCES {
         hashed.push_str(s.reset());
         hashed.push_str(s.body());
+        // (the flags are part of the code: a change of them is another library)
+        hashed.push_str(if s.reads_only { "no-writes" } else { "" });
     }
     let name = format!("fairlock_{}", &redis::Script::new(&hashed).get_hash()[..12]);
     let mut code = format!("#!lua name={name}\n{helpers}");
     for s in SOURCES {
+        let (name_and_flags, close) = if s.reads_only {
+            (
+                format!(
+                    "{{function_name = '{name}_{}', flags = {{ 'no-writes' }}, callback = ",
+                    s.name
+                ),
+                "}",
+            )
+        } else {
+            (format!("('{name}_{}', ", s.name), ")")
+        };
         code.push_str(&format!(
-            "\nredis.register_function('{name}_{}', function(KEYS, ARGV)\n{}{}\nend)\n",
-            s.name,
+            "\nredis.register_function{name_and_flags}function(KEYS, ARGV)\n{}{}\nend{close}\n",
             s.reset(),
             s.body(),
         ));

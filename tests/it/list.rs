@@ -715,3 +715,61 @@ fn idle_semaphores_are_listed_complete_and_read_many_to_a_round_trip() {
         "{reads} read events on the server to list {N} semaphores and {N} locks"
     );
 }
+
+/// A Redis that has reached its `maxmemory` (policy `noeviction`) refuses every write, and an
+/// operator then needs to see who holds what more than ever: the status of a lock and of a
+/// semaphore, `list_locks`, `find_deadlocks` and `fairlock list` only read, and work.
+#[test]
+fn status_and_listings_work_on_a_redis_that_is_out_of_memory() {
+    let server = RedisServer::start();
+    let client = support::client(&server);
+    let lock = client.fair_lock("full").unwrap();
+    let _guard = lock.lock().unwrap();
+    let sem = client.semaphore("full-sem", 2).unwrap();
+    let _permit = sem.acquire().unwrap();
+    let mut conn = server.conn();
+    let used: u64 = {
+        let info: String = redis::cmd("INFO").arg("memory").query(&mut conn).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("used_memory in INFO")
+    };
+    // below what is used: every write is refused from now on
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(used / 2)
+        .query(&mut conn)
+        .unwrap();
+    let err = redis::cmd("SET")
+        .arg("probe")
+        .arg("x")
+        .query::<()>(&mut conn)
+        .expect_err("a write is refused");
+    assert!(err.to_string().contains("OOM"), "{err}");
+
+    let status = lock.status().expect("a lock's status out of memory");
+    assert!(status.holder.is_some(), "{status:?}");
+    let status = sem.status().expect("a semaphore's status out of memory");
+    assert_eq!(status.permits_held, 1, "{status:?}");
+    let listed = client
+        .list_locks(ListOptions::default())
+        .expect("list_locks out of memory");
+    assert!(listed.locks.iter().any(|l| l.name == "full"), "{listed:?}");
+    assert!(
+        listed.semaphores.iter().any(|s| s.name == "full-sem"),
+        "{listed:?}"
+    );
+    assert!(client.find_deadlocks().expect("find_deadlocks").is_empty());
+    let out = fairlock(&server, &["list"]);
+    assert_eq!(out.code, Some(0), "{} {}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("full"), "{}", out.stdout);
+
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query(&mut conn)
+        .unwrap();
+}
