@@ -1042,3 +1042,103 @@ fn deadlock_detection_breaks_a_cycle_of_clients_that_reach_redis_through_sentine
     // the operator's view through the sentinel agrees: nothing is left
     assert!(admin.find_deadlocks().unwrap().is_empty());
 }
+
+/// Every command the server runs (scripts' own calls included) while `during` runs, as
+/// `MONITOR` prints them.
+fn monitored(server: &RedisServer, during: impl FnOnce()) -> Vec<String> {
+    let mut mon = server.conn();
+    mon.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let _: () = redis::cmd("MONITOR").query(&mut mon).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut lines = Vec::new();
+            let until = std::time::Instant::now() + LIMIT;
+            while std::time::Instant::now() < until {
+                match mon.recv_response() {
+                    Ok(redis::Value::SimpleString(line)) => lines.push(line),
+                    Ok(_) => {}
+                    Err(_) if stop.load(std::sync::atomic::Ordering::SeqCst) => break,
+                    Err(_) => {}
+                }
+            }
+            lines
+        })
+    };
+    during();
+    // what the server ran last reaches the monitor within its next read timeout
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    reader.join().unwrap()
+}
+
+/// A lock held by one client and waited for by another with detection on, released after `hold`.
+fn one_wait(server: &RedisServer, name: &'static str, after: Duration, hold: Duration) {
+    let holder = support::client(server);
+    let waiter = support::client_with_url(&server.url(), |b| b.deadlock_detection(after));
+    let guard = holder.fair_lock(name).unwrap().lock().unwrap();
+    let admin = support::client(server);
+    let t = {
+        std::thread::spawn(move || {
+            waiter
+                .fair_lock(name)
+                .unwrap()
+                .try_lock_for(LIMIT)
+                .unwrap()
+                .is_some()
+        })
+    };
+    assert!(waiters(&admin, Res::Lock(name), 1));
+    std::thread::sleep(hold);
+    guard.unlock().unwrap();
+    assert!(join(t), "the waiter was served");
+}
+
+#[test]
+fn deadlock_detection_sends_nothing_for_a_wait_shorter_than_after() {
+    let server = RedisServer::start();
+    // a wait of about 200 ms with `after` = 3 s: not one command touches the index, and no
+    // status is read beyond what the test itself reads
+    let short = monitored(&server, || {
+        one_wait(
+            &server,
+            "short",
+            Duration::from_secs(3),
+            Duration::from_millis(200),
+        )
+    });
+    assert!(
+        short.iter().any(|l| l.contains("fairlock:{short}")),
+        "the monitor saw the lock's own commands"
+    );
+    let index: Vec<&String> = short.iter().filter(|l| l.contains(":waits:")).collect();
+    assert!(
+        index.is_empty(),
+        "a short wait touched the index: {index:?}"
+    );
+
+    // the control: a wait of 1.5 s with `after` = 300 ms publishes, checks and deletes its entry
+    let long = monitored(&server, || {
+        one_wait(
+            &server,
+            "long",
+            Duration::from_millis(300),
+            Duration::from_millis(1500),
+        )
+    });
+    let index: Vec<&String> = long.iter().filter(|l| l.contains(":waits:")).collect();
+    assert!(
+        index
+            .iter()
+            .any(|l| l.contains("\"HSET\"") || l.contains("\"hset\"")),
+        "{index:?}"
+    );
+    assert!(
+        index
+            .iter()
+            .any(|l| l.contains("\"HDEL\"") || l.contains("\"hdel\"")),
+        "{index:?}"
+    );
+}
