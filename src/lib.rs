@@ -132,7 +132,9 @@
 //!   so the library alone pulls in no argument parser.
 //! - `raw`: the module `fairlock::raw`, the protocol's calls one by one, for the fuzzer, the
 //!   benchmarks and tools. Off by default; its replies mirror the Lua scripts' and change with
-//!   them, with no stability promise.
+//!   them, with no stability promise. With it, `fairlock::raw_deadlock` is the deadlock check
+//!   of a waiting thread without I/O (the machine the library drives), its index of long waits
+//!   and the schedule of a wait's checks, for the fuzzer.
 //!
 //! # Further reading
 //!
@@ -172,6 +174,21 @@ pub mod raw;
 #[cfg(not(feature = "raw"))]
 #[allow(dead_code, unused_imports)]
 mod raw;
+/// The deadlock check of a waiting thread with
+/// [`deadlock_detection`](LockClientBuilder::deadlock_detection) on, without I/O: the very machine
+/// the library drives ([`DeadlockCheck`](raw_deadlock::DeadlockCheck): what to read next, fed the
+/// replies), the index of long waits it follows (its key, entries, TTL and commands) and when a
+/// wait publishes and checks. For the protocol fuzzer and tools, like [`raw`]: no stability
+/// promise. See `docs/design.md`, "Deadlock detection".
+#[cfg(feature = "raw")]
+#[cfg_attr(docsrs, doc(cfg(feature = "raw")))]
+pub mod raw_deadlock {
+    pub use crate::deadlock::chase::{
+        index_key, index_ttl, publish_cmds, read_index_cmd, unpublish_cmd, DeadlockCheck,
+        IndexedWait, Need, MAX_INDEX_READS, MAX_RESOURCES,
+    };
+    pub use crate::deadlock::Primitive;
+}
 mod redact;
 mod semaphore;
 mod status;

@@ -28,24 +28,39 @@ use crate::deadlock::report::deadlock;
 use crate::deadlock::snapshot::{Primitive, Resource, ResourceKey};
 use crate::error::{Error, Result};
 use crate::kind::HoldKind;
-use crate::raw::{RawLock, RawSemaphore, SemKind};
+use crate::raw::{RawLock, RawSemaphore, RawStatus, SemKind, SemStatus};
 use crate::status::{LockStatus, SemaphoreStatus};
 
 /// The most locks (status reads) the first reading of a check follows.
-pub(crate) const MAX_RESOURCES: usize = 16;
+pub const MAX_RESOURCES: usize = 16;
 /// The most index look-ups (one per holder followed) of a check.
-pub(crate) const MAX_INDEX_READS: usize = 32;
+pub const MAX_INDEX_READS: usize = 32;
 
 /// What a waiting thread waits for, as its client's index entry says it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct IndexedWait {
+pub struct IndexedWait {
+    /// What it wants of the resource: a lock, permits, a read or a write.
     pub kind: HoldKind,
+    /// The wait's attempt number.
     pub attempt: u64,
+    /// Permits it wants (1 for a lock).
     pub permits: u64,
+    /// The resource's name.
     pub name: String,
 }
 
 impl IndexedWait {
+    /// The wait of `attempt` for `permits` of `name` as `kind`.
+    #[cfg_attr(not(feature = "raw"), allow(dead_code))]
+    pub fn new(kind: HoldKind, attempt: u64, permits: u64, name: &str) -> IndexedWait {
+        IndexedWait {
+            kind,
+            attempt,
+            permits,
+            name: name.to_string(),
+        }
+    }
+
     /// `<kind>|<attempt>|<permits>|<name>` (the name last: it may hold `|`).
     pub fn encode(&self) -> String {
         let kind = match self.kind {
@@ -80,26 +95,68 @@ impl IndexedWait {
     }
 
     /// The resource waited for.
-    pub fn key(&self) -> ResourceKey {
-        let primitive = match self.kind {
+    pub(crate) fn key(&self) -> ResourceKey {
+        (self.primitive(), self.name.clone())
+    }
+
+    /// The primitive waited for: a lock, or a semaphore (a read/write lock's read or write
+    /// included).
+    pub fn primitive(&self) -> Primitive {
+        match self.kind {
             HoldKind::Lock => Primitive::Lock,
             _ => Primitive::Semaphore,
-        };
-        (primitive, self.name.clone())
+        }
     }
 }
 
 /// The index hash of `owner`'s client: `<prefix>:waits:{<client>}`, the client being the
 /// owner id up to its last `:` (as its wake lists are named).
-pub(crate) fn index_key(prefix: &str, owner: &str) -> String {
+pub fn index_key(prefix: &str, owner: &str) -> String {
     let client = owner.rsplit_once(':').map_or(owner, |(client, _)| client);
     format!("{prefix}:waits:{{{client}}}")
 }
 
 /// How long an index entry outlives its last refresh: three check periods (a wait refreshes
 /// it at each check, every `after`), and at least 1 s.
-pub(crate) fn index_ttl(after: Duration) -> Duration {
+pub fn index_ttl(after: Duration) -> Duration {
     (after * 3).max(Duration::from_secs(1))
+}
+
+/// The commands that write (or refresh) `owner`'s entry under `prefix`, it waits for `wait`,
+/// with a TTL of `ttl` (the library's is [`index_ttl`]): `HSET`, then `PEXPIRE`.
+pub fn publish_cmds(
+    prefix: &str,
+    owner: &str,
+    wait: &IndexedWait,
+    ttl: Duration,
+) -> [redis::Cmd; 2] {
+    let key = index_key(prefix, owner);
+    let ttl = ttl.as_millis().clamp(1, u64::MAX as u128) as u64;
+    [
+        redis::cmd("HSET")
+            .arg(&key)
+            .arg(owner)
+            .arg(wait.encode())
+            .to_owned(),
+        redis::cmd("PEXPIRE").arg(&key).arg(ttl).to_owned(),
+    ]
+}
+
+/// The command that deletes `owner`'s entry (`HDEL`).
+pub fn unpublish_cmd(prefix: &str, owner: &str) -> redis::Cmd {
+    redis::cmd("HDEL")
+        .arg(index_key(prefix, owner))
+        .arg(owner)
+        .to_owned()
+}
+
+/// The command that reads `owner`'s entry (`HGET`): its reply is what
+/// [`DeadlockCheck::feed_index`] takes.
+pub fn read_index_cmd(prefix: &str, owner: &str) -> redis::Cmd {
+    redis::cmd("HGET")
+        .arg(index_key(prefix, owner))
+        .arg(owner)
+        .to_owned()
 }
 
 /// Write (or refresh) `owner`'s entry: it waits for `wait`.
@@ -109,34 +166,32 @@ pub(crate) fn publish(
     wait: &IndexedWait,
     after: Duration,
 ) -> Result<()> {
-    let key = index_key(&inner.config.key_prefix, owner);
-    let ttl = index_ttl(after).as_millis() as u64;
+    let cmds = publish_cmds(&inner.config.key_prefix, owner, wait, index_ttl(after));
     let during = |e| Error::from_redis("publishing a long wait", e);
     inner.with_conn("publishing a long wait", |c| {
-        c.query::<()>(redis::cmd("HSET").arg(&key).arg(owner).arg(wait.encode()))
-            .map_err(during)?;
-        c.query::<()>(redis::cmd("PEXPIRE").arg(&key).arg(ttl))
-            .map_err(during)
+        for cmd in &cmds {
+            c.query::<()>(cmd).map_err(during)?;
+        }
+        Ok(())
     })
 }
 
 /// Delete `owner`'s entry (its wait ended).
 pub(crate) fn unpublish(inner: &ClientInner, owner: &str) -> Result<()> {
-    let key = index_key(&inner.config.key_prefix, owner);
+    let cmd = unpublish_cmd(&inner.config.key_prefix, owner);
     inner.with_conn("ending a long wait", |c| {
-        c.query::<()>(redis::cmd("HDEL").arg(&key).arg(owner))
+        c.query::<()>(&cmd)
             .map_err(|e| Error::from_redis("ending a long wait", e))
     })
 }
 
-/// What `owner` waits for by its client's index, if it says.
-fn read_index(inner: &ClientInner, owner: &str) -> Result<Option<IndexedWait>> {
-    let key = index_key(&inner.config.key_prefix, owner);
-    let value: Option<String> = inner.with_conn("reading the index of long waits", |c| {
-        c.query(redis::cmd("HGET").arg(&key).arg(owner))
+/// What `owner`'s client's index says of it, as stored (`None`: no entry).
+fn read_index(inner: &ClientInner, owner: &str) -> Result<Option<String>> {
+    let cmd = read_index_cmd(&inner.config.key_prefix, owner);
+    inner.with_conn("reading the index of long waits", |c| {
+        c.query(&cmd)
             .map_err(|e| Error::from_redis("reading the index of long waits", e))
-    })?;
-    Ok(value.as_deref().and_then(IndexedWait::parse))
+    })
 }
 
 /// One resource's status, read now (one status script).
@@ -202,6 +257,218 @@ pub(crate) fn refusing(
     (resources, analysis.blocked, mine)
 }
 
+/// What a [`DeadlockCheck`] needs next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// The status of this resource (one status script: [`RawLock::status`] for
+    /// [`Primitive::Lock`], [`RawSemaphore::status`] for [`Primitive::Semaphore`]), fed with
+    /// [`DeadlockCheck::feed_lock_status`] or [`DeadlockCheck::feed_semaphore_status`].
+    Status {
+        /// A lock, or a semaphore (or read/write lock).
+        primitive: Primitive,
+        /// Its name.
+        name: String,
+    },
+    /// `owner`'s index entry ([`read_index_cmd`]), fed with [`DeadlockCheck::feed_index`].
+    Index {
+        /// The holder whose wait is looked up.
+        owner: String,
+    },
+    /// The check is over: the cycle this wait must break by leaving, if any.
+    Done(Option<Deadlock>),
+}
+
+/// Where a check is.
+#[derive(Debug)]
+enum Phase {
+    /// The first reading: hops breadth first.
+    First,
+    /// The confirming reading: `todo` are the first readings still to read again, `stood`
+    /// what stood through both.
+    Second {
+        todo: VecDeque<Resource>,
+        stood: Vec<Resource>,
+    },
+    Done(Option<Deadlock>),
+}
+
+/// One deadlock check of a waiting thread, without any I/O: it says what it needs to read
+/// ([`next`](Self::next)), and is fed the replies. The library's engine drives it with one
+/// round trip per need (see the module's documentation for the hops, their bounds, the
+/// belief rule, the youngest-wait rule and the confirming reading); the protocol fuzzer drives
+/// it one read at a time, other clients' steps in between.
+///
+/// A read that fails ends the check (the caller drops it: no refusal).
+#[derive(Debug)]
+pub struct DeadlockCheck {
+    me: String,
+    hints: BTreeMap<String, Option<IndexedWait>>,
+    first: BTreeMap<ResourceKey, Resource>,
+    hops: VecDeque<ResourceKey>,
+    looked_up: usize,
+    /// The resource read last in the first reading, whose holders are being looked up (from
+    /// hold `.1` on) before it joins `first`.
+    reading: Option<(Resource, usize)>,
+    phase: Phase,
+    reads: usize,
+}
+
+impl DeadlockCheck {
+    /// A check of `me`'s wait for `wait` (what its own index entry says).
+    pub fn new(me: &str, wait: &IndexedWait) -> DeadlockCheck {
+        let mut hints = BTreeMap::new();
+        hints.insert(me.to_string(), Some(wait.clone()));
+        DeadlockCheck {
+            me: me.to_string(),
+            hints,
+            first: BTreeMap::new(),
+            hops: VecDeque::from([wait.key()]),
+            looked_up: 0,
+            reading: None,
+            phase: Phase::First,
+            reads: 0,
+        }
+    }
+
+    /// How many reads it was fed so far (at most `MAX_RESOURCES + MAX_INDEX_READS +
+    /// MAX_RESOURCES`).
+    #[cfg_attr(not(feature = "raw"), allow(dead_code))]
+    pub fn reads(&self) -> usize {
+        self.reads
+    }
+
+    /// What the check needs next; the same until it is fed.
+    pub fn next(&mut self) -> Need {
+        loop {
+            match &mut self.phase {
+                Phase::Done(found) => return Need::Done(found.clone()),
+                Phase::Second { todo, stood } => match todo.front() {
+                    Some(r) => {
+                        return Need::Status {
+                            primitive: r.primitive,
+                            name: r.name.clone(),
+                        }
+                    }
+                    None => {
+                        let stood = std::mem::take(stood);
+                        let found = refusing(stood, &self.hints, &self.me).2;
+                        self.phase = Phase::Done(found);
+                    }
+                },
+                Phase::First => {
+                    if let Some((resource, at)) = &mut self.reading {
+                        // the next holder to look up, if any
+                        while *at < resource.holds.len() {
+                            let owner = &resource.holds[*at].origin.owner;
+                            if self.hints.contains_key(owner) || self.looked_up >= MAX_INDEX_READS {
+                                *at += 1;
+                                continue;
+                            }
+                            return Need::Index {
+                                owner: owner.clone(),
+                            };
+                        }
+                        let (resource, _) = self.reading.take().expect("matched above");
+                        self.first.insert(resource.key(), resource);
+                        continue;
+                    }
+                    match self.hops.front() {
+                        Some(key) if self.first.contains_key(key) => {
+                            self.hops.pop_front();
+                        }
+                        Some(key) if self.first.len() < MAX_RESOURCES => {
+                            return Need::Status {
+                                primitive: key.0,
+                                name: key.1.clone(),
+                            }
+                        }
+                        _ => self.end_first_reading(),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The first reading is over: find the cycles; only the youngest wait of one reads again.
+    fn end_first_reading(&mut self) {
+        let first = std::mem::take(&mut self.first);
+        let (first, blocked, found) =
+            refusing(first.into_values().collect(), &self.hints, &self.me);
+        self.phase = if found.is_none() {
+            Phase::Done(None)
+        } else {
+            // the confirming read: the resources the blocked owners wait for, read again, and
+            // what stood through both readings
+            let todo = first
+                .into_iter()
+                .filter(|r| r.waits.iter().any(|w| blocked.contains(&w.origin.owner)))
+                .collect();
+            Phase::Second {
+                todo,
+                stood: Vec::new(),
+            }
+        };
+    }
+
+    /// Feed the status [`Need::Status`] asked for, as a resource (does nothing when no status
+    /// was asked for).
+    pub(crate) fn feed_resource(&mut self, resource: Resource) {
+        if !matches!(self.next(), Need::Status { .. }) {
+            return;
+        }
+        self.reads += 1;
+        match &mut self.phase {
+            Phase::First => {
+                self.hops.pop_front();
+                self.reading = Some((resource, 0));
+            }
+            Phase::Second { todo, stood } => {
+                if let Some(earlier) = todo.pop_front() {
+                    stood.push(earlier.intersect(&resource));
+                }
+            }
+            Phase::Done(_) => {}
+        }
+    }
+
+    /// Feed the lock status [`Need::Status`] asked for (its [`RawLock::status`] reply).
+    #[cfg_attr(not(feature = "raw"), allow(dead_code))]
+    pub fn feed_lock_status(&mut self, raw: RawStatus) {
+        if let Need::Status { name, .. } = self.next() {
+            self.feed_resource(Resource::of_lock(&LockStatus::from_raw(&name, raw)));
+        }
+    }
+
+    /// Feed the semaphore status [`Need::Status`] asked for (its [`RawSemaphore::status`]
+    /// reply).
+    #[cfg_attr(not(feature = "raw"), allow(dead_code))]
+    pub fn feed_semaphore_status(&mut self, raw: SemStatus) {
+        if let Need::Status { name, .. } = self.next() {
+            self.feed_resource(Resource::of_semaphore(&SemaphoreStatus::from_raw(
+                &name, raw,
+            )));
+        }
+    }
+
+    /// Feed the index entry [`Need::Index`] asked for: the `HGET` reply ([`read_index_cmd`]),
+    /// `None` when there is none (does nothing when no entry was asked for).
+    pub fn feed_index(&mut self, value: Option<String>) {
+        let Need::Index { owner } = self.next() else {
+            return;
+        };
+        self.reads += 1;
+        self.looked_up += 1;
+        let hint = value.as_deref().and_then(IndexedWait::parse);
+        if let Some(h) = &hint {
+            self.hops.push_back(h.key());
+        }
+        self.hints.insert(owner, hint);
+        if let Some((_, at)) = &mut self.reading {
+            *at += 1;
+        }
+    }
+}
+
 /// Whether `me`'s wait for `wait` closes a cycle in which it is the youngest wait, confirmed by
 /// two readings: then the cycle, which `me` must break by leaving. `None` when there is no
 /// cycle, when another member is the youngest (it breaks it), or when the cycle dissolved
@@ -210,47 +477,20 @@ pub(crate) fn refusing(
 /// # Errors
 /// [`Error::Connection`] and the like when a read fails; the caller keeps waiting.
 pub(crate) fn check(inner: &ClientInner, me: &str, wait: &IndexedWait) -> Result<Option<Deadlock>> {
-    let mut hints: BTreeMap<String, Option<IndexedWait>> = BTreeMap::new();
-    hints.insert(me.to_string(), Some(wait.clone()));
-    let mut first: BTreeMap<ResourceKey, Resource> = BTreeMap::new();
-    let mut hops: VecDeque<ResourceKey> = VecDeque::from([wait.key()]);
-    let mut looked_up = 0;
-    while let Some(key) = hops.pop_front() {
-        if first.contains_key(&key) {
-            continue;
-        }
-        if first.len() >= MAX_RESOURCES {
-            break;
-        }
-        let resource = read_resource(inner, &key)?;
-        for hold in &resource.holds {
-            let owner = &hold.origin.owner;
-            if hints.contains_key(owner) || looked_up >= MAX_INDEX_READS {
-                continue;
+    let mut check = DeadlockCheck::new(me, wait);
+    loop {
+        match check.next() {
+            Need::Status { primitive, name } => {
+                let resource = read_resource(inner, &(primitive, name))?;
+                check.feed_resource(resource);
             }
-            looked_up += 1;
-            let hint = read_index(inner, owner)?;
-            if let Some(h) = &hint {
-                hops.push_back(h.key());
+            Need::Index { owner } => {
+                let value = read_index(inner, &owner)?;
+                check.feed_index(value);
             }
-            hints.insert(owner.clone(), hint);
-        }
-        first.insert(key, resource);
-    }
-    let (first, blocked, found) = refusing(first.into_values().collect(), &hints, me);
-    if found.is_none() {
-        return Ok(None);
-    }
-    // the confirming read: the resources the blocked owners wait for, read again, and what
-    // stood through both readings
-    let mut stood = Vec::new();
-    for r in &first {
-        if r.waits.iter().any(|w| blocked.contains(&w.origin.owner)) {
-            let again = read_resource(inner, &r.key())?;
-            stood.push(r.intersect(&again));
+            Need::Done(found) => return Ok(found),
         }
     }
-    Ok(refusing(stood, &hints, me).2)
 }
 
 #[cfg(test)]
@@ -343,6 +583,67 @@ mod tests {
         assert_eq!(refusing(vec![a.clone(), b.clone()], &h, "c:1").2, None);
         // an owner outside the cycle refuses nobody
         assert_eq!(refusing(vec![a, b], &h, "c:9").2, None);
+    }
+
+    /// The machine asks for the hops one at a time, breadth first: the lock waited for, its
+    /// holder's entry, the next lock, and so on; then (the youngest only) the confirming
+    /// reading, which a cycle that dissolved between the readings does not pass.
+    #[test]
+    fn the_check_asks_for_one_read_at_a_time_and_confirms_with_a_second_reading() {
+        let mut a = lock("a", Some("c:1"), &["c:2"]);
+        let mut b = lock("b", Some("c:2"), &["c:1"]);
+        a.waits[0].queued_at = Duration::from_secs(50);
+        b.waits[0].queued_at = Duration::from_secs(40);
+        let status = |name: &str| Need::Status {
+            primitive: Primitive::Lock,
+            name: name.into(),
+        };
+        let index = |owner: &str| Need::Index {
+            owner: owner.into(),
+        };
+        for dissolved in [false, true] {
+            let mut c = DeadlockCheck::new("c:2", &wait(HoldKind::Lock, "a"));
+            assert_eq!(c.next(), status("a"));
+            // asked again, the same need
+            assert_eq!(c.next(), status("a"));
+            c.feed_resource(a.clone());
+            assert_eq!(c.next(), index("c:1"));
+            c.feed_index(Some(wait(HoldKind::Lock, "b").encode()));
+            assert_eq!(c.next(), status("b"));
+            c.feed_resource(b.clone());
+            // c:2's own wait is known: no look-up of it; the youngest reads both again
+            assert_eq!(c.next(), status("a"));
+            c.feed_resource(a.clone());
+            assert_eq!(c.next(), status("b"));
+            let mut again = b.clone();
+            if dissolved {
+                // c:1 left b's queue between the readings
+                again.waits.clear();
+            }
+            c.feed_resource(again);
+            match c.next() {
+                Need::Done(Some(d)) => {
+                    assert!(!dissolved);
+                    assert_eq!(d.members.len(), 2);
+                }
+                Need::Done(None) => assert!(dissolved),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(c.reads(), 5);
+            // a reply nobody asked for changes nothing
+            c.feed_index(None);
+            assert_eq!(c.reads(), 5);
+        }
+        // the older member reads once, finds it is not the youngest, and is done
+        let mut c = DeadlockCheck::new("c:1", &wait(HoldKind::Lock, "b"));
+        assert_eq!(c.next(), status("b"));
+        c.feed_resource(b.clone());
+        assert_eq!(c.next(), index("c:2"));
+        c.feed_index(Some(wait(HoldKind::Lock, "a").encode()));
+        assert_eq!(c.next(), status("a"));
+        c.feed_resource(a);
+        assert_eq!(c.next(), Need::Done(None));
+        assert_eq!(c.reads(), 3);
     }
 
     #[test]

@@ -15,3 +15,6 @@ mod find;
 mod graph;
 mod report;
 mod snapshot;
+
+#[cfg_attr(not(feature = "raw"), allow(unused_imports))]
+pub use snapshot::Primitive;

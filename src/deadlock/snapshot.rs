@@ -10,7 +10,7 @@ use crate::status::{LockStatus, Origin, SemaphoreStatus};
 
 /// Which primitive a name is used as: a lock and a semaphore of one name are two resources.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum Primitive {
+pub enum Primitive {
     /// A [`FairLock`](crate::FairLock).
     Lock,
     /// A [`Semaphore`](crate::Semaphore) or an [`RwLock`](crate::RwLock) (one keyspace).
