@@ -184,8 +184,8 @@ mod raw;
 #[cfg_attr(docsrs, doc(cfg(feature = "raw")))]
 pub mod raw_deadlock {
     pub use crate::deadlock::chase::{
-        index_key, index_ttl, publish_cmds, read_index_cmd, unpublish_cmd, DeadlockCheck,
-        IndexedWait, Need, MAX_INDEX_READS, MAX_RESOURCES,
+        first_due, index_key, index_ttl, next_due, publish_cmds, read_index_cmd, unpublish_cmd,
+        DeadlockCheck, Due, IndexedWait, Need, MAX_INDEX_READS, MAX_RESOURCES,
     };
     pub use crate::deadlock::Primitive;
 }

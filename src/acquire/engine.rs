@@ -40,7 +40,7 @@ use crate::boot_clock::BootInstant;
 use crate::client::ClientInner;
 use crate::connection::Conn;
 use crate::cycle::Deadlock;
-use crate::deadlock::chase::{self, IndexedWait};
+use crate::deadlock::chase::{self, first_due, next_due, Due, IndexedWait};
 use crate::error::{Error, Result};
 use crate::kind::HoldKind;
 use crate::raw::{self, judge_handoff, Call, Handoff, Mode, Wake, Witness};
@@ -185,9 +185,10 @@ struct Attempt<'a, P: Primitive> {
     /// The newest request that found this attempt queued: a grant popped later is placed
     /// after it by its token (see `lease_estimate`).
     witness: SharedWitness,
-    /// With deadlock detection on: when the wait passed its first queueing and when it
-    /// checks next (see `deadlock_check`).
+    /// With deadlock detection on: when the wait next publishes or checks, and which (see
+    /// `deadlock_check`).
     detection: Cell<Option<Instant>>,
+    due: Cell<Due>,
     /// The wait is in the client's index of long waits (to delete at its end).
     published: Cell<bool>,
 }
@@ -205,6 +206,7 @@ impl<'a, P: Primitive> Attempt<'a, P> {
             unanswered: Cell::new(false),
             witness: Arc::new(Mutex::new(Witness::none(BootInstant::now()))),
             detection: Cell::new(None),
+            due: Cell::new(Due::Publish),
             published: Cell::new(false),
         }
     }
@@ -269,10 +271,14 @@ impl<'a, P: Primitive> Attempt<'a, P> {
                 } => {
                     self.witness.lock().observe(sent, last_token);
                     if !queued {
-                        // the wait starts: its first deadlock check is `after` from now
-                        let after = self.client().config.deadlock_detection;
+                        // the wait starts: it publishes `after` / 2 from now, and checks
+                        // `after` from now (chase::first_due)
+                        let first = self.client().config.deadlock_detection.map(first_due);
+                        if let Some((_, due)) = first {
+                            self.due.set(due);
+                        }
                         self.detection
-                            .set(after.and_then(|a| Instant::now().checked_add(a)));
+                            .set(first.and_then(|(at, _)| Instant::now().checked_add(at)));
                     }
                     queued = true;
                     let Some(registration) = &registration else {
@@ -554,11 +560,12 @@ impl<'a, P: Primitive> Attempt<'a, P> {
         })
     }
 
-    /// The wait has lasted `deadlock_detection`'s `after` (or `after` since the last check):
-    /// publish (refresh) it in the client's index of long waits, then check whether it is the
-    /// youngest wait of a confirmed cycle (`chase::check`). The next check is `after` from the
-    /// end of this one. A check that fails is logged and the wait goes on: detection is best
-    /// effort, and never ends a wait by itself but to break a cycle it proved.
+    /// The wait has lasted `deadlock_detection`'s `after` / 2: publish it in the client's index
+    /// of long waits. Then (`after` from its start, and every `after` from the end of the last
+    /// check): publish (refresh) it and check whether it is the youngest wait of a confirmed
+    /// cycle (`chase::check`); `chase::first_due` and `next_due` say when. A check that fails
+    /// is logged and the wait goes on: detection is best effort, and never ends a wait by
+    /// itself but to break a cycle it proved.
     fn deadlock_check(&self) -> Option<Deadlock> {
         let client = self.client();
         let after = client.config.deadlock_detection?;
@@ -568,11 +575,17 @@ impl<'a, P: Primitive> Attempt<'a, P> {
             permits: self.primitive.permits(),
             name: self.primitive.name().to_string(),
         };
+        let due = self.due.get();
         let checked = chase::publish(client, &self.owner, &wait, after)
             .inspect(|()| self.published.set(true))
-            .and_then(|()| chase::check(client, &self.owner, &wait));
+            .and_then(|()| match due {
+                Due::Publish => Ok(None),
+                Due::Check => chase::check(client, &self.owner, &wait),
+            });
+        let (at, next) = next_due(after, due);
+        self.due.set(next);
         self.detection
-            .set(Instant::now().checked_add(after).or(self.detection.get()));
+            .set(Instant::now().checked_add(at).or(self.detection.get()));
         match checked {
             Ok(found) => found,
             Err(e) => {

@@ -177,9 +177,11 @@ impl LockClientBuilder {
     ///
     /// Only the waits of clients with it on are found: every member of a cycle must have it on
     /// (their long waits are published in an index, `<key prefix>:waits:{<client>}`, which the
-    /// check follows from the lock waited for, hop by hop, instead of scanning). A cycle
-    /// standing longer than twice `after`, plus the round trips of one check, is broken; a wait
-    /// shorter than `after` costs nothing. See `docs/design.md`, "Deadlock detection".
+    /// check follows from the lock waited for, hop by hop, instead of scanning; a wait publishes
+    /// itself when it has lasted `after` / 2). A cycle standing longer than `after`, plus the
+    /// round trips of one publication, one check and the leave, is broken (when a wait's
+    /// publication lands less than `after` / 2 late); a wait shorter than `after` / 2 costs
+    /// nothing. See `docs/design.md`, "Deadlock detection".
     ///
     /// ```no_run
     /// # use std::time::Duration;

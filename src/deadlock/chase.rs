@@ -159,6 +159,32 @@ pub fn read_index_cmd(prefix: &str, owner: &str) -> redis::Cmd {
         .to_owned()
 }
 
+/// What a wait with detection on does when its next moment comes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Due {
+    /// Publish the wait in its client's index (no check).
+    Publish,
+    /// Publish (refresh) the wait, then check.
+    Check,
+}
+
+/// A wait's first moment: `after` / 2 after it queued, it publishes (and does not check yet),
+/// so that when the youngest member of a cycle checks, `after` after it queued, every other
+/// member, whose wait began before, has written its entry even if it was up to `after` / 2
+/// late (docs/design.md, "The bound").
+pub fn first_due(after: Duration) -> (Duration, Due) {
+    (after / 2, Due::Publish)
+}
+
+/// The moment after one that did `done`, counted from its end: the first check comes the rest
+/// of `after` after the publication; a check every `after` after that.
+pub fn next_due(after: Duration, done: Due) -> (Duration, Due) {
+    match done {
+        Due::Publish => (after - after / 2, Due::Check),
+        Due::Check => (after, Due::Check),
+    }
+}
+
 /// Write (or refresh) `owner`'s entry: it waits for `wait`.
 pub(crate) fn publish(
     inner: &ClientInner,
@@ -541,6 +567,67 @@ mod tests {
             wait(HoldKind::Lock, "l").key(),
             (Primitive::Lock, "l".to_string())
         );
+    }
+
+    /// When the youngest member of a cycle first finds the whole cycle, its members having
+    /// queued at `queued` (ms) and each one's moments coming `late` ms late (a thread that woke
+    /// late, a publication in flight): the first check of the youngest that starts once every
+    /// other member's entry is written. Every member follows `first_due` / `next_due`, each
+    /// moment taking no time.
+    fn found_at(queued: &[u64], late: u64, after: Duration) -> u64 {
+        let ms = |d: Duration| d.as_millis() as u64;
+        // when a member's entry is first written
+        // (every moment writes it, the first one included)
+        let published = |q: u64| q + ms(first_due(after).0) + late;
+        let youngest = *queued.iter().max().unwrap();
+        let ready = queued
+            .iter()
+            .filter(|q| **q != youngest)
+            .map(|q| published(*q))
+            .max()
+            .unwrap_or(0);
+        let (at, mut due) = first_due(after);
+        let mut t = youngest + ms(at);
+        loop {
+            if due == Due::Check && t >= ready {
+                return t;
+            }
+            let (at, next) = next_due(after, due);
+            t += ms(at);
+            due = next;
+        }
+    }
+
+    /// The bound (docs/design.md, "The bound"): a cycle is found by its youngest member's
+    /// first check, `after` after it queued, when the others' waits began up to a moment
+    /// before and their entries are written up to `after` / 2 late. (With a wait that
+    /// published only at its first check, `after` after it queued, a member that queued a
+    /// millisecond before the youngest and wrote its entry a few milliseconds late was missed,
+    /// and the cycle was found only a whole `after` later.)
+    #[test]
+    fn the_youngest_members_first_check_finds_a_cycle_whose_members_published_a_little_late() {
+        let after = Duration::from_millis(400);
+        for late in [0, 1, 5, 50, 199] {
+            for gap in [0, 1, 3, 100, 400, 5000] {
+                let queued = [1000, 1000 + gap / 2, 1000 + gap];
+                let found = found_at(&queued, late, after);
+                let youngest = 1000 + gap;
+                assert!(
+                    found <= youngest + 400,
+                    "late {late} gap {gap}: found {} ms after the youngest queued",
+                    found - youngest
+                );
+            }
+        }
+        assert_eq!(first_due(after).0, Duration::from_millis(200));
+        assert_eq!(
+            next_due(after, Due::Publish),
+            (Duration::from_millis(200), Due::Check)
+        );
+        assert_eq!(next_due(after, Due::Check), (after, Due::Check));
+        // odd numbers of ms (or ns) add up to `after`
+        let odd = Duration::from_nanos(333_333_333);
+        assert_eq!(first_due(odd).0 + next_due(odd, Due::Publish).0, odd);
     }
 
     #[test]
