@@ -319,7 +319,7 @@ enum Phase {
 }
 
 /// One deadlock check of a waiting thread, without any I/O: it says what it needs to read
-/// ([`next`](Self::next)), and is fed the replies. The library's engine drives it with one
+/// ([`need`](Self::need)), and is fed the replies. The library's engine drives it with one
 /// round trip per need (see the module's documentation for the hops, their bounds, the
 /// belief rule, the youngest-wait rule and the confirming reading); the protocol fuzzer drives
 /// it one read at a time, other clients' steps in between.
@@ -364,7 +364,7 @@ impl DeadlockCheck {
     }
 
     /// What the check needs next; the same until it is fed.
-    pub fn next(&mut self) -> Need {
+    pub fn need(&mut self) -> Need {
         loop {
             match &mut self.phase {
                 Phase::Done(found) => return Need::Done(found.clone()),
@@ -439,7 +439,7 @@ impl DeadlockCheck {
     /// Feed the status [`Need::Status`] asked for, as a resource (does nothing when no status
     /// was asked for).
     pub(crate) fn feed_resource(&mut self, resource: Resource) {
-        if !matches!(self.next(), Need::Status { .. }) {
+        if !matches!(self.need(), Need::Status { .. }) {
             return;
         }
         self.reads += 1;
@@ -460,7 +460,7 @@ impl DeadlockCheck {
     /// Feed the lock status [`Need::Status`] asked for (its [`RawLock::status`] reply).
     #[cfg_attr(not(feature = "raw"), allow(dead_code))]
     pub fn feed_lock_status(&mut self, raw: RawStatus) {
-        if let Need::Status { name, .. } = self.next() {
+        if let Need::Status { name, .. } = self.need() {
             self.feed_resource(Resource::of_lock(&LockStatus::from_raw(&name, raw)));
         }
     }
@@ -469,7 +469,7 @@ impl DeadlockCheck {
     /// reply).
     #[cfg_attr(not(feature = "raw"), allow(dead_code))]
     pub fn feed_semaphore_status(&mut self, raw: SemStatus) {
-        if let Need::Status { name, .. } = self.next() {
+        if let Need::Status { name, .. } = self.need() {
             self.feed_resource(Resource::of_semaphore(&SemaphoreStatus::from_raw(
                 &name, raw,
             )));
@@ -479,7 +479,7 @@ impl DeadlockCheck {
     /// Feed the index entry [`Need::Index`] asked for: the `HGET` reply ([`read_index_cmd`]),
     /// `None` when there is none (does nothing when no entry was asked for).
     pub fn feed_index(&mut self, value: Option<String>) {
-        let Need::Index { owner } = self.next() else {
+        let Need::Index { owner } = self.need() else {
             return;
         };
         self.reads += 1;
@@ -505,7 +505,7 @@ impl DeadlockCheck {
 pub(crate) fn check(inner: &ClientInner, me: &str, wait: &IndexedWait) -> Result<Option<Deadlock>> {
     let mut check = DeadlockCheck::new(me, wait);
     loop {
-        match check.next() {
+        match check.need() {
             Need::Status { primitive, name } => {
                 let resource = read_resource(inner, &(primitive, name))?;
                 check.feed_resource(resource);
@@ -690,25 +690,25 @@ mod tests {
         };
         for dissolved in [false, true] {
             let mut c = DeadlockCheck::new("c:2", &wait(HoldKind::Lock, "a"));
-            assert_eq!(c.next(), status("a"));
+            assert_eq!(c.need(), status("a"));
             // asked again, the same need
-            assert_eq!(c.next(), status("a"));
+            assert_eq!(c.need(), status("a"));
             c.feed_resource(a.clone());
-            assert_eq!(c.next(), index("c:1"));
+            assert_eq!(c.need(), index("c:1"));
             c.feed_index(Some(wait(HoldKind::Lock, "b").encode()));
-            assert_eq!(c.next(), status("b"));
+            assert_eq!(c.need(), status("b"));
             c.feed_resource(b.clone());
             // c:2's own wait is known: no look-up of it; the youngest reads both again
-            assert_eq!(c.next(), status("a"));
+            assert_eq!(c.need(), status("a"));
             c.feed_resource(a.clone());
-            assert_eq!(c.next(), status("b"));
+            assert_eq!(c.need(), status("b"));
             let mut again = b.clone();
             if dissolved {
                 // c:1 left b's queue between the readings
                 again.waits.clear();
             }
             c.feed_resource(again);
-            match c.next() {
+            match c.need() {
                 Need::Done(Some(d)) => {
                     assert!(!dissolved);
                     assert_eq!(d.members.len(), 2);
@@ -723,13 +723,13 @@ mod tests {
         }
         // the older member reads once, finds it is not the youngest, and is done
         let mut c = DeadlockCheck::new("c:1", &wait(HoldKind::Lock, "b"));
-        assert_eq!(c.next(), status("b"));
+        assert_eq!(c.need(), status("b"));
         c.feed_resource(b.clone());
-        assert_eq!(c.next(), index("c:2"));
+        assert_eq!(c.need(), index("c:2"));
         c.feed_index(Some(wait(HoldKind::Lock, "a").encode()));
-        assert_eq!(c.next(), status("a"));
+        assert_eq!(c.need(), status("a"));
         c.feed_resource(a);
-        assert_eq!(c.next(), Need::Done(None));
+        assert_eq!(c.need(), Need::Done(None));
         assert_eq!(c.reads(), 3);
     }
 

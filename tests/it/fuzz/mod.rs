@@ -175,6 +175,7 @@ use crate::support::{faketime, rng};
 
 mod actions;
 mod checks;
+mod deadlock;
 mod faults;
 mod fifo;
 mod judges;
