@@ -20,7 +20,9 @@
 //! due; time passes only in time steps, which never pass such a limit. So one read of a check
 //! takes at most `R`, the thread's wake-up and one round trip.
 //!
-//! Faults (until the quiet phase): a publication whose reply is lost (applied or not: the
+//! Faults (until the quiet phase): a check's thread stalled between two reads (10 ms to
+//! `after` / 2; the window in which a cycle read so far dissolves), a publication whose reply is
+//! lost (applied or not: the
 //! check is skipped, as the engine does, and the engine, which did not see it written, does not
 //! delete it at the end), a check's read whose reply is lost (the check fails and is skipped),
 //! a client's index hash evicted. A wait a fault touched is *faulted*: cycles through it are
@@ -28,9 +30,12 @@
 //!
 //! Judges (ground truth: the world's model of holds and queues, from the replies it saw:
 //! acquire `Granted`/`Queued`, release `next`, leave `Left`/`Granted`):
-//! - (a) a refusal only when, at the step it is decided, the model has a cycle through the
-//!   refused thread, it is that cycle's youngest wait (queued last), and the reported members
-//!   (lock, holder, token, what it waits for) are the model's;
+//! - (a) a refusal only of a cycle of the model through the refused thread, as the model has it
+//!   at the step the refusal is decided or had it at one step of that check (the confirming
+//!   reading proves only that the cycle stood at one moment between the readings: a member may
+//!   leave after its lock's second reading; counted), whose youngest wait (queued last) the
+//!   refused thread is, the reported members (lock, holder, token, what it waits for) the
+//!   model's;
 //! - (b) at most one refusal per cycle (a cycle: its members' waits, by owner and attempt);
 //! - (c) every cycle of the model that is not exempt is broken within
 //!   `after + (MAX_RESOURCES + MAX_INDEX_READS + MAX_RESOURCES + 3) R` of the step that closed it:
@@ -101,10 +106,22 @@ impl Cfg {
     }
 }
 
-/// A check under way: the machine, when its current need became due, the wait it checks.
+/// A check under way: the machine, when its current need became due, and the model's cycle
+/// through its thread at each of its steps.
 struct Running {
     check: DeadlockCheck,
     since: u64,
+    seen: Vec<Option<ModelCycle>>,
+}
+
+/// (lock, holder, its token if known, what the holder waits for).
+type Member = (String, String, Option<u64>, String);
+
+#[derive(Clone, Debug)]
+struct ModelCycle {
+    id: Vec<(usize, u64)>,
+    youngest: usize,
+    members: Vec<Member>,
 }
 
 struct Wait {
@@ -676,6 +693,7 @@ impl World {
         w.running = Some(Running {
             check: DeadlockCheck::new(&owner, &wait),
             since: now,
+            seen: vec![],
         });
         self.count("checks");
         Ok(())
@@ -684,7 +702,13 @@ impl World {
     fn read(&mut self, t: usize) -> Res<()> {
         let after = Duration::from_millis(self.cfg.after);
         let fault = self.faults && self.rng.chance(0.01);
+        let stall = if self.faults && self.rng.chance(0.03) {
+            self.rng.range(10, self.cfg.after / 2)
+        } else {
+            0
+        };
         let now = self.now;
+        let snapshot = self.model_cycle(t);
         let World {
             thr,
             locks,
@@ -696,6 +720,15 @@ impl World {
             unreachable!()
         };
         let r = w.running.as_mut().expect("running");
+        if stall > 0 {
+            // the checking thread stalls between two reads (a pause): others act meanwhile
+            r.since = now + stall;
+            w.faulted = true;
+            self.count("faults: a check stalled between two reads");
+            self.log(format!("t{t} check stalls {stall} ms"));
+            return Ok(());
+        }
+        r.seen.push(snapshot);
         let need = r.check.need();
         let what = format!("{need:?}");
         match need {
@@ -739,7 +772,7 @@ impl World {
             }
         };
         // the check is over (or failed): the next one comes `after` from now
-        w.running = None;
+        let seen = w.running.take().map(|r| r.seen).unwrap_or_default();
         w.faulted |= fault;
         w.due_at = now + next_due(after, Due::Check).0.as_millis() as u64;
         w.due = Due::Check;
@@ -755,7 +788,7 @@ impl World {
         w.refuse = Some((now, d.clone()));
         self.log(format!("{line}: REFUSE {}", describe(&d)));
         self.count("refusals decided");
-        self.judge_refusal(t, &d)
+        self.judge_refusal(t, &d, &seen)
     }
 
     fn evict_index(&mut self) -> Res<()> {
@@ -855,33 +888,36 @@ impl World {
     }
 
     /// (a) and (b), at the step a refusal is decided.
-    fn judge_refusal(&mut self, t: usize, d: &Deadlock) -> Res<()> {
-        let Some(cycle) = self.cycle_through(t) else {
-            return Err(format!(
-                "(a) t{t} decided to refuse with no cycle through it in the model: {}",
-                describe(d)
-            ));
-        };
+    /// The model's cycle through `t` now, as a refusal would report it: its id, whether `t` is
+    /// its youngest wait, and its members (lock, holder, token, what the holder waits for).
+    fn model_cycle(&self, t: usize) -> Option<ModelCycle> {
+        let cycle = self.cycle_through(t)?;
         let youngest = *cycle.iter().max_by_key(|&&m| self.queue_seq(m)).unwrap();
-        if youngest != t {
-            return Err(format!(
-                "(a) t{t} refused, but t{youngest} is the youngest wait of the cycle {cycle:?}"
-            ));
-        }
-        // the model's members: (lock, holder, token, what the holder waits for)
-        let mut model: Vec<(String, String, Option<u64>, String)> = vec![];
+        let mut members = vec![];
         for &m in &cycle {
             let (l, h) = self.edge(m).expect("in a cycle");
             let (hl, _) = self.edge(h).expect("in a cycle");
-            model.push((
+            members.push((
                 self.names[l].clone(),
                 self.thr[h].owner.clone(),
                 self.model[l].token,
                 self.names[hl].clone(),
             ));
         }
-        model.sort();
-        let mut reported: Vec<(String, String, Option<u64>, String)> = d
+        members.sort();
+        Some(ModelCycle {
+            id: self.cycle_id(&cycle),
+            youngest,
+            members,
+        })
+    }
+
+    /// (a) and (b), at the step a refusal is decided. The confirming reading proves that the
+    /// cycle stood at one moment between the readings (its end and the decision may come
+    /// after a member left: the refusal is then of a cycle that just dissolved, as the engine's
+    /// leave may be too): so the cycle must be the model's now, or at one step of this check.
+    fn judge_refusal(&mut self, t: usize, d: &Deadlock, seen: &[Option<ModelCycle>]) -> Res<()> {
+        let mut reported: Vec<Member> = d
             .members
             .iter()
             .map(|m| {
@@ -899,23 +935,42 @@ impl World {
             .collect();
         reported.sort();
         // a hand-off not yet popped has no token in the model: compare the rest
-        let same = model.len() == reported.len()
-            && model.iter().zip(&reported).all(|(m, r)| {
-                m.0 == r.0
-                    && m.1 == r.1
-                    && m.3 == r.3
-                    && (m.2.is_none() || m.2 == r.2)
-                    && r.2.is_some()
-            });
-        if !same {
+        let matches = |c: &ModelCycle| {
+            c.members.len() == reported.len()
+                && c.members.iter().zip(&reported).all(|(m, r)| {
+                    m.0 == r.0
+                        && m.1 == r.1
+                        && m.3 == r.3
+                        && (m.2.is_none() || m.2 == r.2)
+                        && r.2.is_some()
+                })
+        };
+        let now = self.model_cycle(t);
+        let stood = match &now {
+            Some(c) if matches(c) => c.clone(),
+            _ => match seen.iter().flatten().rev().find(|c| matches(c)) {
+                Some(c) => {
+                    self.count("refusals of a cycle that dissolved during the check (it stood at one of its steps)");
+                    c.clone()
+                }
+                None => {
+                    return Err(format!(
+                        "(a) t{t} decided to refuse a cycle the model does not have, nor had at any step of the check: reported {reported:?}, the model has {:?} now",
+                        now.map(|c| c.members)
+                    ))
+                }
+            },
+        };
+        if stood.youngest != t {
             return Err(format!(
-                "(a) t{t}'s refusal reports {reported:?}, the model has {model:?}"
+                "(a) t{t} refused, but t{} is the youngest wait of the cycle {:?}",
+                stood.youngest, stood.id
             ));
         }
-        let id = self.cycle_id(&cycle);
-        if !self.refused.insert(id.clone()) {
+        if !self.refused.insert(stood.id.clone()) {
             return Err(format!(
-                "(b) a second refusal of the cycle {id:?} (by t{t})"
+                "(b) a second refusal of the cycle {:?} (by t{t})",
+                stood.id
             ));
         }
         Ok(())

@@ -170,6 +170,18 @@
 //!   `FAIRLOCK_FUZZ_LOG_DIR=DIR` writes each seed's whole step log to `DIR/seed-N.log` (a run
 //!   is timing-dependent: a replay of a long run's seed can be compared step by step).
 //! - `scripts/fuzz.sh [STEPS]`: the long mode (`long`, ignored by default), 1,000,000 steps.
+//!
+//! **The deadlock world** (`fuzz/deadlock.rs`, its own world and judges, see its header):
+//! threads with deadlock detection on take locks in nested random orders, so cycles form; the
+//! library's own check (`fairlock::raw_deadlock::DeadlockCheck`) runs one read per step, other
+//! threads' steps in between, on a virtual client clock; lost replies of index writes and
+//! reads, evicted index hashes. Judges: (a) a refusal only in a cycle of the model, by its
+//! youngest wait, reporting the model's members; (b) one refusal per cycle; (c) every cycle
+//! broken within `after` + 67 reads' time (`docs/design.md`, "The bound"); (d) no hold or queue
+//! entry of a refused wait left, index entries only of waits under way; (e) every thread's plans
+//! complete. `fuzz::deadlock::short` (6 seeds of 20,000 steps, about 35 s debug;
+//! `FAIRLOCK_DL_FUZZ_SEED`, `FAIRLOCK_DL_FUZZ_STEPS`, `FAIRLOCK_DL_FUZZ_SEEDS`); the long mode
+//! `scripts/fuzz.sh --deadlock [STEPS]`.
 
 use crate::support::{faketime, rng};
 
