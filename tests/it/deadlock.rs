@@ -1097,10 +1097,10 @@ fn one_wait(server: &RedisServer, name: &'static str, after: Duration, hold: Dur
 }
 
 #[test]
-fn deadlock_detection_sends_nothing_for_a_wait_shorter_than_after() {
+fn deadlock_detection_sends_nothing_for_a_wait_shorter_than_half_of_after() {
     let server = RedisServer::start();
-    // a wait of about 200 ms with `after` = 3 s: not one command touches the index, and no
-    // status is read beyond what the test itself reads
+    // a wait of about 200 ms with `after` = 3 s (it would publish at 1.5 s): not one command
+    // touches the index, and no status is read beyond what the test itself reads
     let short = monitored(&server, || {
         one_wait(
             &server,
