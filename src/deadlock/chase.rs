@@ -195,6 +195,14 @@ pub(crate) fn publish(
     let cmds = publish_cmds(&inner.config.key_prefix, owner, wait, index_ttl(after));
     let during = |e| Error::from_redis("publishing a long wait", e);
     inner.with_conn("publishing a long wait", |c| {
+        if redis::ConnectionLike::supports_pipelining(c) {
+            // one round trip (a Cluster connection sends them one by one: same key, same node)
+            let mut pipe = redis::pipe();
+            for cmd in &cmds {
+                pipe.add_command(cmd.clone()).ignore();
+            }
+            return pipe.query::<()>(c).map_err(during);
+        }
         for cmd in &cmds {
             c.query::<()>(cmd).map_err(during)?;
         }
