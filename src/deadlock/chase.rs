@@ -650,6 +650,43 @@ mod tests {
         assert_eq!(index_ttl(Duration::from_secs(2)), Duration::from_secs(6));
     }
 
+    /// A command's name and arguments, as text.
+    fn words(cmd: &redis::Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "<not a plain argument>".to_string(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_index_commands_write_read_and_delete_the_owners_field_of_its_clients_hash() {
+        let wait = IndexedWait {
+            kind: HoldKind::Write,
+            attempt: 12,
+            permits: 3,
+            name: "a|b".to_string(),
+        };
+        let [set, expire] = publish_cmds("fl", "abc:7", &wait, Duration::from_millis(1500));
+        assert_eq!(
+            words(&set),
+            ["HSET", "fl:waits:{abc}", "abc:7", "write|12|3|a|b"]
+        );
+        assert_eq!(words(&expire), ["PEXPIRE", "fl:waits:{abc}", "1500"]);
+        // (a TTL below 1 ms would delete the key: at least 1)
+        let [_, expire] = publish_cmds("fl", "abc:7", &wait, Duration::ZERO);
+        assert_eq!(words(&expire), ["PEXPIRE", "fl:waits:{abc}", "1"]);
+        assert_eq!(
+            words(&read_index_cmd("fl", "abc:7")),
+            ["HGET", "fl:waits:{abc}", "abc:7"]
+        );
+        assert_eq!(
+            words(&unpublish_cmd("fl", "abc:7")),
+            ["HDEL", "fl:waits:{abc}", "abc:7"]
+        );
+    }
+
     fn hints(entries: &[(&str, Option<IndexedWait>)]) -> BTreeMap<String, Option<IndexedWait>> {
         entries
             .iter()
