@@ -118,7 +118,7 @@ local RECEIPTS = 8
 -- settings, the server time it read (once a run) and the numbers it formatted. They are the
 -- library's upvalues on Redis 7, so a run must never see the previous run's: `reset` writes
 -- every one of them.
-local k, FENCE_TTL, WAITER_TTL, CAP, QUEUE_TTL, clock, formatted
+local k, FENCE_TTL, WAITER_TTL, CAP, QUEUE_TTL, clock, clock_ms, formatted
 
 local function reset(keys, argv)
   -- (the left marks' key, like the wake lists, is named here rather than passed: same hash tag)
@@ -130,7 +130,7 @@ local function reset(keys, argv)
   -- the queue outlives a forward clock step of up to 10 minutes (its entries' own deadlines
   -- are virtual); it is deleted as soon as it is empty
   QUEUE_TTL = math.max(2 * WAITER_TTL, 600000)
-  clock = nil
+  clock, clock_ms = nil, nil
   formatted = {}
 end
 
@@ -238,12 +238,15 @@ local function now_us()
   if not clock then
     local t = redis.call('TIME')
     clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    clock_ms = math.floor(clock / 1000)
   end
   return clock
 end
 
+-- (a hand-off's scripts read it a dozen times: computed with the reading)
 local function now_ms()
-  return math.floor(now_us() / 1000)
+  if not clock_ms then now_us() end
+  return clock_ms
 end
 
 -- A virtual clock's reading now, from its stored "v|real" (false or nil: a new clock, at the

@@ -35,7 +35,7 @@ end
 return run(function()
   -- the marks' key is undeclared: touched before the first write (see "Undeclared keys")
   if mark and depth <= 1 then left_mark(owner) end
-  local h = read_lock()
+  local h = read_lock_to_release(mark and depth <= 1)
   local result
   if h.owner == owner and h.token_text == token then
     if depth > 1 then

@@ -46,6 +46,9 @@ local function zset_ours(key)
   if first and not is_hold_id(first) then refuse(key, FOREIGN_ZSET) end
 end
 
+-- The names of the semaphore's hand-off clock fields (state.lua, handoff_now).
+local SEM_CLOCK = { '~vc', '~vcap' }
+
 -- The semaphore's hash fields every script needs, read once; `leases` is KEYS[5].
 local function read_sem(keys)
   k.leases, k.handoffs = keys[5], keys[6]
@@ -57,7 +60,7 @@ local function read_sem(keys)
   end
   S = { kind = v[1], cap = tonumber(v[2]), used = tonumber(v[3]) or 0, token = tonumber(v[4]),
         released = v[5] or '', unread = not v[1], fields = fields, set = v[6] == '1', ours = {},
-        vc = v[7], vcap = math.min(tonumber(v[8]) or CAP, CAP), clock = { '~vc', '~vcap' } }
+        vc = v[7], vcap = math.min(tonumber(v[8]) or CAP, CAP), clock = SEM_CLOCK }
   if S.unread then
     if redis.call('EXISTS', k.lock) == 1 then
       refuse(k.lock, "a hash without fairlock's semaphore fields")

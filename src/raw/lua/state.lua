@@ -21,18 +21,38 @@
 
 -- ---- the lock hash --------------------------------------------------------------------------
 
+-- The names of the lock's hand-off clock fields (see handoff_now), shared by every run.
+local LOCK_CLOCK = { 'vc', 'vcap' }
+
 -- The lock hash as this script first saw it; owner is false when the lock is free. `unread`:
 -- it has no owner field, so it is either missing or another program's hash (fairlock's always
--- has one: '' for a tombstone); `take` tells which before it writes.
+-- has one: '' for a tombstone); `take` tells which before it writes. (Not the receipts: only a
+-- release reads them, read_lock_to_release.)
 local function read_lock()
-  local v = read(k.lock, 'HMGET', 'owner', 'attempt', 'token', 'lease', 'released', 'wdl', 'vc',
-    'vcap')
+  local v = read(k.lock, 'HMGET', 'owner', 'attempt', 'token', 'lease', 'wdl', 'vc', 'vcap')
   local owner = v[1]
   if owner == '' then owner = false end
   return { owner = owner, attempt = tonumber(v[2]) or 0, token = tonumber(v[3]), token_text = v[3],
-           lease = tonumber(v[4]) or 0, released = v[5] or '', wdl = tonumber(v[6]), vc = v[7],
-           vcap = math.min(tonumber(v[8]) or CAP, CAP), clock = { 'vc', 'vcap' },
-           unread = not v[1] }
+           lease = tonumber(v[4]) or 0, wdl = tonumber(v[5]), vc = v[6],
+           vcap = math.min(tonumber(v[7]) or CAP, CAP), clock = LOCK_CLOCK, unread = not v[1] }
+end
+
+-- The lock hash as a release needs it, on the hand-off's critical path: the fields a release
+-- and its grant read (owner, token, the receipts, the hand-off clock), and the hold's attempt
+-- only with `attempt_too` (a release asked for a left mark); no lease (the grant writes the
+-- grantee's) nor wdl (a release judges no hand-off). As read_lock otherwise.
+local function read_lock_to_release(attempt_too)
+  local v
+  if attempt_too then
+    v = read(k.lock, 'HMGET', 'owner', 'token', 'released', 'vc', 'vcap', 'attempt')
+  else
+    v = read(k.lock, 'HMGET', 'owner', 'token', 'released', 'vc', 'vcap')
+  end
+  local owner = v[1]
+  if owner == '' then owner = false end
+  return { owner = owner, attempt = attempt_too and tonumber(v[6]) or 0, token = tonumber(v[2]),
+           token_text = v[2], released = v[3] or '', vc = v[4],
+           vcap = math.min(tonumber(v[5]) or CAP, CAP), clock = LOCK_CLOCK, unread = not v[1] }
 end
 
 -- The last token handed out as far as this run can tell (the hash's token, or the fence when
@@ -125,7 +145,7 @@ end
 -- be waiting in it with a longer time to live, which a shorter PEXPIRE would cut.
 local function keep_list(wk, n, ttl)
   if n == 1 or redis.call('PTTL', wk) < ttl then
-    redis.call('PEXPIRE', wk, ttl)
+    redis.call('PEXPIRE', wk, fmt(ttl))
   end
 end
 
@@ -203,26 +223,29 @@ local function take(h, owner, attempt, lease, meta, ...)
   h.unread = false
   local token = next_token(h.token)
   if select('#', ...) == 0 then
-    redis.call('HSET', k.lock, 'owner', owner, 'attempt', fmt(attempt), 'count', 1,
+    redis.call('HSET', k.lock, 'owner', owner, 'attempt', fmt(attempt), 'count', '1',
       'token', fmt(token), 'lease', fmt(lease), 'since', fmt(now_ms()), 'meta', meta, 'wdl', '')
   else
-    redis.call('HSET', k.lock, 'owner', owner, 'attempt', fmt(attempt), 'count', 1,
+    redis.call('HSET', k.lock, 'owner', owner, 'attempt', fmt(attempt), 'count', '1',
       'token', fmt(token), 'lease', fmt(lease), 'since', fmt(now_ms()), 'meta', meta, ...)
   end
-  redis.call('PEXPIRE', k.lock, lease)
+  redis.call('PEXPIRE', k.lock, fmt(lease))
   h.owner, h.attempt, h.token, h.token_text, h.lease = owner, attempt, token, fmt(token), lease
   h.wdl = nil
   return token
 end
 
--- The released list with `token` added in front, the oldest dropped beyond RECEIPTS (string
--- operations in C: a release runs this on the hand-off's critical path).
+-- The released list with `token` added in front, the oldest dropped beyond RECEIPTS: the list
+-- is cut after its first RECEIPTS - 1 tokens (plain searches for the spaces between them, no
+-- copy of the list but the one returned: a release runs this on the hand-off's critical path).
 local function with_receipt(released, token)
   if released == '' then return token end
-  local out = token .. ' ' .. released
-  local _, spaces = string.gsub(out, ' ', ' ')
-  if spaces >= RECEIPTS then out = string.match(out, '^(.*) %d+$') end
-  return out
+  local at = 0
+  for _ = 1, RECEIPTS - 1 do
+    at = string.find(released, ' ', at + 1, true)
+    if not at then return token .. ' ' .. released end
+  end
+  return token .. ' ' .. string.sub(released, 1, at - 1)
 end
 
 local function has_receipt(released, token)
@@ -321,7 +344,8 @@ local function write_waiter(owner, attempt, deadline, lease, meta, ...)
   local e = fmt(attempt) .. '|' .. fmt(deadline) .. '|' .. fmt(lease) .. '|' .. meta
   redis.call('HSET', k.waiters, owner, e, '~clock', clock_value(waiters_now()), '~cap',
     fmt(W.cap), ...)
-  W.entries[owner] = parse_waiter(e)
+  -- the entry as parse_waiter would read it back (attempt, deadline and lease are whole numbers)
+  W.entries[owner] = { attempt = attempt, deadline = deadline, lease = lease, meta = meta }
 end
 
 -- Whether `member` can be one of fairlock's queue members (an owner, "<client id>:<thread>").
@@ -725,20 +749,20 @@ end
 -- the hand-off clock), so a heartbeat can revoke a hand-off whose grantee died before popping
 -- it. The lock admits one head (its caller has freed it, or found it free), whoever it is.
 -- `...`: more field, value pairs for the hash (a release's receipts). Returns the grantee or
--- false.
+-- false. It is one turn of grant_live_heads's loop (live head, hand-off, grant with its
+-- wake-up, dequeue), written out: a release runs it on the hand-off's critical path, where the
+-- loop's admission closures and field lists cost more than the turn's own work.
 local function grant_next(h, ...)
-  local more, granted = { ... }, false
-  h.open = function() return not granted end
-  h.fits = function() return true end
-  h.take = function(owner, w, deadline, ...)
-    local fields = { 'wdl', fmt(deadline), ... }
-    for _, f in ipairs(more) do fields[#fields + 1] = f end
-    local token = take(h, owner, w.attempt, w.lease, w.meta, unpack(fields))
-    h.wdl, granted = deadline, true
-    return token
+  local head, w = live_head()
+  if not head then return false end
+  local deadline, c1, v1, c2, v2 = new_handoff(h, w)
+  if not grant_with_wakeup(head, w.attempt, h.token, w.lease, take, h, head, w.attempt, w.lease,
+      w.meta, 'wdl', fmt(deadline), c1, v1, c2, v2, ...) then
+    return false
   end
-  local _, head = grant_live_heads(h)
-  return head or false
+  h.wdl = deadline
+  dequeue(head)
+  return head
 end
 
 -- Revoke the hand-off of hold `h` when its grantee let its deadline pass (on the hand-off clock,
