@@ -58,10 +58,7 @@ return run(function()
     if not keep then
       -- an older hold of this thread that nobody keeps: passed on (FIFO), as a release would
       drop_wakeups(owner)
-      if not (front()[1] and grant_next(h)) then
-        redis.call('HSET', k.lock, 'owner', '')
-        h.owner = false
-      end
+      pass_on(h)
     end
   elseif h.owner and h.wdl then
     revoke_stale_handoff(h, handoff_now(h))

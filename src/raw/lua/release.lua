@@ -22,16 +22,6 @@
 -- later), so a refusal never leaves half a hand-off.
 local owner, token, depth, mark = ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 
--- Free the hold `h` (as read) or grant it to the next live waiter; `...`: more fields for the
--- hash. Returns the next owner or ''.
-local function pass_on(h, ...)
-  local next = front()[1] and grant_next(h, ...)
-  if not next then
-    redis.call('HSET', k.lock, 'owner', '', ...)
-  end
-  return next or ''
-end
-
 return run(function()
   -- the marks' key is undeclared: touched before the first write (see "Undeclared keys")
   if mark and depth <= 1 then left_mark(owner) end
@@ -42,7 +32,7 @@ return run(function()
       redis.call('HSET', k.lock, 'count', depth - 1)
       return { 'held', depth - 1 }
     end
-    result = { 'released', pass_on(h, 'released', with_receipt(h.released, token)) }
+    result = { 'released', pass_on(h, 'released', with_receipt(h.released, token)) or '' }
   elseif depth == 1 and has_receipt(h.released, token) then
     result = { 'released', '' }
   elseif mark and depth <= 1 and h.owner == owner and h.attempt == mark then

@@ -765,6 +765,19 @@ local function grant_next(h, ...)
   return head
 end
 
+-- Free the hold `h` (as read) or grant the lock to the next live waiter (state.lua's, not the
+-- release's own: no function made per run); `...`: more field, value pairs for the hash (a
+-- release's receipts), written either way. Returns the grantee, or false with the lock left
+-- free (h.owner false).
+local function pass_on(h, ...)
+  local next = front()[1] and grant_next(h, ...)
+  if not next then
+    redis.call('HSET', k.lock, 'owner', '', ...)
+    h.owner = false
+  end
+  return next
+end
+
 -- Revoke the hand-off of hold `h` when its grantee let its deadline pass (on the hand-off clock,
 -- `lock_now`) without popping it: a dead grantee. The lock is free again (h.owner false).
 local function revoke_stale_handoff(h, lock_now)
