@@ -390,19 +390,20 @@ impl DeadlockCheck {
                     }
                 },
                 Phase::First => {
-                    if let Some((resource, at)) = &mut self.reading {
+                    if let Some((resource, mut at)) = self.reading.take() {
                         // the next holder to look up, if any
-                        while *at < resource.holds.len() {
-                            let owner = &resource.holds[*at].origin.owner;
+                        while at < resource.holds.len() {
+                            let owner = &resource.holds[at].origin.owner;
                             if self.hints.contains_key(owner) || self.looked_up >= MAX_INDEX_READS {
-                                *at += 1;
+                                at += 1;
                                 continue;
                             }
-                            return Need::Index {
+                            let need = Need::Index {
                                 owner: owner.clone(),
                             };
+                            self.reading = Some((resource, at));
+                            return need;
                         }
-                        let (resource, _) = self.reading.take().expect("matched above");
                         self.first.insert(resource.key(), resource);
                         continue;
                     }
@@ -776,6 +777,76 @@ mod tests {
         c.feed_resource(a);
         assert_eq!(c.need(), Need::Done(None));
         assert_eq!(c.reads(), 3);
+    }
+
+    /// Run `c` to its end over `locks` (by name) and `index` (owner -> the lock it waits
+    /// for); the statuses it read, in order (both readings), and what it found.
+    fn drive(
+        mut c: DeadlockCheck,
+        locks: &[Resource],
+        index: &[(&str, &str)],
+    ) -> (Vec<String>, Option<Deadlock>) {
+        let mut read = Vec::new();
+        for _ in 0..1000 {
+            match c.need() {
+                Need::Status { name, .. } => {
+                    let r = locks.iter().find(|r| r.name == name).cloned();
+                    c.feed_resource(r.unwrap_or_else(|| lock(&name, None, &[])));
+                    read.push(name);
+                }
+                Need::Index { owner } => {
+                    let hint = index.iter().find(|(o, _)| *o == owner);
+                    c.feed_index(hint.map(|(_, l)| wait(HoldKind::Lock, l).encode()));
+                }
+                Need::Done(found) => return (read, found),
+            }
+        }
+        panic!("the check did not end");
+    }
+
+    #[test]
+    fn the_first_reading_reads_each_lock_once_even_when_two_hops_lead_to_it() {
+        // c:9 waits for a, held by c:1, which waits for b, held by c:2, which waits for a
+        // again (a cycle c:9 is not in: c:1 and c:2 are queued on each other's locks)
+        let a = lock("a", Some("c:1"), &["c:9", "c:2"]);
+        let b = lock("b", Some("c:2"), &["c:1"]);
+        let (first, found) = drive(
+            DeadlockCheck::new("c:9", &wait(HoldKind::Lock, "a")),
+            &[a, b],
+            &[("c:1", "b"), ("c:2", "a")],
+        );
+        assert_eq!(first, ["a", "b"]);
+        // the cycle is c:1 and c:2's; c:9 only waits behind it, and refuses nothing
+        assert!(found.is_none());
+    }
+
+    #[test]
+    fn the_first_reading_stops_at_its_bound_of_locks() {
+        // a chain of 20 locks: l<i> held by c:<i>, which waits for l<i+1>; c:99 waits for l0
+        let n = MAX_RESOURCES + 4;
+        let names: Vec<String> = (0..n).map(|i| format!("l{i}")).collect();
+        let owners: Vec<String> = (0..n).map(|i| format!("c:{i}")).collect();
+        let locks: Vec<Resource> = (0..n)
+            .map(|i| {
+                let waiter = if i == 0 {
+                    "c:99".to_string()
+                } else {
+                    owners[i - 1].clone()
+                };
+                lock(&names[i], Some(&owners[i]), &[waiter.as_str()])
+            })
+            .collect();
+        let index: Vec<(&str, &str)> = (0..n - 1)
+            .map(|i| (owners[i].as_str(), names[i + 1].as_str()))
+            .collect();
+        let (first, found) = drive(
+            DeadlockCheck::new("c:99", &wait(HoldKind::Lock, "l0")),
+            &locks,
+            &index,
+        );
+        assert_eq!(first.len(), MAX_RESOURCES, "{first:?}");
+        assert_eq!(first, names[..MAX_RESOURCES]);
+        assert!(found.is_none());
     }
 
     #[test]
