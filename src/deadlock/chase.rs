@@ -780,13 +780,15 @@ mod tests {
     }
 
     /// Run `c` to its end over `locks` (by name) and `index` (owner -> the lock it waits
-    /// for); the statuses it read, in order (both readings), and what it found.
+    /// for); the statuses it read, in order (both readings), the owners it looked up, and
+    /// what it found.
     fn drive(
         mut c: DeadlockCheck,
         locks: &[Resource],
         index: &[(&str, &str)],
-    ) -> (Vec<String>, Option<Deadlock>) {
+    ) -> (Vec<String>, Vec<String>, Option<Deadlock>) {
         let mut read = Vec::new();
+        let mut looked_up = Vec::new();
         for _ in 0..1000 {
             match c.need() {
                 Need::Status { name, .. } => {
@@ -797,8 +799,9 @@ mod tests {
                 Need::Index { owner } => {
                     let hint = index.iter().find(|(o, _)| *o == owner);
                     c.feed_index(hint.map(|(_, l)| wait(HoldKind::Lock, l).encode()));
+                    looked_up.push(owner);
                 }
-                Need::Done(found) => return (read, found),
+                Need::Done(found) => return (read, looked_up, found),
             }
         }
         panic!("the check did not end");
@@ -810,7 +813,7 @@ mod tests {
         // again (a cycle c:9 is not in: c:1 and c:2 are queued on each other's locks)
         let a = lock("a", Some("c:1"), &["c:9", "c:2"]);
         let b = lock("b", Some("c:2"), &["c:1"]);
-        let (first, found) = drive(
+        let (first, _, found) = drive(
             DeadlockCheck::new("c:9", &wait(HoldKind::Lock, "a")),
             &[a, b],
             &[("c:1", "b"), ("c:2", "a")],
@@ -839,13 +842,30 @@ mod tests {
         let index: Vec<(&str, &str)> = (0..n - 1)
             .map(|i| (owners[i].as_str(), names[i + 1].as_str()))
             .collect();
-        let (first, found) = drive(
+        let (first, _, found) = drive(
             DeadlockCheck::new("c:99", &wait(HoldKind::Lock, "l0")),
             &locks,
             &index,
         );
         assert_eq!(first.len(), MAX_RESOURCES, "{first:?}");
         assert_eq!(first, names[..MAX_RESOURCES]);
+        assert!(found.is_none());
+    }
+
+    #[test]
+    fn the_first_reading_stops_at_its_bound_of_index_look_ups() {
+        // a semaphore of 40 permits, each held by a thread of its own; c:99 waits for one more
+        let n = MAX_INDEX_READS + 8;
+        let owners: Vec<String> = (0..n).map(|i| format!("c:{i}")).collect();
+        let holds: Vec<(&str, u64)> = owners.iter().map(|o| (o.as_str(), 1)).collect();
+        let s = semaphore("s", n as u64, &holds, &[("c:99", 1)]);
+        let (read, looked_up, found) = drive(
+            DeadlockCheck::new("c:99", &wait(HoldKind::Semaphore, "s")),
+            &[s],
+            &[],
+        );
+        assert_eq!(read, ["s"]);
+        assert_eq!(looked_up.len(), MAX_INDEX_READS, "{looked_up:?}");
         assert!(found.is_none());
     }
 
