@@ -111,7 +111,11 @@ impl Cfg {
 struct Running {
     check: DeadlockCheck,
     since: u64,
-    seen: Vec<Option<ModelCycle>>,
+    /// The locks it read so far (a status of one of them again starts the confirming reading).
+    read: BTreeSet<String>,
+    /// The model's cycle through its thread between the two readings (just before the first
+    /// read of the confirming reading); `None` while in the first reading.
+    gap: Option<Option<ModelCycle>>,
 }
 
 /// (lock, holder, its token if known, what the holder waits for).
@@ -693,7 +697,8 @@ impl World {
         w.running = Some(Running {
             check: DeadlockCheck::new(&owner, &wait),
             since: now,
-            seen: vec![],
+            read: BTreeSet::new(),
+            gap: None,
         });
         self.count("checks");
         Ok(())
@@ -728,8 +733,13 @@ impl World {
             self.log(format!("t{t} check stalls {stall} ms"));
             return Ok(());
         }
-        r.seen.push(snapshot);
         let need = r.check.need();
+        if let Need::Status { name, .. } = &need {
+            // a lock read again: the first reading is over, the confirming one begins
+            if !r.read.insert(name.clone()) && r.gap.is_none() {
+                r.gap = Some(snapshot);
+            }
+        }
         let what = format!("{need:?}");
         match need {
             Need::Status {
@@ -766,13 +776,17 @@ impl World {
             match r.check.need() {
                 Need::Done(found) => Some(found),
                 _ => {
+                    let first_reading = r.gap.is_none();
                     self.log(line);
+                    if first_reading && self.faults && self.rng.chance(0.2) {
+                        self.leave_mid_reading(t);
+                    }
                     return Ok(());
                 }
             }
         };
         // the check is over (or failed): the next one comes `after` from now
-        let seen = w.running.take().map(|r| r.seen).unwrap_or_default();
+        let gap = w.running.take().and_then(|r| r.gap);
         w.faulted |= fault;
         w.due_at = now + next_due(after, Due::Check).0.as_millis() as u64;
         w.due = Due::Check;
@@ -788,7 +802,54 @@ impl World {
         w.refuse = Some((now, d.clone()));
         self.log(format!("{line}: REFUSE {}", describe(&d)));
         self.count("refusals decided");
-        self.judge_refusal(t, &d, &seen)
+        self.judge_refusal(t, &d, gap)
+    }
+
+    /// The generator of stale first readings: while `t`'s check is in its first reading and
+    /// `t` is the youngest wait of the model's cycle through it, a member whose wait the check
+    /// has read (the lock it waits for was read) leaves: its deadline is now. The first reading
+    /// then shows a cycle that no longer stands; only the confirming reading can tell.
+    fn leave_mid_reading(&mut self, t: usize) {
+        let Some(cycle) = self.cycle_through(t) else {
+            return;
+        };
+        let youngest = cycle.iter().max_by_key(|&&m| self.queue_seq(m)).copied();
+        if youngest != Some(t) {
+            return;
+        }
+        let read = match &self.thr[t].phase {
+            Phase::Waiting(w) => w
+                .running
+                .as_ref()
+                .map(|r| r.read.clone())
+                .unwrap_or_default(),
+            _ => return,
+        };
+        let read_members: Vec<usize> = cycle
+            .iter()
+            .copied()
+            .filter(|&m| m != t)
+            .filter(|&m| {
+                self.edge(m)
+                    .is_some_and(|(l, _)| read.contains(&self.names[l]))
+            })
+            .collect();
+        if read_members.is_empty() {
+            return;
+        }
+        let m = read_members[self.rng.below(read_members.len() as u64) as usize];
+        let now = self.now;
+        if let Phase::Waiting(w) = &mut self.thr[m].phase {
+            if w.refuse.is_none() && w.granted_at.is_none() {
+                w.deadline = Some(now);
+                self.count(
+                    "targeted: a member whose wait a first reading read leaves (deadline now)",
+                );
+                self.log(format!(
+                    "t{m} made to leave while t{t}'s check is in its first reading"
+                ));
+            }
+        }
     }
 
     fn evict_index(&mut self) -> Res<()> {
@@ -913,10 +974,18 @@ impl World {
     }
 
     /// (a) and (b), at the step a refusal is decided. The confirming reading proves that the
-    /// cycle stood at one moment between the readings (its end and the decision may come
-    /// after a member left: the refusal is then of a cycle that just dissolved, as the engine's
-    /// leave may be too): so the cycle must be the model's now, or at one step of this check.
-    fn judge_refusal(&mut self, t: usize, d: &Deadlock, seen: &[Option<ModelCycle>]) -> Res<()> {
+    /// cycle stood between the two readings (every hold and wait of it is in both, by token and
+    /// queue time: it lasted from its first read to its second, so through the moment between
+    /// the readings); the decision may come after a member left (a refusal of a cycle that just
+    /// dissolved, as the engine's leave may be too): so the cycle must be the model's at `gap`,
+    /// the step between the readings (`None`: there was no second reading, and then the
+    /// decision is that moment).
+    fn judge_refusal(
+        &mut self,
+        t: usize,
+        d: &Deadlock,
+        gap: Option<Option<ModelCycle>>,
+    ) -> Res<()> {
         let mut reported: Vec<Member> = d
             .members
             .iter()
@@ -946,21 +1015,20 @@ impl World {
                 })
         };
         let now = self.model_cycle(t);
-        let stood = match &now {
+        let between = gap.unwrap_or_else(|| now.clone());
+        let stood = match &between {
             Some(c) if matches(c) => c.clone(),
-            _ => match seen.iter().flatten().rev().find(|c| matches(c)) {
-                Some(c) => {
-                    self.count("refusals of a cycle that dissolved during the check (it stood at one of its steps)");
-                    c.clone()
-                }
-                None => {
-                    return Err(format!(
-                        "(a) t{t} decided to refuse a cycle the model does not have, nor had at any step of the check: reported {reported:?}, the model has {:?} now",
-                        now.map(|c| c.members)
-                    ))
-                }
-            },
+            _ => {
+                return Err(format!(
+                    "(a) t{t} decided to refuse a cycle the model did not have between the readings: reported {reported:?}, the model had {:?} then, has {:?} now",
+                    between.map(|c| c.members),
+                    now.map(|c| c.members)
+                ))
+            }
         };
+        if !now.as_ref().is_some_and(|c| matches(c)) {
+            self.count("refusals of a cycle that dissolved after the readings' gap");
+        }
         if stood.youngest != t {
             return Err(format!(
                 "(a) t{t} refused, but t{} is the youngest wait of the cycle {:?}",
