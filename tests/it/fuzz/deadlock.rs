@@ -58,7 +58,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use fairlock::raw::{Acquire, LateAcquire, Leave, LeaveMode, Mode, RawLock, Release, Settings};
+use fairlock::raw::{
+    Acquire, ForceUnlock, LateAcquire, Leave, LeaveMode, Mode, RawLock, Release, Settings,
+};
 use fairlock::raw_deadlock::{
     first_due, next_due, publish_cmds, read_index_cmd, unpublish_cmd, DeadlockCheck, Due,
     IndexedWait, Need, Primitive, MAX_INDEX_READS, MAX_RESOURCES,
@@ -74,6 +76,10 @@ const R: u64 = 2;
 /// The quiet phase's limit (steps).
 const QUIET_STEPS: usize = 40_000;
 const LEASE: Duration = Duration::from_secs(600);
+/// A stale queue entry is purged this long after its wait ended (ms of virtual time): three
+/// janitor intervals, the library's default `waiter_timeout` being 3 s.
+const PURGE_MIN: u64 = 1000;
+const PURGE_MAX: u64 = 3000;
 
 fn env<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -113,20 +119,28 @@ struct Running {
     since: u64,
     /// The locks it read so far (a status of one of them again starts the confirming reading).
     read: BTreeSet<String>,
-    /// The model's cycle through its thread between the two readings (just before the first
-    /// read of the confirming reading); `None` while in the first reading.
-    gap: Option<Option<ModelCycle>>,
+    /// The model between the two readings (just before the first read of the confirming
+    /// reading); `None` while in the first reading.
+    gap: Option<Vec<ModelLock>>,
+    /// The index entries it read (owner -> value), its own wait's included.
+    hints: BTreeMap<String, Option<String>>,
+}
+
+/// What the world does later, on its own (virtual ms).
+#[derive(Clone, Copy, Debug)]
+enum Timer {
+    /// The janitor purges a stale queue entry (thread, lock, attempt): others' heartbeats find
+    /// it 3 janitor intervals old (here: the leave script, `Pass`, as the purge hands a grant
+    /// it never popped on).
+    Purge(usize, usize, u64),
+    /// A crashed client's index hash reaches its TTL.
+    IndexTtl(usize),
+    /// A crashed client's holds reach the end of their leases (forced), and it starts again.
+    Restart(usize),
 }
 
 /// (lock, holder, its token if known, what the holder waits for).
 type Member = (String, String, Option<u64>, String);
-
-#[derive(Clone, Debug)]
-struct ModelCycle {
-    id: Vec<(usize, u64)>,
-    youngest: usize,
-    members: Vec<Member>,
-}
 
 struct Wait {
     lock: usize,
@@ -162,6 +176,8 @@ struct Thr {
     held: Vec<(usize, u64)>,
     phase: Phase,
     busy_until: u64,
+    /// Its client crashed: it takes no step until the client starts again.
+    crashed: bool,
 }
 
 /// The model of one lock, from the replies seen.
@@ -200,6 +216,13 @@ struct World {
     refused: BTreeSet<Vec<(usize, u64)>>,
     /// Index entries the engine will not delete (lost publication replies): (thread, attempt).
     orphans: BTreeSet<(usize, u64)>,
+    /// Queue entries of waits that ended without their leave reaching Redis (a lost leave, a
+    /// crash): (thread, attempt). They count as waits until the janitor purges them.
+    stale: BTreeSet<(usize, u64)>,
+    /// Threads whose index entry is a leftover of an earlier wait (its `HDEL` was lost), until
+    /// they publish again.
+    stale_index: BTreeSet<usize>,
+    timers: Vec<(u64, Timer)>,
     out: Outcome,
 }
 
@@ -232,6 +255,7 @@ impl World {
                     held: vec![],
                     phase: Phase::Idle,
                     busy_until: 0,
+                    crashed: false,
                 });
             }
         }
@@ -250,6 +274,9 @@ impl World {
             standing: BTreeMap::new(),
             refused: BTreeSet::new(),
             orphans: BTreeSet::new(),
+            stale: BTreeSet::new(),
+            stale_index: BTreeSet::new(),
+            timers: vec![],
             out: Outcome::default(),
         };
         for t in 0..w.thr.len() {
@@ -332,16 +359,26 @@ impl World {
                 limit = limit.min(hard);
             }
         }
+        for (at, _) in &self.timers {
+            limit = limit.min((*at).max(self.now));
+        }
         limit
     }
 
     // ---- steps ----
 
     fn step(&mut self) -> Res<()> {
+        if let Some(i) = self.timers.iter().position(|(at, _)| *at <= self.now) {
+            let (_, timer) = self.timers.remove(i);
+            return self.run_timer(timer);
+        }
         // the candidates: due items, thread actions, a heartbeat, faults, time
         let mut cands: Vec<(usize, u8)> = vec![];
         for t in 0..self.thr.len() {
             let th = &self.thr[t];
+            if th.crashed {
+                continue;
+            }
             match &th.phase {
                 Phase::Waiting(_) => {
                     if let Some((since, _)) = self.due_of(t) {
@@ -369,8 +406,9 @@ impl World {
                     .thr
                     .iter()
                     .filter(|t| !t.plan.is_empty() || !t.held.is_empty())
-                    .filter(|t| !matches!(t.phase, Phase::Waiting(_)))
+                    .filter(|t| !matches!(t.phase, Phase::Waiting(_)) && !t.crashed)
                     .map(|t| t.busy_until)
+                    .chain(self.timers.iter().map(|x| x.0))
                     .min()
                     .unwrap_or(u64::MAX);
                 ms = ms.max(next_busy.min(limit).saturating_sub(self.now));
@@ -380,6 +418,9 @@ impl World {
         }
         if self.faults && roll == 26 && self.rng.chance(0.2) {
             return self.evict_index();
+        }
+        if self.faults && roll == 27 && self.rng.chance(0.05) {
+            return self.crash();
         }
         if roll < 28 {
             return self.heartbeat();
@@ -409,6 +450,11 @@ impl World {
         let unwinding = matches!(th.phase, Phase::Unwinding);
         if !unwinding && th.held.len() < th.plan.len() {
             let l = th.plan[th.held.len()];
+            if self.model[l].holder == Some(t) || self.model[l].queue.iter().any(|q| q.0 == t) {
+                // its stale entry (or a grant to it) is still there: wait for the purge
+                self.thr[t].busy_until = self.now + 10;
+                return Ok(());
+            }
             return self.acquire(t, l);
         }
         if let Some(&(l, token)) = self.thr[t].held.last() {
@@ -483,26 +529,37 @@ impl World {
         };
         self.thr[t].held.pop();
         self.thr[t].busy_until = self.now + self.rng.below(20);
+        self.hand_on(l, next)
+    }
+
+    /// `l`'s hold ended and Redis handed it to `next` (a release, a forced release, a purge's
+    /// pass): the model follows.
+    fn hand_on(&mut self, l: usize, next: Option<String>) -> Res<()> {
         self.model[l].holder = None;
         self.model[l].token = None;
-        if let Some(next) = next {
-            let n = self
-                .thread_of(&next)
-                .ok_or_else(|| format!("granted to unknown {next}"))?;
-            let before = self.model[l].queue.len();
-            self.model[l].queue.retain(|q| q.0 != n);
-            if self.model[l].queue.len() + 1 != before {
-                return Err(format!("model: l{l} granted to t{n}, which was not queued"));
-            }
-            self.model[l].holder = Some(n);
-            let now = self.now;
-            match &mut self.thr[n].phase {
-                Phase::Waiting(w) if w.lock == l => w.granted_at = Some(now),
-                _ => {
-                    return Err(format!(
-                        "model: l{l} granted to t{n}, which does not wait for it"
-                    ))
-                }
+        let Some(next) = next else {
+            return Ok(());
+        };
+        let n = self
+            .thread_of(&next)
+            .ok_or_else(|| format!("granted to unknown {next}"))?;
+        let Some(pos) = self.model[l].queue.iter().position(|q| q.0 == n) else {
+            return Err(format!("model: l{l} granted to t{n}, which was not queued"));
+        };
+        let (_, attempt, _) = self.model[l].queue.remove(pos);
+        self.model[l].holder = Some(n);
+        if self.stale.contains(&(n, attempt)) {
+            // nobody pops it: the purge passes it on
+            self.count("grants to a stale queue entry");
+            return Ok(());
+        }
+        let now = self.now;
+        match &mut self.thr[n].phase {
+            Phase::Waiting(w) if w.lock == l && w.attempt == attempt => w.granted_at = Some(now),
+            _ => {
+                return Err(format!(
+                    "model: l{l} granted to t{n}, which does not wait for it"
+                ))
             }
         }
         Ok(())
@@ -516,10 +573,19 @@ impl World {
             return Err("end_wait of no wait".into());
         };
         if w.published {
-            let owner = self.thr[t].owner.clone();
-            let () = unpublish_cmd(PREFIX, &owner)
-                .query(&mut self.conn)
-                .map_err(|e| format!("HDEL: {e}"))?;
+            if self.faults && self.rng.chance(0.05) {
+                // the HDEL is lost: the entry, of a wait that ended, stays (and names another
+                // lock than the thread's next wait, until that one publishes)
+                self.orphans.insert((t, w.attempt));
+                self.stale_index.insert(t);
+                self.count("faults: an index entry's HDEL lost");
+                self.log(format!("t{t} HDEL lost"));
+            } else {
+                let owner = self.thr[t].owner.clone();
+                let () = unpublish_cmd(PREFIX, &owner)
+                    .query(&mut self.conn)
+                    .map_err(|e| format!("HDEL: {e}"))?;
+            }
         }
         // (an entry the engine does not know it wrote stays: its TTL ends it)
         Ok(w)
@@ -608,6 +674,20 @@ impl World {
     }
 
     fn deadline_leave(&mut self, t: usize) -> Res<()> {
+        if self.faults && self.rng.chance(0.1) {
+            // the leave never reaches Redis: its queue entry stays, stale, until the janitor
+            // purges it; the thread goes on as if it left
+            let Phase::Waiting(w) = &self.thr[t].phase else {
+                unreachable!()
+            };
+            let (l, attempt) = (w.lock, w.attempt);
+            self.stale.insert((t, attempt));
+            let at = self.now + self.rng.range(PURGE_MIN, PURGE_MAX);
+            self.timers.push((at, Timer::Purge(t, l, attempt)));
+            self.count("faults: a leave lost (a stale queue entry)");
+            self.log(format!("t{t} leave at deadline of l{l} #{attempt}: lost"));
+            return self.after_leave(t, Leave::Left, "timed out");
+        }
         let reply = self.leave_claim(t)?;
         self.log(format!("t{} leave at deadline: {reply:?}", t));
         self.after_leave(t, reply, "timed out")
@@ -671,6 +751,7 @@ impl World {
                     .query(&mut self.conn)
                     .map_err(|e| format!("publish: {e}"))?;
             }
+            self.stale_index.remove(&t);
         }
         let now = self.now;
         if fault {
@@ -699,6 +780,7 @@ impl World {
             since: now,
             read: BTreeSet::new(),
             gap: None,
+            hints: BTreeMap::from([(owner.clone(), Some(wait.encode()))]),
         });
         self.count("checks");
         Ok(())
@@ -713,7 +795,7 @@ impl World {
             0
         };
         let now = self.now;
-        let snapshot = self.model_cycle(t);
+        let snapshot = self.model.clone();
         let World {
             thr,
             locks,
@@ -763,6 +845,7 @@ impl World {
                     .query(conn)
                     .map_err(|e| format!("HGET: {e}"))?;
                 if !fault {
+                    r.hints.insert(owner, v.clone());
                     r.check.feed_index(v);
                 }
             }
@@ -786,7 +869,11 @@ impl World {
             }
         };
         // the check is over (or failed): the next one comes `after` from now
-        let gap = w.running.take().and_then(|r| r.gap);
+        let (gap, hints, read) = w
+            .running
+            .take()
+            .map(|r| (r.gap, r.hints, r.read))
+            .unwrap_or_default();
         w.faulted |= fault;
         w.due_at = now + next_due(after, Due::Check).0.as_millis() as u64;
         w.due = Due::Check;
@@ -802,7 +889,7 @@ impl World {
         w.refuse = Some((now, d.clone()));
         self.log(format!("{line}: REFUSE {}", describe(&d)));
         self.count("refusals decided");
-        self.judge_refusal(t, &d, gap)
+        self.judge_refusal(t, &d, gap, &hints, &read)
     }
 
     /// The generator of stale first readings: while `t`'s check is in its first reading and
@@ -852,6 +939,103 @@ impl World {
         }
     }
 
+    /// A client crashes: it sends nothing more. Its queue entries stay (stale) until the
+    /// janitor purges them, its index hash until its TTL, its holds until their leases end; then
+    /// it starts again.
+    fn crash(&mut self) -> Res<()> {
+        if self.thr.iter().any(|x| x.crashed) {
+            return Ok(());
+        }
+        let c = self.rng.below(self.cfg.clients as u64) as usize;
+        for t in 0..self.thr.len() {
+            if self.thr[t].client != c {
+                continue;
+            }
+            self.thr[t].crashed = true;
+            let phase = std::mem::replace(&mut self.thr[t].phase, Phase::Idle);
+            if let Phase::Waiting(w) = phase {
+                self.stale.insert((t, w.attempt));
+                let at = self.now + self.rng.range(PURGE_MIN, PURGE_MAX);
+                self.timers.push((at, Timer::Purge(t, w.lock, w.attempt)));
+                if w.published {
+                    self.orphans.insert((t, w.attempt));
+                }
+            }
+        }
+        let ttl = 1000.max(3 * self.cfg.after);
+        self.timers.push((self.now + ttl, Timer::IndexTtl(c)));
+        let restart = self.now + ttl.max(PURGE_MAX) + self.rng.range(1, 1000);
+        self.timers.push((restart, Timer::Restart(c)));
+        self.count("faults: a client crashed");
+        self.log(format!("client {c} crashes"));
+        Ok(())
+    }
+
+    fn run_timer(&mut self, timer: Timer) -> Res<()> {
+        match timer {
+            Timer::Purge(t, l, attempt) => {
+                let owner = self.thr[t].owner.clone();
+                let reply = self.locks[l]
+                    .leave(&owner, attempt, LeaveMode::Pass, LateAcquire::Impossible)
+                    .run(&mut self.conn)
+                    .map_err(|e| format!("purge: {e}"))?;
+                self.log(format!(
+                    "janitor purges t{t}'s stale entry l{l} #{attempt}: {reply:?}"
+                ));
+                match reply {
+                    Leave::Left => self.model[l]
+                        .queue
+                        .retain(|q| !(q.0 == t && q.1 == attempt)),
+                    Leave::Passed { next } => {
+                        if self.model[l].holder != Some(t) {
+                            return Err(format!("model: a purge of t{t} passed l{l} on, not held"));
+                        }
+                        self.hand_on(l, next)?;
+                    }
+                    other => return Err(format!("a purge's leave answered {other:?}")),
+                }
+                self.stale.remove(&(t, attempt));
+                self.count("stale queue entries purged");
+            }
+            Timer::IndexTtl(c) => {
+                let owner = format!("{}:0", client_id(self.cfg.seed, c));
+                let () = redis::cmd("DEL")
+                    .arg(fairlock::raw_deadlock::index_key(PREFIX, &owner))
+                    .query(&mut self.conn)
+                    .map_err(|e| format!("DEL: {e}"))?;
+                let thr = &self.thr;
+                self.orphans.retain(|o| thr[o.0].client != c);
+                self.stale_index.retain(|&t| thr[t].client != c);
+                self.log(format!("client {c}'s index hash expires"));
+            }
+            Timer::Restart(c) => {
+                for t in 0..self.thr.len() {
+                    if self.thr[t].client != c {
+                        continue;
+                    }
+                    let owner = self.thr[t].owner.clone();
+                    while let Some((l, token)) = self.thr[t].held.pop() {
+                        let reply = self.locks[l]
+                            .force_unlock(&owner, token)
+                            .run(&mut self.conn)
+                            .map_err(|e| format!("force_unlock: {e}"))?;
+                        self.log(format!("t{t}'s lease of l{l} ends (forced): {reply:?}"));
+                        let ForceUnlock::Released { next } = reply else {
+                            return Err(format!("model: t{t} held l{l}: {reply:?}"));
+                        };
+                        self.hand_on(l, next)?;
+                    }
+                    self.thr[t].crashed = false;
+                    self.thr[t].busy_until = self.now;
+                    self.new_plan(t);
+                }
+                self.count("crashed clients started again");
+                self.log(format!("client {c} starts again"));
+            }
+        }
+        Ok(())
+    }
+
     fn evict_index(&mut self) -> Res<()> {
         let c = self.rng.below(self.cfg.clients as u64) as usize;
         let owner = format!("{}:0", client_id(self.cfg.seed, c));
@@ -866,7 +1050,9 @@ impl World {
                     w.faulted = true;
                 }
             }
-            self.orphans.retain(|o| self.thr[o.0].client != c);
+            let thr = &self.thr;
+            self.orphans.retain(|o| thr[o.0].client != c);
+            self.stale_index.retain(|&t| thr[t].client != c);
             self.count("faults: an index hash evicted");
             self.log(format!("evict {key}"));
         }
@@ -898,12 +1084,12 @@ impl World {
 
     // ---- the model's cycles and the judges ----
 
-    /// What `t` waits for, by the model: (lock, holder).
+    /// What `t` waits for, by the model: (lock, holder) (its wait under way, not a stale entry).
     fn edge(&self, t: usize) -> Option<(usize, usize)> {
         self.model.iter().enumerate().find_map(|(l, m)| {
             m.queue
                 .iter()
-                .any(|q| q.0 == t)
+                .any(|q| q.0 == t && !self.stale.contains(&(t, q.1)))
                 .then_some(())
                 .and(m.holder.map(|h| (l, h)))
         })
@@ -944,33 +1130,81 @@ impl World {
         self.model
             .iter()
             .flat_map(|m| m.queue.iter())
-            .find(|q| q.0 == t)
+            .find(|q| q.0 == t && !self.stale.contains(&(t, q.1)))
             .map_or(0, |q| q.2)
     }
 
-    /// (a) and (b), at the step a refusal is decided.
-    /// The model's cycle through `t` now, as a refusal would report it: its id, whether `t` is
-    /// its youngest wait, and its members (lock, holder, token, what the holder waits for).
-    fn model_cycle(&self, t: usize) -> Option<ModelCycle> {
-        let cycle = self.cycle_through(t)?;
-        let youngest = *cycle.iter().max_by_key(|&&m| self.queue_seq(m)).unwrap();
-        let mut members = vec![];
-        for &m in &cycle {
-            let (l, h) = self.edge(m).expect("in a cycle");
-            let (hl, _) = self.edge(h).expect("in a cycle");
-            members.push((
-                self.names[l].clone(),
-                self.thr[h].owner.clone(),
-                self.model[l].token,
-                self.names[hl].clone(),
+    /// Whether the reported cycle `reported` stands in the model `snap`: every member holds
+    /// its lock (with its token, when the model knows it) and is queued (a wait under way or a
+    /// stale entry: both count) for what it waits for, the locks waited for are the locks held,
+    /// `t` is a member, and every member is believed by the rule the check applies: an owner
+    /// whose index entry, as the check read it (`hints`), names another lock than one of the
+    /// locks it read (`read`) it is queued for is not. Its cycle id and youngest thread, or why
+    /// not.
+    fn stands_in(
+        &self,
+        snap: &[ModelLock],
+        reported: &[Member],
+        hints: &BTreeMap<String, Option<String>>,
+        read: &BTreeSet<String>,
+        t: usize,
+    ) -> Res<(Vec<(usize, u64)>, usize)> {
+        let ix = |name: &str| {
+            self.names
+                .iter()
+                .position(|n| n == name)
+                .ok_or_else(|| format!("unknown lock {name}"))
+        };
+        let (mut id, mut youngest) = (vec![], (0, usize::MAX));
+        let (mut held, mut wanted) = (vec![], vec![]);
+        for (lock, holder, token, waits_for) in reported {
+            let (l, wl) = (ix(lock)?, ix(waits_for)?);
+            let h = self
+                .thread_of(holder)
+                .ok_or_else(|| format!("unknown holder {holder}"))?;
+            if snap[l].holder != Some(h) {
+                return Err(format!("{lock} is not held by t{h}"));
+            }
+            if token.is_none() || (snap[l].token.is_some() && snap[l].token != *token) {
+                return Err(format!(
+                    "{lock}'s token is {:?}, not {token:?}",
+                    snap[l].token
+                ));
+            }
+            let Some(&(_, attempt, seq)) = snap[wl].queue.iter().find(|q| q.0 == h) else {
+                return Err(format!("t{h} is not queued for {waits_for}"));
+            };
+            let hint = hints
+                .get(holder)
+                .and_then(|v| v.as_deref())
+                .and_then(IndexedWait::parse);
+            if let Some(hint) = hint {
+                let elsewhere = snap.iter().enumerate().any(|(x, m)| {
+                    read.contains(&self.names[x])
+                        && self.names[x] != hint.name
+                        && m.queue.iter().any(|q| q.0 == h)
+                });
+                if elsewhere {
+                    return Err(format!(
+                        "t{h}'s index entry names {}, and it is queued for another lock the check read: not believed",
+                        hint.name
+                    ));
+                }
+            }
+            id.push((h, attempt));
+            youngest = youngest.max((seq, h));
+            held.push(l);
+            wanted.push(wl);
+        }
+        held.sort();
+        wanted.sort();
+        if held != wanted || !id.iter().any(|m| m.0 == t) {
+            return Err(format!(
+                "no cycle through t{t}: holds {held:?}, waits {wanted:?}"
             ));
         }
-        members.sort();
-        Some(ModelCycle {
-            id: self.cycle_id(&cycle),
-            youngest,
-            members,
-        })
+        id.sort();
+        Ok((id, youngest.1))
     }
 
     /// (a) and (b), at the step a refusal is decided. The confirming reading proves that the
@@ -979,12 +1213,15 @@ impl World {
     /// the readings); the decision may come after a member left (a refusal of a cycle that just
     /// dissolved, as the engine's leave may be too): so the cycle must be the model's at `gap`,
     /// the step between the readings (`None`: there was no second reading, and then the
-    /// decision is that moment).
+    /// decision is that moment), stale queue entries counting as waits, the belief rule
+    /// applied to the index entries the check read.
     fn judge_refusal(
         &mut self,
         t: usize,
         d: &Deadlock,
-        gap: Option<Option<ModelCycle>>,
+        gap: Option<Vec<ModelLock>>,
+        hints: &BTreeMap<String, Option<String>>,
+        read: &BTreeSet<String>,
     ) -> Res<()> {
         let mut reported: Vec<Member> = d
             .members
@@ -1003,42 +1240,31 @@ impl World {
             })
             .collect();
         reported.sort();
-        // a hand-off not yet popped has no token in the model: compare the rest
-        let matches = |c: &ModelCycle| {
-            c.members.len() == reported.len()
-                && c.members.iter().zip(&reported).all(|(m, r)| {
-                    m.0 == r.0
-                        && m.1 == r.1
-                        && m.3 == r.3
-                        && (m.2.is_none() || m.2 == r.2)
-                        && r.2.is_some()
-                })
-        };
-        let now = self.model_cycle(t);
-        let between = gap.unwrap_or_else(|| now.clone());
-        let stood = match &between {
-            Some(c) if matches(c) => c.clone(),
-            _ => {
-                return Err(format!(
-                    "(a) t{t} decided to refuse a cycle the model did not have between the readings: reported {reported:?}, the model had {:?} then, has {:?} now",
-                    between.map(|c| c.members),
-                    now.map(|c| c.members)
-                ))
-            }
-        };
-        if !now.as_ref().is_some_and(|c| matches(c)) {
+        let between = gap.unwrap_or_else(|| self.model.clone());
+        let (id, youngest) = self
+            .stands_in(&between, &reported, hints, read, t)
+            .map_err(|why| {
+                format!(
+                    "(a) t{t} decided to refuse a cycle the model did not have between the readings ({why}): reported {reported:?}"
+                )
+            })?;
+        if self
+            .stands_in(&self.model, &reported, hints, read, t)
+            .is_err()
+        {
             self.count("refusals of a cycle that dissolved after the readings' gap");
         }
-        if stood.youngest != t {
+        if id.iter().any(|m| self.stale.contains(m)) {
+            self.count("refusals of a cycle through a stale queue entry");
+        }
+        if youngest != t {
             return Err(format!(
-                "(a) t{t} refused, but t{} is the youngest wait of the cycle {:?}",
-                stood.youngest, stood.id
+                "(a) t{t} refused, but t{youngest} is the youngest wait of the cycle {id:?}"
             ));
         }
-        if !self.refused.insert(stood.id.clone()) {
+        if !self.refused.insert(id.clone()) {
             return Err(format!(
-                "(b) a second refusal of the cycle {:?} (by t{t})",
-                stood.id
+                "(b) a second refusal of the cycle {id:?} (by t{t})"
             ));
         }
         Ok(())
@@ -1050,9 +1276,16 @@ impl World {
         for t in 0..self.thr.len() {
             if let Some(cycle) = self.cycle_through(t) {
                 if cycle.iter().min() == Some(&t) {
-                    let exempt = cycle.iter().any(|&m| match &self.thr[m].phase {
-                        Phase::Waiting(w) => w.faulted,
-                        _ => false,
+                    // a fault touched a member's wait, or a member has a stale queue entry or
+                    // index entry (its waits are then not believed: docs/guarantees.md)
+                    let exempt = cycle.iter().any(|&m| {
+                        let faulted = match &self.thr[m].phase {
+                            Phase::Waiting(w) => w.faulted,
+                            _ => false,
+                        };
+                        faulted
+                            || self.stale.iter().any(|s| s.0 == m)
+                            || self.stale_index.contains(&m)
                     });
                     now_standing.insert(self.cycle_id(&cycle), exempt);
                 }
@@ -1068,7 +1301,7 @@ impl World {
             let (since, exempt) = self.standing.remove(&k).unwrap();
             let life = self.now - since;
             if exempt {
-                self.count("cycles broken, exempt from (c) (a fault touched a member's wait)");
+                self.count("cycles broken, exempt from (c) (a fault touched a member's wait, or a member has a stale queue or index entry)");
             } else {
                 self.out.max_life = self.out.max_life.max(life);
                 self.count("cycles broken, judged by (c)");
@@ -1122,7 +1355,7 @@ impl World {
                     }
                     _ => false,
                 };
-                if !ok && !self.orphans.contains(&(t, entry.attempt)) {
+                if !ok && !self.orphans.contains(&(t, entry.attempt)) && !self.thr[t].crashed {
                     return Err(format!(
                         "(d) index entry {owner} = {value} is of no wait under way that published it"
                     ));
