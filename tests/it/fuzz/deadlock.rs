@@ -92,18 +92,25 @@ struct Cfg {
     clients: usize,
     threads: usize,
     after: u64,
+    /// A client with detection off (its waits publish nothing and check nothing), on some seeds.
+    off: Option<usize>,
 }
 
 impl Cfg {
     fn for_seed(seed: u64) -> Cfg {
         let mut rng = Rng::new(seed ^ 0xD1AD_10C4);
-        Cfg {
+        let mut cfg = Cfg {
             seed,
             locks: rng.range(3, 6) as usize,
             clients: rng.range(2, 4) as usize,
             threads: rng.range(1, 3) as usize,
             after: rng.range(150, 300),
+            off: None,
+        };
+        if rng.chance(0.3) {
+            cfg.off = Some(rng.below(cfg.clients as u64) as usize);
         }
+        cfg
     }
 
     /// The bound judge (c) holds a cycle to (ms of virtual time).
@@ -211,8 +218,9 @@ struct World {
     now: u64,
     seq: u64,
     faults: bool,
-    /// Cycles standing: id -> (closed at, exempt).
-    standing: BTreeMap<Vec<(usize, u64)>, (u64, bool)>,
+    /// Cycles standing: id -> (closed at, exempt: 1 a fault or stale entry, 2 a member's client
+    /// has detection off).
+    standing: BTreeMap<Vec<(usize, u64)>, (u64, u8)>,
     refused: BTreeSet<Vec<(usize, u64)>>,
     /// Index entries the engine will not delete (lost publication replies): (thread, attempt).
     orphans: BTreeSet<(usize, u64)>,
@@ -494,11 +502,15 @@ impl World {
                 self.seq += 1;
                 let seq = self.seq;
                 self.model[l].queue.push((t, attempt, seq));
-                let deadline = self
-                    .rng
-                    .chance(0.3)
-                    .then(|| self.now + self.rng.range(100, 1500));
-                let (at, due) = first_due(Duration::from_millis(self.cfg.after));
+                // (a client with detection off times its waits out: nothing else breaks its
+                // cycles)
+                let timed = self.cfg.off == Some(c) || self.rng.chance(0.3);
+                let deadline = timed.then(|| self.now + self.rng.range(100, 1500));
+                let (mut at, due) = first_due(Duration::from_millis(self.cfg.after));
+                if self.cfg.off == Some(c) {
+                    // detection off: no moment ever comes
+                    at = Duration::from_millis(u64::MAX / 4);
+                }
                 self.thr[t].phase = Phase::Waiting(Box::new(Wait {
                     lock: l,
                     attempt,
@@ -1278,7 +1290,7 @@ impl World {
                 if cycle.iter().min() == Some(&t) {
                     // a fault touched a member's wait, or a member has a stale queue entry or
                     // index entry (its waits are then not believed: docs/guarantees.md)
-                    let exempt = cycle.iter().any(|&m| {
+                    let faulted = cycle.iter().any(|&m| {
                         let faulted = match &self.thr[m].phase {
                             Phase::Waiting(w) => w.faulted,
                             _ => false,
@@ -1287,6 +1299,10 @@ impl World {
                             || self.stale.iter().any(|s| s.0 == m)
                             || self.stale_index.contains(&m)
                     });
+                    let off = cycle
+                        .iter()
+                        .any(|&m| Some(self.thr[m].client) == self.cfg.off);
+                    let exempt = u8::from(faulted) | (u8::from(off) << 1);
                     now_standing.insert(self.cycle_id(&cycle), exempt);
                 }
             }
@@ -1300,7 +1316,9 @@ impl World {
         for k in ended {
             let (since, exempt) = self.standing.remove(&k).unwrap();
             let life = self.now - since;
-            if exempt {
+            if exempt & 2 != 0 {
+                self.count("cycles broken, exempt from (c) (a member's client has detection off)");
+            } else if exempt != 0 {
                 self.count("cycles broken, exempt from (c) (a fault touched a member's wait, or a member has a stale queue or index entry)");
             } else {
                 self.out.max_life = self.out.max_life.max(life);
@@ -1318,7 +1336,7 @@ impl World {
                 .or_insert_with(|| (now, exempt));
             e.1 |= exempt;
             let (since, exempt) = *e;
-            if !exempt && now - since > self.cfg.bound() {
+            if exempt == 0 && now - since > self.cfg.bound() {
                 return Err(format!(
                     "(c) the cycle {k:?} has stood {} ms (closed at {since} ms), longer than the bound {} ms (after {} ms)",
                     now - since,
