@@ -2,8 +2,9 @@
 //! and the library's own check (`fairlock::raw_deadlock::DeadlockCheck`, the machine the engine
 //! drives), one read at a time, other threads' steps in between.
 //!
-//! Per seed: one redis-server, 3-6 locks, 2-4 logical clients of 1-3 threads, every thread with
-//! detection on (`after` 150-300 ms of a virtual client clock). Each thread runs plans: take
+//! Per seed: one redis-server, 3-6 locks, 2-4 logical clients of 1-3 threads, with detection on
+//! (`after` 150-300 ms of a virtual client clock); on some seeds (30%) one client has detection
+//! off (its waits publish and check nothing, and all have a deadline). Each thread runs plans: take
 //! 2-3 locks in a random (nested) order, holding each a while, then release them innermost
 //! first; so cycles form (in the quiet phase, it ends the plan under way and runs one more).
 //! Some waits have a deadline (so cycles also dissolve on their own).
@@ -25,17 +26,33 @@
 //! lost (applied or not: the
 //! check is skipped, as the engine does, and the engine, which did not see it written, does not
 //! delete it at the end), a check's read whose reply is lost (the check fails and is skipped),
-//! a client's index hash evicted. A wait a fault touched is *faulted*: cycles through it are
-//! exempt from judge (c) (counted).
+//! a client's index hash evicted; a deadline's leave that never reaches Redis (the thread goes
+//! on; its queue entry stays, *stale*, until the janitor purges it 1-3 s later: the leave
+//! script with `Pass`, which hands a grant it never popped on); an index entry's `HDEL` lost (the
+//! entry of an ended wait names another lock than the thread's next wait until that one
+//! publishes); a client that crashes (it sends nothing: its queue entries stay stale until
+//! purged, its index hash until its TTL, its holds until their leases end, forced; then it
+//! starts again). A wait a fault touched is *faulted*: cycles through it, or through a thread
+//! with a stale queue or index entry, are exempt from judge (c) (counted), as are cycles through
+//! a client with detection off (counted apart).
+//!
+//! A generator of stale first readings: while a check is in its first reading and its thread
+//! is the youngest wait of the model's cycle through it, now and then a member whose wait the
+//! check has read (it read the lock that member waits for) leaves at once (its deadline is
+//! now), so that the first reading shows a cycle that no longer stands; only the confirming
+//! reading tells (without it, judge (a) fails within a few thousand steps on most seeds).
 //!
 //! Judges (ground truth: the world's model of holds and queues, from the replies it saw:
 //! acquire `Granted`/`Queued`, release `next`, leave `Left`/`Granted`):
-//! - (a) a refusal only of a cycle of the model through the refused thread, as the model has it
-//!   at the step the refusal is decided or had it at one step of that check (the confirming
-//!   reading proves only that the cycle stood at one moment between the readings: a member may
-//!   leave after its lock's second reading; counted), whose youngest wait (queued last) the
-//!   refused thread is, the reported members (lock, holder, token, what it waits for) the
-//!   model's;
+//! - (a) a refusal only of a cycle through the refused thread that the model had between the
+//!   check's two readings (the step before the confirming reading's first read; without a
+//!   second reading, the decision): what the confirming reading proves, every hold and wait of
+//!   it being in both readings (by token and queue time), so standing all the while between
+//!   them (a member may leave after its lock's second reading: counted). Each reported member
+//!   (lock, holder, token, what it waits for) holds its lock and is queued for what it waits for
+//!   in the model, a stale queue entry counting as a wait (docs/guarantees.md), and is believed:
+//!   no member whose index entry, as the check read it, names another lock than one the check
+//!   read that it is queued for. The refused thread is the youngest wait (queued last);
 //! - (b) at most one refusal per cycle (a cycle: its members' waits, by owner and attempt);
 //! - (c) every cycle of the model that is not exempt is broken within
 //!   `after + (MAX_RESOURCES + MAX_INDEX_READS + MAX_RESOURCES + 3) R` of the step that closed it:
@@ -44,10 +61,14 @@
 //!   publishes (`R`), reads at most 64 times (`R` each) and the leave follows (`R`)
 //!   (docs/design.md, "The bound");
 //! - (d) a refused wait leaves no queue entry or hold of that thread in Redis; every index entry
-//!   is of a wait under way that published it (or one whose publication's reply was lost);
+//!   is of a wait under way that published it (or one whose publication's reply or `HDEL` was
+//!   lost, or of a crashed client, until its TTL);
 //! - (e) liveness: after the steps, faults stop, and every thread's plans complete within
 //!   `QUIET_STEPS` steps, every lock free with an empty queue and no index entry left but those
 //!   of lost replies.
+//!
+//! Not in this world: semaphores and read/write locks (their waits for permits count only when
+//! blocked holders keep them out, graph.rs), which the model's cycles do not follow yet.
 //!
 //! `cargo test --all-features --test it -- fuzz::deadlock::short` runs a few seeds (about 30 s
 //! in a debug build); `FAIRLOCK_DL_FUZZ_SEED=N` one seed, `FAIRLOCK_DL_FUZZ_STEPS` the steps per
