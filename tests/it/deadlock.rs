@@ -1044,33 +1044,33 @@ fn deadlock_detection_breaks_a_cycle_of_clients_that_reach_redis_through_sentine
 }
 
 /// Every command the server runs (scripts' own calls included) while `during` runs, as
-/// `MONITOR` prints them.
+/// `MONITOR` prints them. (The monitor's connection reads without a short timeout, which
+/// would end its reads: a marker `ECHO` sent after `during` ends them.)
 fn monitored(server: &RedisServer, during: impl FnOnce()) -> Vec<String> {
+    const END: &str = "fairlock-test-monitor-end";
     let mut mon = server.conn();
-    mon.set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
+    mon.set_read_timeout(Some(LIMIT)).unwrap();
     let _: () = redis::cmd("MONITOR").query(&mut mon).unwrap();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut lines = Vec::new();
-            let until = std::time::Instant::now() + LIMIT;
-            while std::time::Instant::now() < until {
-                match mon.recv_response() {
-                    Ok(redis::Value::SimpleString(line)) => lines.push(line),
-                    Ok(_) => {}
-                    Err(_) if stop.load(std::sync::atomic::Ordering::SeqCst) => break,
-                    Err(_) => {}
-                }
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        loop {
+            match mon.recv_response() {
+                Ok(redis::Value::SimpleString(line)) if line.contains(END) => return lines,
+                Ok(redis::Value::SimpleString(line)) => lines.push(line),
+                Ok(_) => {}
+                Err(e) => panic!("the monitor stopped before the end marker: {e}"),
             }
-            lines
-        })
-    };
+        }
+    });
     during();
-    // what the server ran last reaches the monitor within its next read timeout
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _: String = redis::cmd("ECHO")
+        .arg(END)
+        .query(&mut server.conn())
+        .unwrap();
+    assert!(
+        eventually(LIMIT, || reader.is_finished()),
+        "the monitor did not see the end marker"
+    );
     reader.join().unwrap()
 }
 
