@@ -497,10 +497,8 @@ impl DeadlockCheck {
         if let Some(h) = &hint {
             self.hops.push_back(h.key());
         }
+        // (`need` passes over this holder from now on: its hint is known)
         self.hints.insert(owner, hint);
-        if let Some((_, at)) = &mut self.reading {
-            *at += 1;
-        }
     }
 }
 
