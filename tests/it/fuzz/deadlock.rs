@@ -80,7 +80,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use fairlock::raw::{
-    Acquire, ForceUnlock, LateAcquire, Leave, LeaveMode, Mode, RawLock, Release, Settings,
+    Acquire, ForceUnlock, LateAcquire, Leave, LeaveMode, Mode, RawLock, RawSemaphore, Release,
+    SemAcquire, SemKind, SemLeave, SemRelease, Settings, RW_CAPACITY,
 };
 use fairlock::raw_deadlock::{
     first_due, next_due, publish_cmds, read_index_cmd, unpublish_cmd, DeadlockCheck, Due,
@@ -115,6 +116,10 @@ struct Cfg {
     after: u64,
     /// A client with detection off (its waits publish nothing and check nothing), on some seeds.
     off: Option<usize>,
+    /// A semaphore of this capacity (1-3), on some odd seeds.
+    sem: Option<u64>,
+    /// A read/write lock, on some odd seeds.
+    rw: bool,
 }
 
 impl Cfg {
@@ -127,11 +132,26 @@ impl Cfg {
             threads: rng.range(1, 3) as usize,
             after: rng.range(150, 300),
             off: None,
+            sem: None,
+            rw: false,
         };
         if rng.chance(0.3) {
             cfg.off = Some(rng.below(cfg.clients as u64) as usize);
         }
+        if seed % 2 == 1 {
+            // one semaphore, one read/write lock, or both
+            let shape = rng.below(3);
+            if shape != 1 {
+                cfg.sem = Some(rng.range(1, 3));
+            }
+            cfg.rw = shape != 0;
+        }
         cfg
+    }
+
+    /// Locks, then the semaphore, then the read/write lock.
+    fn resources(&self) -> usize {
+        self.locks + usize::from(self.sem.is_some()) + usize::from(self.rw)
     }
 
     /// The bound judge (c) holds a cycle to (ms of virtual time).
@@ -167,12 +187,14 @@ enum Timer {
     Restart(usize),
 }
 
-/// (lock, holder, its token if known, what the holder waits for).
-type Member = (String, String, Option<u64>, String);
+/// (resource, holder, its hold's token and permits (`None`: it is queued ahead), what the
+/// holder waits for).
+type Member = (String, String, Option<(u64, u64)>, String);
 
 struct Wait {
     lock: usize,
     attempt: u64,
+    permits: u64,
     deadline: Option<u64>,
     /// The next moment of detection and what it does.
     due_at: u64,
@@ -199,23 +221,34 @@ struct Thr {
     owner: String,
     client: usize,
     plans_left: u32,
-    plan: Vec<usize>,
-    /// (lock, token) in the order taken.
-    held: Vec<(usize, u64)>,
+    /// (resource, permits: 1 for a lock or a read, `RW_CAPACITY` for a write).
+    plan: Vec<(usize, u64)>,
+    /// (resource, token, attempt) in the order taken.
+    held: Vec<(usize, u64, u64)>,
     phase: Phase,
     busy_until: u64,
     /// Its client crashed: it takes no step until the client starts again.
     crashed: bool,
 }
 
-/// The model of one lock, from the replies seen.
+/// The model of one resource (a lock, the semaphore or the read/write lock), from the replies
+/// seen (a semaphore's release says how many it granted, not whom: its status, read right
+/// after, says).
 #[derive(Default, Clone)]
 struct ModelLock {
-    holder: Option<usize>,
-    /// The holder's token, once known (a hand-off's comes with its pop).
-    token: Option<u64>,
-    /// (thread, attempt, queue sequence number).
-    queue: Vec<(usize, u64, u64)>,
+    /// 1 for a lock, the semaphore's capacity, `RW_CAPACITY`.
+    cap: u64,
+    /// (thread, attempt, permits, token once known: a lock's hand-off's comes with its pop).
+    holds: Vec<(usize, u64, u64, Option<u64>)>,
+    /// (thread, attempt, queue sequence number, permits).
+    queue: Vec<(usize, u64, u64, u64)>,
+}
+
+impl ModelLock {
+    /// A lock's holder.
+    fn holder(&self) -> Option<usize> {
+        self.holds.first().map(|h| h.0)
+    }
 }
 
 #[derive(Default)]
@@ -232,6 +265,9 @@ struct World {
     rng: Rng,
     conn: redis::Connection,
     locks: Vec<RawLock>,
+    /// The semaphore and the read/write lock (resources `cfg.locks..`).
+    sems: Vec<RawSemaphore>,
+    /// Every resource's name (locks `l<i>`, the semaphore `s0`, the read/write lock `rw0`).
     names: Vec<String>,
     model: Vec<ModelLock>,
     thr: Vec<Thr>,
@@ -268,11 +304,31 @@ impl World {
             ..Settings::default()
         };
         let rng = Rng::new(cfg.seed);
-        let names: Vec<String> = (0..cfg.locks).map(|i| format!("l{i}")).collect();
+        let mut names: Vec<String> = (0..cfg.locks).map(|i| format!("l{i}")).collect();
         let locks = names
             .iter()
             .map(|n| RawLock::new(PREFIX, n, settings).unwrap())
             .collect();
+        let mut model = vec![
+            ModelLock {
+                cap: 1,
+                ..ModelLock::default()
+            };
+            cfg.locks
+        ];
+        let mut sems = vec![];
+        let shapes = [
+            cfg.sem.map(|c| ("s0", SemKind::Semaphore, c)),
+            cfg.rw.then_some(("rw0", SemKind::ReadWrite, RW_CAPACITY)),
+        ];
+        for (name, kind, cap) in shapes.into_iter().flatten() {
+            sems.push(RawSemaphore::new(PREFIX, name, kind, cap, settings).unwrap());
+            names.push(name.to_string());
+            model.push(ModelLock {
+                cap,
+                ..ModelLock::default()
+            });
+        }
         let mut thr = vec![];
         for c in 0..cfg.clients {
             for t in 0..cfg.threads {
@@ -293,8 +349,9 @@ impl World {
             rng,
             conn: server.conn(),
             locks,
+            sems,
             names,
-            model: vec![ModelLock::default(); cfg.locks],
+            model,
             thr,
             attempts: vec![1; cfg.clients],
             now: 0,
@@ -329,14 +386,124 @@ impl World {
             return;
         }
         let n = self.rng.range(2, 3.min(self.cfg.locks as u64)) as usize;
-        let mut plan = vec![];
+        let mut plan: Vec<(usize, u64)> = vec![];
         while plan.len() < n {
-            let l = self.rng.below(self.cfg.locks as u64) as usize;
-            if !plan.contains(&l) {
-                plan.push(l);
+            let r = self.rng.below(self.cfg.resources() as u64) as usize;
+            if plan.iter().any(|p| p.0 == r) {
+                continue;
             }
+            let cap = self.model[r].cap;
+            let permits = if cap == RW_CAPACITY {
+                // a read or a write
+                if self.rng.chance(0.5) {
+                    1
+                } else {
+                    RW_CAPACITY
+                }
+            } else {
+                self.rng.range(1, cap)
+            };
+            plan.push((r, permits));
         }
         self.thr[t].plan = plan;
+    }
+
+    fn is_sem(&self, r: usize) -> bool {
+        r >= self.cfg.locks
+    }
+
+    /// What a wait for (or hold of) `permits` of `r` is.
+    fn kind_of(&self, r: usize, permits: u64) -> HoldKind {
+        match (self.is_sem(r), self.model[r].cap == RW_CAPACITY) {
+            (false, _) => HoldKind::Lock,
+            (true, false) => HoldKind::Semaphore,
+            (true, true) if permits == RW_CAPACITY => HoldKind::Write,
+            (true, true) => HoldKind::Read,
+        }
+    }
+
+    fn wake_key(&self, r: usize, owner: &str) -> String {
+        if self.is_sem(r) {
+            self.sems[r - self.cfg.locks].wake_key(owner)
+        } else {
+            self.locks[r].wake_key(owner)
+        }
+    }
+
+    /// A semaphore's holds changed in Redis by a count the reply gave (a release, a leave's
+    /// pass, a forced release): its status says which waiters were granted; the model follows
+    /// (and must agree with it on every other hold).
+    fn reconcile(&mut self, r: usize) -> Res<()> {
+        let st = self.sems[r - self.cfg.locks]
+            .status()
+            .run(&mut self.conn)
+            .map_err(|e| format!("sem status: {e}"))?;
+        for h in &self.model[r].holds {
+            let id = format!("{}#{}", self.thr[h.0].owner, h.1);
+            if !st.holds.iter().any(|x| x.id == id) {
+                return Err(format!(
+                    "model: t{}'s hold of {} is gone from Redis: {st:?}",
+                    h.0, self.names[r]
+                ));
+            }
+        }
+        for h in st.holds {
+            let Some((owner, attempt)) = h.id.rsplit_once('#') else {
+                return Err(format!("a hold id {}", h.id));
+            };
+            let attempt: u64 = attempt.parse().map_err(|_| format!("hold id {}", h.id))?;
+            let n = self
+                .thread_of(owner)
+                .ok_or_else(|| format!("a hold of unknown {owner}"))?;
+            if self.model[r]
+                .holds
+                .iter()
+                .any(|x| x.0 == n && x.1 == attempt)
+            {
+                continue;
+            }
+            let Some(pos) = self.model[r]
+                .queue
+                .iter()
+                .position(|q| q.0 == n && q.1 == attempt)
+            else {
+                return Err(format!(
+                    "model: {} granted to t{n} #{attempt}, which was not queued",
+                    self.names[r]
+                ));
+            };
+            let (_, _, _, permits) = self.model[r].queue.remove(pos);
+            if permits != h.permits {
+                return Err(format!(
+                    "model: t{n} wanted {permits}, granted {}",
+                    h.permits
+                ));
+            }
+            self.model[r]
+                .holds
+                .push((n, attempt, permits, Some(h.token)));
+            self.log(format!(
+                "t{n} granted {} ({permits}) token {}",
+                self.names[r], h.token
+            ));
+            if self.stale.contains(&(n, attempt)) {
+                self.count("grants to a stale queue entry");
+                continue;
+            }
+            let now = self.now;
+            match &mut self.thr[n].phase {
+                Phase::Waiting(w) if w.lock == r && w.attempt == attempt => {
+                    w.granted_at = Some(now)
+                }
+                _ => {
+                    return Err(format!(
+                        "model: {} granted to t{n}, which does not wait for it",
+                        self.names[r]
+                    ))
+                }
+            }
+        }
+        Ok(())
     }
 
     fn thread_of(&self, owner: &str) -> Option<usize> {
@@ -478,17 +645,19 @@ impl World {
         let th = &self.thr[t];
         let unwinding = matches!(th.phase, Phase::Unwinding);
         if !unwinding && th.held.len() < th.plan.len() {
-            let l = th.plan[th.held.len()];
-            if self.model[l].holder == Some(t) || self.model[l].queue.iter().any(|q| q.0 == t) {
+            let (l, permits) = th.plan[th.held.len()];
+            if self.model[l].holds.iter().any(|h| h.0 == t)
+                || self.model[l].queue.iter().any(|q| q.0 == t)
+            {
                 // its stale entry (or a grant to it) is still there: wait for the purge
                 self.thr[t].busy_until = self.now + 10;
                 return Ok(());
             }
-            return self.acquire(t, l);
+            return self.acquire(t, l, permits);
         }
-        if let Some(&(l, token)) = self.thr[t].held.last() {
+        if let Some(&(l, token, attempt)) = self.thr[t].held.last() {
             self.thr[t].phase = Phase::Unwinding;
-            return self.release(t, l, token);
+            return self.release(t, l, token, attempt);
         }
         // released everything: the plan is over
         self.thr[t].phase = Phase::Idle;
@@ -499,30 +668,61 @@ impl World {
         Ok(())
     }
 
-    fn acquire(&mut self, t: usize, l: usize) -> Res<()> {
+    fn acquire(&mut self, t: usize, l: usize, permits: u64) -> Res<()> {
         let c = self.thr[t].client;
         let attempt = self.attempts[c];
         self.attempts[c] += 1;
         let owner = self.thr[t].owner.clone();
-        let call = self.locks[l].acquire(&owner, attempt, LEASE, Mode::Wait, &Self::meta(t));
-        let reply = call
-            .run(&mut self.conn)
-            .map_err(|e| format!("acquire: {e}"))?;
-        self.log(format!("t{t} acquire l{l} #{attempt}: {reply:?}"));
-        match reply {
-            Acquire::Granted(g) => {
-                if self.model[l].holder.is_some() {
-                    return Err(format!("model: l{l} granted to t{t} while held"));
-                }
-                self.model[l].holder = Some(t);
-                self.model[l].token = Some(g.token);
-                self.thr[t].held.push((l, g.token));
-                self.thr[t].busy_until = self.now + self.rng.below(30);
+        let (granted, queued) = if self.is_sem(l) {
+            let call = self.sems[l - self.cfg.locks].acquire(
+                &owner,
+                attempt,
+                permits,
+                LEASE,
+                Mode::Wait,
+                &Self::meta(t),
+            );
+            let reply = call
+                .run(&mut self.conn)
+                .map_err(|e| format!("sem acquire: {e}"))?;
+            self.log(format!(
+                "t{t} acquire {} ({permits}) #{attempt}: {reply:?}",
+                self.names[l]
+            ));
+            match reply {
+                SemAcquire::Granted { token, .. } => (Some(token), false),
+                SemAcquire::Queued { .. } => (None, true),
+                other => return Err(format!("sem acquire of a new attempt answered {other:?}")),
             }
-            Acquire::Queued { .. } => {
+        } else {
+            let call = self.locks[l].acquire(&owner, attempt, LEASE, Mode::Wait, &Self::meta(t));
+            let reply = call
+                .run(&mut self.conn)
+                .map_err(|e| format!("acquire: {e}"))?;
+            self.log(format!("t{t} acquire l{l} #{attempt}: {reply:?}"));
+            match reply {
+                Acquire::Granted(g) => (Some(g.token), false),
+                Acquire::Queued { .. } => (None, true),
+                other => return Err(format!("acquire of a new attempt answered {other:?}")),
+            }
+        };
+        if let Some(token) = granted {
+            let used: u64 = self.model[l].holds.iter().map(|h| h.2).sum();
+            if used + permits > self.model[l].cap {
+                return Err(format!(
+                    "model: {} granted to t{t} while {used} held",
+                    self.names[l]
+                ));
+            }
+            self.model[l].holds.push((t, attempt, permits, Some(token)));
+            self.thr[t].held.push((l, token, attempt));
+            self.thr[t].busy_until = self.now + self.rng.below(30);
+        }
+        if queued {
+            {
                 self.seq += 1;
                 let seq = self.seq;
-                self.model[l].queue.push((t, attempt, seq));
+                self.model[l].queue.push((t, attempt, seq, permits));
                 // (a client with detection off times its waits out: nothing else breaks its
                 // cycles)
                 let timed = self.cfg.off == Some(c) || self.rng.chance(0.3);
@@ -535,6 +735,7 @@ impl World {
                 self.thr[t].phase = Phase::Waiting(Box::new(Wait {
                     lock: l,
                     attempt,
+                    permits,
                     deadline,
                     due_at: self.now + at.as_millis() as u64,
                     due,
@@ -545,13 +746,28 @@ impl World {
                     faulted: false,
                 }));
             }
-            other => return Err(format!("acquire of a new attempt answered {other:?}")),
         }
         Ok(())
     }
 
-    fn release(&mut self, t: usize, l: usize, token: u64) -> Res<()> {
+    fn release(&mut self, t: usize, l: usize, token: u64, attempt: u64) -> Res<()> {
         let owner = self.thr[t].owner.clone();
+        if self.is_sem(l) {
+            let reply = self.sems[l - self.cfg.locks]
+                .release(&owner, attempt, token, false)
+                .run(&mut self.conn)
+                .map_err(|e| format!("sem release: {e}"))?;
+            self.log(format!("t{t} release {}: {reply:?}", self.names[l]));
+            let SemRelease::Released { .. } = reply else {
+                return Err(format!("release of a hold answered {reply:?}"));
+            };
+            self.thr[t].held.pop();
+            self.thr[t].busy_until = self.now + self.rng.below(20);
+            self.model[l]
+                .holds
+                .retain(|h| !(h.0 == t && h.1 == attempt));
+            return self.reconcile(l);
+        }
         let reply = self.locks[l]
             .release(&owner, token, 1)
             .run(&mut self.conn)
@@ -568,8 +784,7 @@ impl World {
     /// `l`'s hold ended and Redis handed it to `next` (a release, a forced release, a purge's
     /// pass): the model follows.
     fn hand_on(&mut self, l: usize, next: Option<String>) -> Res<()> {
-        self.model[l].holder = None;
-        self.model[l].token = None;
+        self.model[l].holds.clear();
         let Some(next) = next else {
             return Ok(());
         };
@@ -579,8 +794,8 @@ impl World {
         let Some(pos) = self.model[l].queue.iter().position(|q| q.0 == n) else {
             return Err(format!("model: l{l} granted to t{n}, which was not queued"));
         };
-        let (_, attempt, _) = self.model[l].queue.remove(pos);
-        self.model[l].holder = Some(n);
+        let (_, attempt, _, _) = self.model[l].queue.remove(pos);
+        self.model[l].holds.push((n, attempt, 1, None));
         if self.stale.contains(&(n, attempt)) {
             // nobody pops it: the purge passes it on
             self.count("grants to a stale queue entry");
@@ -630,7 +845,7 @@ impl World {
         };
         let (l, attempt) = (w.lock, w.attempt);
         let owner = self.thr[t].owner.clone();
-        let key = self.locks[l].wake_key(&owner);
+        let key = self.wake_key(l, &owner);
         // the client's list may hold messages of its other threads and stale ones: take them
         // in order until this thread's grant
         for _ in 0..64 {
@@ -649,10 +864,10 @@ impl World {
                 let fairlock::raw::Wake::Grant { token, .. } = wake else {
                     return Err(format!("t{t}: {msg}"));
                 };
-                self.log(format!("t{t} pop l{l}: grant token {token}"));
-                self.model[l].token = Some(token);
+                self.log(format!("t{t} pop {}: grant token {token}", self.names[l]));
+                self.set_token(l, t, attempt, token)?;
                 self.end_wait(t)?;
-                self.thr[t].held.push((l, token));
+                self.thr[t].held.push((l, token, attempt));
                 self.thr[t].busy_until = self.now + self.rng.below(30);
                 return Ok(());
             }
@@ -676,34 +891,72 @@ impl World {
         Err("pop: no grant in 64 messages".into())
     }
 
-    fn leave_claim(&mut self, t: usize) -> Res<Leave> {
+    /// `t` leaves its wait, keeping a grant that came meanwhile: its token, if so.
+    fn leave_claim(&mut self, t: usize) -> Res<Option<u64>> {
         let Phase::Waiting(w) = &self.thr[t].phase else {
             unreachable!()
         };
         let (l, attempt) = (w.lock, w.attempt);
         let owner = self.thr[t].owner.clone();
-        let reply = self.locks[l]
-            .leave(&owner, attempt, LeaveMode::Claim, LateAcquire::Impossible)
-            .run(&mut self.conn)
-            .map_err(|e| format!("leave: {e}"))?;
+        let reply = if self.is_sem(l) {
+            let reply = self.sems[l - self.cfg.locks]
+                .leave(&owner, attempt, false, true)
+                .run(&mut self.conn)
+                .map_err(|e| format!("sem leave: {e}"))?;
+            match reply {
+                SemLeave::Left => Leave::Left,
+                SemLeave::Granted { token, .. } => {
+                    self.set_token(l, t, attempt, token)?;
+                    return Ok(Some(token));
+                }
+                other => return Err(format!("sem leave claim answered {other:?}")),
+            }
+        } else {
+            self.locks[l]
+                .leave(&owner, attempt, LeaveMode::Claim, LateAcquire::Impossible)
+                .run(&mut self.conn)
+                .map_err(|e| format!("leave: {e}"))?
+        };
         match &reply {
             Leave::Left => {
                 self.model[l].queue.retain(|q| q.0 != t);
-                if self.model[l].holder == Some(t) {
-                    return Err(format!("model: t{t} holds l{l} but its leave says Left"));
-                }
-            }
-            Leave::Granted(g) => {
-                if self.model[l].holder != Some(t) {
+                if self.model[l].holds.iter().any(|h| h.0 == t) {
                     return Err(format!(
-                        "model: t{t} claimed l{l}, which it was not granted"
+                        "model: t{t} holds {} but its leave says Left",
+                        self.names[l]
                     ));
                 }
-                self.model[l].token = Some(g.token);
+                Ok(None)
             }
-            other => return Err(format!("leave claim answered {other:?}")),
+            Leave::Granted(g) => {
+                self.set_token(l, t, attempt, g.token)?;
+                Ok(Some(g.token))
+            }
+            other => Err(format!("leave claim answered {other:?}")),
         }
-        Ok(reply)
+    }
+
+    /// `t`'s hold of `l` (of `attempt`, granted meanwhile) has `token`, as its pop or claim
+    /// says.
+    fn set_token(&mut self, l: usize, t: usize, attempt: u64, token: u64) -> Res<()> {
+        let name = self.names[l].clone();
+        let Some(h) = self.model[l]
+            .holds
+            .iter_mut()
+            .find(|h| h.0 == t && h.1 == attempt)
+        else {
+            return Err(format!(
+                "model: t{t} claimed {name}, which it was not granted"
+            ));
+        };
+        if h.3.is_some_and(|k| k != token) {
+            return Err(format!(
+                "model: t{t}'s token of {name} is {:?}, not {token}",
+                h.3
+            ));
+        }
+        h.3 = Some(token);
+        Ok(())
     }
 
     fn deadline_leave(&mut self, t: usize) -> Res<()> {
@@ -719,21 +972,21 @@ impl World {
             self.timers.push((at, Timer::Purge(t, l, attempt)));
             self.count("faults: a leave lost (a stale queue entry)");
             self.log(format!("t{t} leave at deadline of l{l} #{attempt}: lost"));
-            return self.after_leave(t, Leave::Left, "timed out");
+            return self.after_leave(t, None, "timed out");
         }
         let reply = self.leave_claim(t)?;
         self.log(format!("t{} leave at deadline: {reply:?}", t));
         self.after_leave(t, reply, "timed out")
     }
 
-    fn after_leave(&mut self, t: usize, reply: Leave, why: &'static str) -> Res<()> {
+    fn after_leave(&mut self, t: usize, reply: Option<u64>, why: &'static str) -> Res<()> {
         let w = self.end_wait(t)?;
         match reply {
-            Leave::Granted(g) => {
-                self.thr[t].held.push((w.lock, g.token));
+            Some(token) => {
+                self.thr[t].held.push((w.lock, token, w.attempt));
                 self.count("grants claimed at a leave");
             }
-            _ => {
+            None => {
                 self.count(why);
                 self.thr[t].phase = Phase::Unwinding;
             }
@@ -749,19 +1002,37 @@ impl World {
             Phase::Waiting(w) => w.lock,
             _ => unreachable!(),
         };
-        let refused = matches!(reply, Leave::Left);
+        let refused = reply.is_none();
         self.after_leave(t, reply, "refusals (Error::Deadlock)")?;
         if refused {
             // (d) the refused attempt left nothing in Redis
-            let st = self.locks[l]
-                .status()
-                .run(&mut self.conn)
-                .map_err(|e| format!("status: {e}"))?;
-            let owner = &self.thr[t].owner;
-            if st.owner == *owner || st.queue.iter().any(|q| q.0 == *owner) {
-                return Err(format!(
-                    "(d) t{t}'s refused wait for l{l} left a hold or queue entry: {st:?}"
-                ));
+            let owner = self.thr[t].owner.clone();
+            if self.is_sem(l) {
+                let st = self.sems[l - self.cfg.locks]
+                    .status()
+                    .run(&mut self.conn)
+                    .map_err(|e| format!("sem status: {e}"))?;
+                if st.waiters.iter().any(|q| q.owner == owner)
+                    || st
+                        .holds
+                        .iter()
+                        .any(|h| h.id.rsplit_once('#').is_some_and(|(o, _)| o == owner))
+                {
+                    return Err(format!(
+                        "(d) t{t}'s refused wait for {} left a hold or queue entry: {st:?}",
+                        self.names[l]
+                    ));
+                }
+            } else {
+                let st = self.locks[l]
+                    .status()
+                    .run(&mut self.conn)
+                    .map_err(|e| format!("status: {e}"))?;
+                if st.owner == owner || st.queue.iter().any(|q| q.0 == owner) {
+                    return Err(format!(
+                        "(d) t{t}'s refused wait for l{l} left a hold or queue entry: {st:?}"
+                    ));
+                }
             }
         }
         Ok(())
@@ -770,11 +1041,11 @@ impl World {
     fn moment(&mut self, t: usize) -> Res<()> {
         let after = Duration::from_millis(self.cfg.after);
         let owner = self.thr[t].owner.clone();
-        let (l, attempt, due, published) = match &self.thr[t].phase {
-            Phase::Waiting(w) => (w.lock, w.attempt, w.due, w.published),
+        let (l, attempt, permits, due, published) = match &self.thr[t].phase {
+            Phase::Waiting(w) => (w.lock, w.attempt, w.permits, w.due, w.published),
             _ => unreachable!(),
         };
-        let wait = IndexedWait::new(HoldKind::Lock, attempt, 1, &self.names[l]);
+        let wait = IndexedWait::new(self.kind_of(l, permits), attempt, permits, &self.names[l]);
         // a lost reply: applied or not, the engine sees an error
         let fault = self.faults && self.rng.chance(0.03);
         let applied = !fault || self.rng.chance(0.5);
@@ -832,8 +1103,10 @@ impl World {
         let World {
             thr,
             locks,
+            sems,
             names,
             conn,
+            cfg,
             ..
         } = self;
         let Phase::Waiting(w) = &mut thr[t].phase else {
@@ -880,6 +1153,22 @@ impl World {
                 if !fault {
                     r.hints.insert(owner, v.clone());
                     r.check.feed_index(v);
+                }
+            }
+            Need::Status {
+                primitive: Primitive::Semaphore,
+                name,
+            } => {
+                let s = names[cfg.locks..]
+                    .iter()
+                    .position(|n| *n == name)
+                    .ok_or_else(|| format!("a check asked for unknown semaphore {name}"))?;
+                let st = sems[s]
+                    .status()
+                    .run(conn)
+                    .map_err(|e| format!("sem status: {e}"))?;
+                if !fault {
+                    r.check.feed_semaphore_status(st);
                 }
             }
             other => return Err(format!("a check needs {other:?}")),
@@ -950,8 +1239,8 @@ impl World {
             .copied()
             .filter(|&m| m != t)
             .filter(|&m| {
-                self.edge(m)
-                    .is_some_and(|(l, _)| read.contains(&self.names[l]))
+                self.waits_for(m)
+                    .is_some_and(|l| read.contains(&self.names[l]))
             })
             .collect();
         if read_members.is_empty() {
@@ -1008,6 +1297,38 @@ impl World {
         match timer {
             Timer::Purge(t, l, attempt) => {
                 let owner = self.thr[t].owner.clone();
+                if self.is_sem(l) {
+                    let reply = self.sems[l - self.cfg.locks]
+                        .leave(&owner, attempt, false, false)
+                        .run(&mut self.conn)
+                        .map_err(|e| format!("sem purge: {e}"))?;
+                    self.log(format!(
+                        "janitor purges t{t}'s stale entry {} #{attempt}: {reply:?}",
+                        self.names[l]
+                    ));
+                    match reply {
+                        SemLeave::Left => self.model[l]
+                            .queue
+                            .retain(|q| !(q.0 == t && q.1 == attempt)),
+                        SemLeave::Passed { .. } => {
+                            let before = self.model[l].holds.len();
+                            self.model[l]
+                                .holds
+                                .retain(|h| !(h.0 == t && h.1 == attempt));
+                            if self.model[l].holds.len() == before {
+                                return Err(format!(
+                                    "model: a purge of t{t} passed {} on, not held",
+                                    self.names[l]
+                                ));
+                            }
+                            self.reconcile(l)?;
+                        }
+                        other => return Err(format!("a purge's leave answered {other:?}")),
+                    }
+                    self.stale.remove(&(t, attempt));
+                    self.count("stale queue entries purged");
+                    return Ok(());
+                }
                 let reply = self.locks[l]
                     .leave(&owner, attempt, LeaveMode::Pass, LateAcquire::Impossible)
                     .run(&mut self.conn)
@@ -1020,7 +1341,7 @@ impl World {
                         .queue
                         .retain(|q| !(q.0 == t && q.1 == attempt)),
                     Leave::Passed { next } => {
-                        if self.model[l].holder != Some(t) {
+                        if self.model[l].holder() != Some(t) {
                             return Err(format!("model: a purge of t{t} passed l{l} on, not held"));
                         }
                         self.hand_on(l, next)?;
@@ -1047,7 +1368,28 @@ impl World {
                         continue;
                     }
                     let owner = self.thr[t].owner.clone();
-                    while let Some((l, token)) = self.thr[t].held.pop() {
+                    while let Some((l, token, attempt)) = self.thr[t].held.pop() {
+                        if self.is_sem(l) {
+                            let reply = self.sems[l - self.cfg.locks]
+                                .force_release(&owner, attempt, token)
+                                .run(&mut self.conn)
+                                .map_err(|e| format!("force_release: {e}"))?;
+                            self.log(format!(
+                                "t{t}'s lease of {} ends (forced): {reply:?}",
+                                self.names[l]
+                            ));
+                            let SemRelease::Released { .. } = reply else {
+                                return Err(format!(
+                                    "model: t{t} held {}: {reply:?}",
+                                    self.names[l]
+                                ));
+                            };
+                            self.model[l]
+                                .holds
+                                .retain(|h| !(h.0 == t && h.1 == attempt));
+                            self.reconcile(l)?;
+                            continue;
+                        }
                         let reply = self.locks[l]
                             .force_unlock(&owner, token)
                             .run(&mut self.conn)
@@ -1094,7 +1436,7 @@ impl World {
 
     fn heartbeat(&mut self) -> Res<()> {
         let c = self.rng.below(self.cfg.clients as u64) as usize;
-        let l = self.rng.below(self.cfg.locks as u64) as usize;
+        let l = self.rng.below(self.cfg.resources() as u64) as usize;
         let waiting: Vec<(String, u64)> = self
             .thr
             .iter()
@@ -1104,6 +1446,17 @@ impl World {
                 _ => None,
             })
             .collect();
+        if self.is_sem(l) {
+            let hb = self.sems[l - self.cfg.locks]
+                .heartbeat(waiting.iter().map(|(o, a)| (o.as_str(), *a)))
+                .run(&mut self.conn)
+                .map_err(|e| format!("sem heartbeat: {e}"))?;
+            if hb.grants > 0 || !hb.told_to_retry.is_empty() {
+                return Err(format!("a heartbeat granted or told to retry: {hb:?}"));
+            }
+            self.count("heartbeats");
+            return Ok(());
+        }
         let hb = self.locks[l]
             .heartbeat(waiting.iter().map(|(o, a)| (o.as_str(), *a)))
             .run(&mut self.conn)
@@ -1117,33 +1470,148 @@ impl World {
 
     // ---- the model's cycles and the judges ----
 
-    /// What `t` waits for, by the model: (lock, holder) (its wait under way, not a stale entry).
-    fn edge(&self, t: usize) -> Option<(usize, usize)> {
-        self.model.iter().enumerate().find_map(|(l, m)| {
+    /// What `t` waits for, by the model (its wait under way, not a stale entry).
+    fn waits_for(&self, t: usize) -> Option<usize> {
+        self.model.iter().position(|m| {
             m.queue
                 .iter()
                 .any(|q| q.0 == t && !self.stale.contains(&(t, q.1)))
-                .then_some(())
-                .and(m.holder.map(|h| (l, h)))
         })
     }
 
-    /// The cycle through `t` (its members in order, from `t`), if any.
-    fn cycle_through(&self, t: usize) -> Option<Vec<usize>> {
-        let mut path = vec![t];
-        let mut at = t;
-        for _ in 0..self.thr.len() {
-            let (_, next) = self.edge(at)?;
-            if next == t {
-                return Some(path);
+    /// Holt's reduction over `snap`, as the library's graph (graph.rs) does it: the threads
+    /// proven blocked (`D`, the largest set of waiting threads each of whose waits is blocked
+    /// given `D`: a member of `D` waits ahead of it in the queue, or the permits it wants are
+    /// more than the capacity less those held by members of `D`, one of them at least) and each
+    /// one's edges (thread, resource, through a hold: else queued ahead). Every queue entry
+    /// counts as a wait (a stale one too: Redis shows it), but only in the resources `only`
+    /// names (all: `None`), and none of the threads `unbelieved`.
+    fn holt(
+        &self,
+        snap: &[ModelLock],
+        only: Option<&BTreeSet<String>>,
+        unbelieved: &BTreeSet<usize>,
+    ) -> (BTreeSet<usize>, BTreeMap<usize, Vec<(usize, usize, bool)>>) {
+        let looked = |r: usize| only.is_none_or(|o| o.contains(&self.names[r]));
+        // the queues as the graph sees them: (thread, permits) in order
+        let queues: Vec<Vec<(usize, u64)>> = snap
+            .iter()
+            .enumerate()
+            .map(|(r, m)| {
+                if !looked(r) {
+                    return vec![];
+                }
+                m.queue
+                    .iter()
+                    .filter(|q| !unbelieved.contains(&q.0))
+                    .map(|q| (q.0, q.3))
+                    .collect()
+            })
+            .collect();
+        let blockers = |r: usize, i: usize, d: &BTreeSet<usize>| -> Vec<(usize, usize, bool)> {
+            let mut out: Vec<(usize, usize, bool)> = queues[r][..i]
+                .iter()
+                .filter(|a| d.contains(&a.0))
+                .map(|a| (a.0, r, false))
+                .collect();
+            let held_by_d: u64 = snap[r]
+                .holds
+                .iter()
+                .filter(|h| d.contains(&h.0))
+                .map(|h| h.2)
+                .sum();
+            if held_by_d > 0 && snap[r].cap.saturating_sub(held_by_d) < queues[r][i].1 {
+                out.extend(
+                    snap[r]
+                        .holds
+                        .iter()
+                        .filter(|h| d.contains(&h.0))
+                        .map(|h| (h.0, r, true)),
+                );
             }
-            if path.contains(&next) {
-                return None;
+            out
+        };
+        let mut waits_of: BTreeMap<usize, Vec<(usize, usize)>> = BTreeMap::new();
+        for (r, q) in queues.iter().enumerate() {
+            for (i, w) in q.iter().enumerate() {
+                waits_of.entry(w.0).or_default().push((r, i));
             }
-            path.push(next);
-            at = next;
         }
-        None
+        let mut d: BTreeSet<usize> = waits_of.keys().copied().collect();
+        loop {
+            let kept: BTreeSet<usize> = d
+                .iter()
+                .copied()
+                .filter(|t| {
+                    waits_of[t]
+                        .iter()
+                        .all(|&(r, i)| !blockers(r, i, &d).is_empty())
+                })
+                .collect();
+            if kept.len() == d.len() {
+                break;
+            }
+            d = kept;
+        }
+        let edges = d
+            .iter()
+            .map(|&t| {
+                let e = waits_of[&t]
+                    .iter()
+                    .flat_map(|&(r, i)| blockers(r, i, &d))
+                    .collect();
+                (t, e)
+            })
+            .collect();
+        (d, edges)
+    }
+
+    /// The threads reachable from `t` by the edges (`t` itself only through a cycle).
+    fn reach(t: usize, edges: &BTreeMap<usize, Vec<(usize, usize, bool)>>) -> BTreeSet<usize> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![t];
+        while let Some(x) = todo.pop() {
+            for e in edges.get(&x).into_iter().flatten() {
+                if seen.insert(e.0) {
+                    todo.push(e.0);
+                }
+            }
+        }
+        seen
+    }
+
+    /// The model's cycles, as the library's graph can prove them (Holt's reduction over every
+    /// resource, every queue entry a wait): each strongly connected set of blocked threads that
+    /// holds a cycle, and the threads its proof rests on (those reachable from it: the set and
+    /// the blocked threads downstream of it, whose permits or places in a queue keep its
+    /// members out).
+    fn model_cycles(&self) -> Vec<(Vec<usize>, BTreeSet<usize>)> {
+        let (d, edges) = self.holt(&self.model, None, &BTreeSet::new());
+        let reach: BTreeMap<usize, BTreeSet<usize>> =
+            d.iter().map(|&t| (t, Self::reach(t, &edges))).collect();
+        let mut out = vec![];
+        for &t in &d {
+            if !reach[&t].contains(&t) {
+                continue;
+            }
+            let set: Vec<usize> = reach[&t]
+                .iter()
+                .copied()
+                .filter(|u| reach[u].contains(&t))
+                .collect();
+            if set.first() == Some(&t) {
+                out.push((set, reach[&t].clone()));
+            }
+        }
+        out
+    }
+
+    /// The cycle through `t` (the strongly connected set of blocked threads it is in), if any.
+    fn cycle_through(&self, t: usize) -> Option<Vec<usize>> {
+        self.model_cycles()
+            .into_iter()
+            .map(|c| c.0)
+            .find(|c| c.contains(&t))
     }
 
     fn attempt_of(&self, t: usize) -> u64 {
@@ -1167,13 +1635,18 @@ impl World {
             .map_or(0, |q| q.2)
     }
 
-    /// Whether the reported cycle `reported` stands in the model `snap`: every member holds
-    /// its lock (with its token, when the model knows it) and is queued (a wait under way or a
-    /// stale entry: both count) for what it waits for, the locks waited for are the locks held,
-    /// `t` is a member, and every member is believed by the rule the check applies: an owner
-    /// whose index entry, as the check read it (`hints`), names another lock than one of the
-    /// locks it read (`read`) it is queued for is not. Its cycle id and youngest thread, or why
-    /// not.
+    /// Whether the reported cycle `reported` (in its order: each member's holder waits for the
+    /// next member's resource) stands in the model `snap`, as the graph proves it from the
+    /// resources the check read (`read`): every member holds what it is reported to hold
+    /// (those permits, with its token when the model knows it) or is queued where it is
+    /// reported queued ahead, and is queued (a wait under way or a stale entry: both count)
+    /// for what it waits for; every member is proven blocked by Holt's reduction over the read
+    /// resources, and each member keeps the one before it out as reported (an edge of the
+    /// reduction: its hold while the permits free and those of holders not blocked are too
+    /// few, or its place ahead in the queue); `t` is a member. The belief rule the check
+    /// applies: an owner whose index entry, as the check read it (`hints`), names another
+    /// resource than one of the read ones it is queued for has no wait believed. Its cycle id
+    /// and youngest thread, or why not.
     fn stands_in(
         &self,
         snap: &[ModelLock],
@@ -1186,55 +1659,86 @@ impl World {
             self.names
                 .iter()
                 .position(|n| n == name)
-                .ok_or_else(|| format!("unknown lock {name}"))
+                .ok_or_else(|| format!("unknown resource {name}"))
         };
+        let mut unbelieved = BTreeSet::new();
+        for (owner, hint) in hints {
+            let Some(hint) = hint.as_deref().and_then(IndexedWait::parse) else {
+                continue;
+            };
+            let Some(h) = self.thread_of(owner) else {
+                continue;
+            };
+            let elsewhere = snap.iter().enumerate().any(|(x, m)| {
+                read.contains(&self.names[x])
+                    && self.names[x] != hint.name
+                    && m.queue.iter().any(|q| q.0 == h)
+            });
+            if elsewhere {
+                unbelieved.insert(h);
+            }
+        }
+        let (d, edges) = self.holt(snap, Some(read), &unbelieved);
         let (mut id, mut youngest) = (vec![], (0, usize::MAX));
-        let (mut held, mut wanted) = (vec![], vec![]);
-        for (lock, holder, token, waits_for) in reported {
+        let n = reported.len();
+        for (i, (lock, holder, blocking, waits_for)) in reported.iter().enumerate() {
             let (l, wl) = (ix(lock)?, ix(waits_for)?);
             let h = self
                 .thread_of(holder)
                 .ok_or_else(|| format!("unknown holder {holder}"))?;
-            if snap[l].holder != Some(h) {
-                return Err(format!("{lock} is not held by t{h}"));
+            match blocking {
+                Some((token, permits)) => {
+                    let hold = snap[l].holds.iter().find(|x| x.0 == h);
+                    let Some(hold) = hold else {
+                        return Err(format!("{lock} is not held by t{h}"));
+                    };
+                    if hold.2 != *permits || hold.3.is_some_and(|k| k != *token) {
+                        return Err(format!(
+                            "t{h} holds {} of {lock} with token {:?}, not {permits} with {token}",
+                            hold.2, hold.3
+                        ));
+                    }
+                }
+                None => {
+                    if !snap[l].queue.iter().any(|q| q.0 == h) {
+                        return Err(format!("t{h} is not queued for {lock} (reported ahead)"));
+                    }
+                }
             }
-            if token.is_none() || (snap[l].token.is_some() && snap[l].token != *token) {
-                return Err(format!(
-                    "{lock}'s token is {:?}, not {token:?}",
-                    snap[l].token
-                ));
-            }
-            let Some(&(_, attempt, seq)) = snap[wl].queue.iter().find(|q| q.0 == h) else {
+            let Some(&(_, attempt, seq, _)) = snap[wl].queue.iter().find(|q| q.0 == h) else {
                 return Err(format!("t{h} is not queued for {waits_for}"));
             };
-            let hint = hints
-                .get(holder)
-                .and_then(|v| v.as_deref())
-                .and_then(IndexedWait::parse);
-            if let Some(hint) = hint {
-                let elsewhere = snap.iter().enumerate().any(|(x, m)| {
-                    read.contains(&self.names[x])
-                        && self.names[x] != hint.name
-                        && m.queue.iter().any(|q| q.0 == h)
-                });
-                if elsewhere {
-                    return Err(format!(
-                        "t{h}'s index entry names {}, and it is queued for another lock the check read: not believed",
-                        hint.name
-                    ));
-                }
+            if unbelieved.contains(&h) {
+                return Err(format!(
+                    "t{h}'s index entry names another resource than {waits_for}, which the check read: not believed"
+                ));
+            }
+            if !d.contains(&h) {
+                return Err(format!("t{h} is not proven blocked"));
+            }
+            // the member before keeps... this one keeps the one before out of `lock`
+            let prev = &reported[(i + n - 1) % n];
+            if prev.3 != *lock {
+                return Err(format!(
+                    "not a cycle: {} waits for {}, not {lock}",
+                    prev.1, prev.3
+                ));
+            }
+            let p = self
+                .thread_of(&prev.1)
+                .ok_or_else(|| format!("unknown holder {}", prev.1))?;
+            let edge = (h, l, blocking.is_some());
+            if !edges.get(&p).is_some_and(|e| e.contains(&edge)) {
+                return Err(format!(
+                    "t{h} does not keep t{p} out of {lock} as reported (the reduction's edges of t{p}: {:?})",
+                    edges.get(&p)
+                ));
             }
             id.push((h, attempt));
             youngest = youngest.max((seq, h));
-            held.push(l);
-            wanted.push(wl);
         }
-        held.sort();
-        wanted.sort();
-        if held != wanted || !id.iter().any(|m| m.0 == t) {
-            return Err(format!(
-                "no cycle through t{t}: holds {held:?}, waits {wanted:?}"
-            ));
+        if !id.iter().any(|m| m.0 == t) {
+            return Err(format!("no cycle through t{t}"));
         }
         id.sort();
         Ok((id, youngest.1))
@@ -1256,12 +1760,15 @@ impl World {
         hints: &BTreeMap<String, Option<String>>,
         read: &BTreeSet<String>,
     ) -> Res<()> {
-        let mut reported: Vec<Member> = d
+        let reported: Vec<Member> = d
             .members
             .iter()
             .map(|m| {
                 let token = match m.blocking {
-                    Blocking::Holds { fencing_token, .. } => Some(fencing_token),
+                    Blocking::Holds {
+                        fencing_token,
+                        permits,
+                    } => Some((fencing_token, permits)),
                     _ => None,
                 };
                 (
@@ -1272,7 +1779,6 @@ impl World {
                 )
             })
             .collect();
-        reported.sort();
         let between = gap.unwrap_or_else(|| self.model.clone());
         let (id, youngest) = self
             .stands_in(&between, &reported, hints, read, t)
@@ -1290,6 +1796,15 @@ impl World {
         if id.iter().any(|m| self.stale.contains(m)) {
             self.count("refusals of a cycle through a stale queue entry");
         }
+        if d.members.iter().any(|m| m.lock.kind != HoldKind::Lock) {
+            self.count("refusals of a cycle through the semaphore or the read/write lock");
+        }
+        if d.members
+            .iter()
+            .any(|m| matches!(m.blocking, Blocking::QueuedAhead))
+        {
+            self.count("refusals of a cycle through a wait queued ahead");
+        }
         if youngest != t {
             return Err(format!(
                 "(a) t{t} refused, but t{youngest} is the youngest wait of the cycle {id:?}"
@@ -1306,27 +1821,30 @@ impl World {
     /// (c) and (d), after every step.
     fn judge(&mut self) -> Res<()> {
         let mut now_standing = BTreeMap::new();
-        for t in 0..self.thr.len() {
-            if let Some(cycle) = self.cycle_through(t) {
-                if cycle.iter().min() == Some(&t) {
-                    // a fault touched a member's wait, or a member has a stale queue entry or
-                    // index entry (its waits are then not believed: docs/guarantees.md)
-                    let faulted = cycle.iter().any(|&m| {
-                        let faulted = match &self.thr[m].phase {
-                            Phase::Waiting(w) => w.faulted,
-                            _ => false,
-                        };
-                        faulted
-                            || self.stale.iter().any(|s| s.0 == m)
-                            || self.stale_index.contains(&m)
-                    });
-                    let off = cycle
-                        .iter()
-                        .any(|&m| Some(self.thr[m].client) == self.cfg.off);
-                    let exempt = u8::from(faulted) | (u8::from(off) << 1);
-                    now_standing.insert(self.cycle_id(&cycle), exempt);
-                }
+        for (cycle, rests_on) in self.model_cycles() {
+            // a fault touched the wait of a thread the cycle's proof rests on (a member, or a
+            // blocked thread downstream whose permits or place keep a member out), or one has
+            // a stale queue entry or index entry (its waits are then not believed:
+            // docs/guarantees.md)
+            let faulted = rests_on.iter().any(|&m| {
+                let faulted = match &self.thr[m].phase {
+                    Phase::Waiting(w) => w.faulted,
+                    _ => false,
+                };
+                faulted || self.stale.iter().any(|s| s.0 == m) || self.stale_index.contains(&m)
+            });
+            let off = rests_on
+                .iter()
+                .any(|&m| Some(self.thr[m].client) == self.cfg.off);
+            let exempt = u8::from(faulted) | (u8::from(off) << 1);
+            let through = cycle.iter().any(|&m| {
+                self.waits_for(m).is_some_and(|r| self.is_sem(r))
+                    || self.thr[m].held.iter().any(|h| self.is_sem(h.0))
+            });
+            if through && !self.standing.contains_key(&self.cycle_id(&cycle)) {
+                self.count("cycles formed through the semaphore or the read/write lock");
             }
+            now_standing.insert(self.cycle_id(&cycle), exempt);
         }
         let ended: Vec<_> = self
             .standing
