@@ -2,11 +2,16 @@
 //! and the library's own check (`fairlock::raw_deadlock::DeadlockCheck`, the machine the engine
 //! drives), one read at a time, other threads' steps in between.
 //!
-//! Per seed: one redis-server, 3-6 locks, 2-4 logical clients of 1-3 threads, with detection on
-//! (`after` 150-300 ms of a virtual client clock); on some seeds (30%) one client has detection
-//! off (its waits publish and check nothing, and all have a deadline). Each thread runs plans: take
-//! 2-3 locks in a random (nested) order, holding each a while, then release them innermost
-//! first; so cycles form (in the quiet phase, it ends the plan under way and runs one more).
+//! Per seed: one redis-server, 3-6 locks, and on odd seeds one semaphore of capacity 1-3
+//! (`s0`), one read/write lock (`rw0`) or both (a third each), 2-4 logical clients of 1-3
+//! threads, with detection on (`after` 150-300 ms of a virtual client clock); on some seeds
+//! (30%) one client has detection off (its waits publish and check nothing, and all have a
+//! deadline). Each thread runs plans: take 2-3 of the resources in a random (nested) order (a
+//! lock; 1..capacity permits of the semaphore; a read or a write of the read/write lock, half
+//! each), holding each a while, then release them innermost first; so cycles form (in the quiet
+//! phase, it ends the plan under way and runs one more). The semaphores go through their raw
+//! scripts as the locks do (`RawSemaphore`: acquire in wait mode, the pop of the wake list,
+//! release, leave with `claim`; the purge's leave passes, a restart force-releases).
 //! Some waits have a deadline (so cycles also dissolve on their own).
 //! Steps: a thread's acquire (the acquire script in wait mode), the pop of its wake list (a
 //! grant), its release, its leave at its deadline (`claim`, as the engine's
@@ -42,24 +47,45 @@
 //! now), so that the first reading shows a cycle that no longer stands; only the confirming
 //! reading tells (without it, judge (a) fails within a few thousand steps on most seeds).
 //!
-//! Judges (ground truth: the world's model of holds and queues, from the replies it saw:
-//! acquire `Granted`/`Queued`, release `next`, leave `Left`/`Granted`):
+//! Judges (ground truth: the world's model of holds (permits, a read, a write: a lock's is one
+//! permit of one) and queue positions per resource, from the replies it saw: acquire
+//! `Granted`/`Queued`, release `next`, leave `Left`/`Granted`; a semaphore's release, passing
+//! leave or forced release says how many it granted, not whom, so its status, read right after,
+//! says whom, and must agree with the model on every other hold).
+//!
+//! The model's blocked threads and cycles are those the library's graph can prove
+//! (graph.rs, which tests cannot reach, so replicated here: `World::holt`): Holt's reduction,
+//! the largest set `D` of waiting threads each of whose waits is blocked given `D`: a member of
+//! `D` waits ahead of it in the queue, or the permits it wants are more than the capacity less
+//! those held by members of `D` (so a free permit, or a holder not blocked, that could serve it
+//! proves nothing); its edges go to those members. A *cycle* is a strongly connected set of
+//! `D` that holds a cycle (its id: its members' waits by thread and attempt); the threads its
+//! proof rests on are the set and every blocked thread reachable from it (whose permits or
+//! place keep a member out).
 //! - (a) a refusal only of a cycle through the refused thread that the model had between the
 //!   check's two readings (the step before the confirming reading's first read; without a
 //!   second reading, the decision): what the confirming reading proves, every hold and wait of
 //!   it being in both readings (by token and queue time), so standing all the while between
 //!   them (a member may leave after its lock's second reading: counted). Each reported member
-//!   (lock, holder, token, what it waits for) holds its lock and is queued for what it waits for
-//!   in the model, a stale queue entry counting as a wait (docs/guarantees.md), and is believed:
-//!   no member whose index entry, as the check read it, names another lock than one the check
-//!   read that it is queued for. The refused thread is the youngest wait (queued last);
+//!   (resource, holder, how it blocks: its hold's permits and token, or queued ahead; what it
+//!   waits for) holds those permits (a lock, a read, a write) or is queued there, and is queued
+//!   for what it waits for, in the model, a stale queue entry counting as a wait
+//!   (docs/guarantees.md); each member is in `D` of Holt's reduction over the resources the
+//!   check read, and keeps the member before it out as reported (an edge of the reduction: no
+//!   more than the graph proves from what the check read); every member is believed: no member
+//!   whose index entry, as the check read it, names another resource than one the check read
+//!   that it is queued for (such an owner's waits are dropped from that reduction, as the
+//!   check drops them). The refused thread is the youngest wait (queued last);
 //! - (b) at most one refusal per cycle (a cycle: its members' waits, by owner and attempt);
-//! - (c) every cycle of the model that is not exempt is broken within
+//! - (c) every cycle of the model (above) that is not exempt is broken within
 //!   `after + (MAX_RESOURCES + MAX_INDEX_READS + MAX_RESOURCES + 3) R` of the step that closed it:
 //!   its youngest wait publishes at `after` / 2 (within `R`) and checks at `after` (its
 //!   publication's `R` later), every older member's entry is written by then, the check
 //!   publishes (`R`), reads at most 64 times (`R` each) and the leave follows (`R`)
-//!   (docs/design.md, "The bound");
+//!   (docs/design.md, "The bound"). Exempt: a cycle whose proof rests on a thread a fault
+//!   touched, with a stale queue or index entry, or of a client with detection off. A set that
+//!   loses or gains a member is a new cycle (its clock starts again): a set of two cycles that
+//!   share a member, one broken, is judged from then on;
 //! - (d) a refused wait leaves no queue entry or hold of that thread in Redis; every index entry
 //!   is of a wait under way that published it (or one whose publication's reply or `HDEL` was
 //!   lost, or of a crashed client, until its TTL);
@@ -67,8 +93,9 @@
 //!   `QUIET_STEPS` steps, every lock free with an empty queue and no index entry left but those
 //!   of lost replies.
 //!
-//! Not in this world: semaphores and read/write locks (their waits for permits count only when
-//! blocked holders keep them out, graph.rs), which the model's cycles do not follow yet.
+//! Not in this world: a thread that waits for more of a resource it holds (a plan takes
+//! distinct resources, so no reader waits behind a writer for a second read of its own), and a
+//! semaphore's capacity changed while held.
 //!
 //! `cargo test --all-features --test it -- fuzz::deadlock::short` runs a few seeds (about 30 s
 //! in a debug build); `FAIRLOCK_DL_FUZZ_SEED=N` one seed, `FAIRLOCK_DL_FUZZ_STEPS` the steps per
