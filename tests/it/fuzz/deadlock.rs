@@ -259,8 +259,9 @@ struct Thr {
 }
 
 /// The model of one resource (a lock, the semaphore or the read/write lock), from the replies
-/// seen (a semaphore's release says how many it granted, not whom: its status, read right
-/// after, says).
+/// seen (a semaphore's release says how many it granted, not whom, and its leave not even that,
+/// though a head that leaves lets in those behind it that fit: its status, read right after,
+/// says whom).
 #[derive(Default, Clone)]
 struct ModelLock {
     /// 1 for a lock, the semaphore's capacity, `RW_CAPACITY`.
@@ -931,7 +932,12 @@ impl World {
                 .run(&mut self.conn)
                 .map_err(|e| format!("sem leave: {e}"))?;
             match reply {
-                SemLeave::Left => Leave::Left,
+                SemLeave::Left => {
+                    // a head that leaves may let those behind it in (readers behind a writer)
+                    self.model[l].queue.retain(|q| q.0 != t);
+                    self.reconcile(l)?;
+                    Leave::Left
+                }
                 SemLeave::Granted { token, .. } => {
                     self.set_token(l, t, attempt, token)?;
                     return Ok(Some(token));
@@ -1334,9 +1340,12 @@ impl World {
                         self.names[l]
                     ));
                     match reply {
-                        SemLeave::Left => self.model[l]
-                            .queue
-                            .retain(|q| !(q.0 == t && q.1 == attempt)),
+                        SemLeave::Left => {
+                            self.model[l]
+                                .queue
+                                .retain(|q| !(q.0 == t && q.1 == attempt));
+                            self.reconcile(l)?;
+                        }
                         SemLeave::Passed { .. } => {
                             let before = self.model[l].holds.len();
                             self.model[l]
