@@ -75,7 +75,10 @@
 //!   more than the graph proves from what the check read); every member is believed: no member
 //!   whose index entry, as the check read it, names another resource than one the check read
 //!   that it is queued for (such an owner's waits are dropped from that reduction, as the
-//!   check drops them). The refused thread is the youngest wait (queued last);
+//!   check drops them). The refused thread is the youngest wait (queued last). A graph that
+//!   takes any blocked holder for proof that a wait for permits is blocked (a permit free, or
+//!   a holder not blocked, could serve it) fails it within a few thousand steps on some seeds
+//!   with a semaphore of capacity 2-3 (docs/evidence.md);
 //! - (b) at most one refusal per cycle (a cycle: its members' waits, by owner and attempt);
 //! - (c) every cycle of the model (above) that is not exempt is broken within
 //!   `after + (MAX_RESOURCES + MAX_INDEX_READS + MAX_RESOURCES + 3) R` of the step that closed it:
