@@ -221,6 +221,10 @@ enum Timer {
 /// holder waits for).
 type Member = (String, String, Option<(u64, u64)>, String);
 
+/// The edges of each blocked thread in Holt's reduction: (the thread that keeps it out, the
+/// resource, through a hold (else: queued ahead)).
+type Edges = BTreeMap<usize, Vec<(usize, usize, bool)>>;
+
 struct Wait {
     lock: usize,
     attempt: u64,
@@ -1530,7 +1534,7 @@ impl World {
         snap: &[ModelLock],
         only: Option<&BTreeSet<String>>,
         unbelieved: &BTreeSet<usize>,
-    ) -> (BTreeSet<usize>, BTreeMap<usize, Vec<(usize, usize, bool)>>) {
+    ) -> (BTreeSet<usize>, Edges) {
         let looked = |r: usize| only.is_none_or(|o| o.contains(&self.names[r]));
         // the queues as the graph sees them: (thread, permits) in order
         let queues: Vec<Vec<(usize, u64)>> = snap
@@ -1606,7 +1610,7 @@ impl World {
     }
 
     /// The threads reachable from `t` by the edges (`t` itself only through a cycle).
-    fn reach(t: usize, edges: &BTreeMap<usize, Vec<(usize, usize, bool)>>) -> BTreeSet<usize> {
+    fn reach(t: usize, edges: &Edges) -> BTreeSet<usize> {
         let mut seen = BTreeSet::new();
         let mut todo = vec![t];
         while let Some(x) = todo.pop() {
