@@ -88,7 +88,8 @@
 //!   (docs/design.md, "The bound"). Exempt: a cycle whose proof rests on a thread a fault
 //!   touched, with a stale queue or index entry, or of a client with detection off. A set that
 //!   loses or gains a member is a new cycle (its clock starts again): a set of two cycles that
-//!   share a member, one broken, is judged from then on;
+//!   share a member, one broken, is judged from then on. A graph blind to the semaphores' holds
+//!   fails it within a few thousand steps on seeds with a semaphore (docs/evidence.md);
 //! - (d) a refused wait leaves no queue entry or hold of that thread in Redis; every index entry
 //!   is of a wait under way that published it (or one whose publication's reply or `HDEL` was
 //!   lost, or of a crashed client, until its TTL);
