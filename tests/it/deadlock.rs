@@ -658,32 +658,43 @@ fn join_all(admin: &LockClient, threads: Vec<JoinHandle<Outcome>>, names: &[&str
     threads.into_iter().map(|t| t.join().unwrap()).collect()
 }
 
+/// member-a holds a and waits for b (for `wait`, or as long as it takes); then member-b holds
+/// b and waits for a: the youngest wait. Asserts that member-a acquires and member-b is
+/// refused, within 5 s (`after`, one check period and the round trips, generous on 2 cores),
+/// with the cycle of both; the refusal's cycle, message and how long member-b waited.
+fn cycle_of_two(
+    url: &str,
+    admin: &LockClient,
+    after: Duration,
+    wait: Option<Duration>,
+) -> (Box<Deadlock>, String, Duration) {
+    let (t1, go1) = detecting(url, after, Res::Lock("a"), Res::Lock("b"), wait);
+    let (t2, go2) = detecting(url, after, Res::Lock("b"), Res::Lock("a"), wait);
+    go1.send(()).unwrap();
+    assert!(waiters(admin, Res::Lock("b"), 1));
+    go2.send(()).unwrap();
+    let mut out = join_all(admin, vec![t1, t2], &["a", "b"]);
+    assert!(matches!(out[0], Outcome::Acquired), "{out:?}");
+    let Outcome::Refused(d, message, waited) = out.remove(1) else {
+        panic!("member-b was not refused: {out:?}");
+    };
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    assert_eq!(
+        normalized(&d),
+        [triple("a", "member-a", "b"), triple("b", "member-b", "a")]
+    );
+    (d, message, waited)
+}
+
 #[test]
 fn deadlock_detection_refuses_exactly_the_youngest_of_two_and_the_other_acquires() {
     let server = RedisServer::start();
     let admin = support::client(&server);
     let after = Duration::from_millis(300);
-    let url = server.url();
-    let (t1, go1) = detecting(&url, after, Res::Lock("a"), Res::Lock("b"), None);
-    let (t2, go2) = detecting(&url, after, Res::Lock("b"), Res::Lock("a"), None);
-    // member-a queues first: member-b's is the youngest wait, the one to refuse
-    go1.send(()).unwrap();
-    assert!(waiters(&admin, Res::Lock("b"), 1));
-    go2.send(()).unwrap();
-    let out = join_all(&admin, vec![t1, t2], &["a", "b"]);
-    assert!(matches!(out[0], Outcome::Acquired), "{out:?}");
-    let Outcome::Refused(d, message, waited) = &out[1] else {
-        panic!("member-b was not refused: {out:?}");
-    };
-    // told within after, one check period and the round trips (generous on 2 cores)
-    assert!(*waited < Duration::from_secs(5), "{waited:?}");
+    let (d, message, waited) = cycle_of_two(&server.url(), &admin, after, None);
     assert!(
-        *waited >= after,
+        waited >= after,
         "refused after {waited:?}, before {after:?}"
-    );
-    assert_eq!(
-        normalized(d),
-        [triple("a", "member-a", "b"), triple("b", "member-b", "a")]
     );
     assert_eq!(d.youngest_wait().unwrap().holder.thread, "member-b");
     for m in &d.members {
@@ -1023,22 +1034,7 @@ fn deadlock_detection_breaks_a_cycle_of_clients_that_reach_redis_through_sentine
         crate::support::topology::MASTER_NAME
     );
     let admin = support::client_with_url(&url, |b| b);
-    let after = Duration::from_millis(300);
-    let (t1, go1) = detecting(&url, after, Res::Lock("a"), Res::Lock("b"), Some(LIMIT));
-    let (t2, go2) = detecting(&url, after, Res::Lock("b"), Res::Lock("a"), Some(LIMIT));
-    go1.send(()).unwrap();
-    assert!(waiters(&admin, Res::Lock("b"), 1));
-    go2.send(()).unwrap();
-    let out = join_all(&admin, vec![t1, t2], &["a", "b"]);
-    assert!(matches!(out[0], Outcome::Acquired), "{out:?}");
-    let Outcome::Refused(d, _, waited) = &out[1] else {
-        panic!("member-b was not refused: {out:?}");
-    };
-    assert!(*waited < Duration::from_secs(5), "{waited:?}");
-    assert_eq!(
-        normalized(d),
-        [triple("a", "member-a", "b"), triple("b", "member-b", "a")]
-    );
+    cycle_of_two(&url, &admin, Duration::from_millis(300), Some(LIMIT));
     // the operator's view through the sentinel agrees: nothing is left
     assert!(admin.find_deadlocks().unwrap().is_empty());
 }
