@@ -1613,7 +1613,9 @@ fn a_hand_off_popped_but_not_taken_is_told_again_while_its_attempt_still_waits()
 /// hand-off (the janitor unregisters the attempt only after) finds the wake-up popped and pushes
 /// it again. That copy stays in the list once the thread stopped waiting (its waker no longer
 /// pops that list), so the hand-off must be confirmed with it: a deadline left in place would
-/// see the copy unpopped and revoke the lock from its live holder once the deadline passed.
+/// see the copy unpopped and revoke the lock from its live holder once the deadline passed. The
+/// copy lives a waiter timeout, not the lease: nobody pops it, and the list is otherwise left
+/// behind long after its client exited.
 #[test]
 fn a_grant_told_again_to_a_thread_that_took_it_is_never_revoked() {
     let (_server, mut c, lock) = start("told-again");
@@ -1634,6 +1636,16 @@ fn a_grant_told_again_to_a_thread_that_took_it_is_never_revoked() {
         wake_messages(&mut c, &lock, "w:2").len(),
         1,
         "told again, once"
+    );
+    // nobody pops that copy now: it must go within a waiter timeout, as a "retry" does, and not
+    // live out the lease (a client's clean exit left its wake list behind for 30 s)
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(lock.wake_key("w:2"))
+        .query(&mut c)
+        .unwrap();
+    assert!(
+        0 < ttl && ttl <= WAITER_TIMEOUT.as_millis() as i64,
+        "the copy told again lives {ttl} ms, more than the waiter timeout {WAITER_TIMEOUT:?}"
     );
     // w holds the lock and waits no more; others come by for several waiter timeouts
     let until = Instant::now() + WAITER_TIMEOUT * 5;

@@ -1588,6 +1588,12 @@ fn a_grant_told_again_to_a_thread_that_took_it_is_never_revoked() {
     // the grant again, the second finds that copy pending (and must not start a deadline)
     s.heartbeat(&mut c, &[("w:2", 7)]);
     s.heartbeat(&mut c, &[("w:2", 7)]);
+    // nobody pops the copy told again: it goes within a waiter timeout, not the lease
+    let ttl = pttl(&mut c, &s.raw.wake_key("w:2"));
+    assert!(
+        0 < ttl && ttl <= WAITER_TTL as i64,
+        "the copy told again lives {ttl} ms, more than the waiter timeout {WAITER_TTL} ms"
+    );
     // w holds the permit and waits no more; others come by for several waiter timeouts
     let until = std::time::Instant::now() + Duration::from_millis(WAITER_TTL * 5);
     while std::time::Instant::now() < until {

@@ -19,7 +19,7 @@
 -- nothing (a newer attempt's entry) or pushes a "retry" for that old attempt, or a grant's
 -- wake-up to an attempt whose thread took its hold from the acquire's reply or popped its
 -- wake-up meanwhile, which its client's waiting threads drop (no thread waits with that
--- attempt), confirming the hand-off of a holder that is alive (so the copy, never popped, cannot
+-- attempt) or which expires a waiter timeout later (nobody waits on the list), confirming the hand-off of a holder that is alive (so the copy, never popped, cannot
 -- get it revoked); a repeat finds that copy pending and pushes none; a repeated "retry" only
 -- makes its thread run acquire once more, which keeps its place.
 -- Undeclared keys (common.lua): wake lists (a told owner's is probed with can_wake before the
@@ -39,7 +39,7 @@ return run(function()
       -- tell_waiting_grantee)
       own_handoff = true
       local since = function() return redis.call('HGET', k.lock, 'since') or '0' end
-      if tell_waiting_grantee(owner, attempt, h.token, since, h.lease) then
+      if tell_waiting_grantee(owner, attempt, h.token, since) then
         if h.wdl then
           h.wdl = handoff_extended(h)
           redis.call('HSET', k.lock, 'wdl', fmt(h.wdl))

@@ -10,7 +10,8 @@
 -- little early (its deadline is the copy's arrival + the waiter timeout), or tells an attempt
 -- that has ended to retry, or one that holds its grant already (its thread saw the reply of
 -- its acquire, or popped its wake-up) of that grant, which its client drops (no thread waits
--- with that attempt), confirming the hand-off of a holder that is alive; a repeat finds the
+-- with that attempt) or which expires a waiter timeout later (nobody waits on the list),
+-- confirming the hand-off of a holder that is alive; a repeat finds the
 -- wake-up it pushed pending and pushes none.
 -- Undeclared keys (common.lua): wake lists, each probed with can_wake before a push (a list
 -- that cannot be reached now is told at the next heartbeat; the hand-off keeps its deadline
@@ -42,7 +43,7 @@ return run(function()
         local ends = tonumber(read(k.leases, 'ZSCORE', id)) or now_ms()
         return fmt(ends - held.lease)
       end
-      if tell_waiting_grantee(owner, attempt, held.token, granted, held.lease) then
+      if tell_waiting_grantee(owner, attempt, held.token, granted) then
         if handoff then
           zset_ours(k.handoffs)
           redis.call('ZADD', k.handoffs, fmt(handoff_extended(S)), id)

@@ -672,12 +672,15 @@ end
 -- with the connection), or never pushed (a repeat or late copy of the attempt's acquire took
 -- the hold with a reply that went to no one). It is pushed again now, with the grant's time
 -- (`granted_ms()`, server ms), and the caller confirms the hand-off: a deadline would revoke a
--- grant whose grantee is alive. Network: a late or repeated heartbeat for an attempt whose
--- thread took its hold meanwhile pushes a wake-up nobody waits with, which its client drops; a
--- second heartbeat before the waker pops finds the wake-up pending and pushes none.
-local function tell_waiting_grantee(owner, attempt, token, granted_ms, lease)
+-- grant whose grantee is alive. The copy lives WAITER_TTL, not the lease: while the attempt
+-- waits, each heartbeat tells it again once the copy is gone, and a copy nobody pops (below) must
+-- not keep the client's list for a lease. Network: a late or repeated heartbeat for an attempt
+-- whose thread took its hold meanwhile pushes a wake-up nobody waits with, which its client drops
+-- when a thread still waits on the list and which expires with it otherwise; a second heartbeat
+-- before the waker pops finds the wake-up pending and pushes none.
+local function tell_waiting_grantee(owner, attempt, token, granted_ms)
   if not can_wake(owner) or handoff_pending(owner, attempt, token) then return true end
-  push_wakeup(owner, grant_message(attempt, token) .. granted_ms(), lease)
+  push_wakeup(owner, grant_message(attempt, token) .. granted_ms(), WAITER_TTL)
   return false
 end
 

@@ -363,8 +363,8 @@ impl RedisServer {
     }
     /// Wait (up to 3 s) until the keys of lock `name` are exactly `expected`, else panic showing
     /// the keys last seen. A waiter's wake list may outlive its wait by up to 3 janitor
-    /// intervals: a heartbeat already on its way when the waiter left tells it to "retry" with
-    /// that TTL.
+    /// intervals (the waiter timeout): a heartbeat already on its way when the waiter left tells
+    /// it to "retry", or tells its grant again, with that TTL.
     pub fn assert_lock_keys(&self, name: &str, expected: &[&str]) {
         let mut last = vec![];
         let settled = eventually(Duration::from_secs(3), || {
