@@ -50,6 +50,15 @@ impl fmt::Display for Violation {
     }
 }
 
+/// Why the end state is not yet the one `settled` allows.
+#[derive(Debug)]
+pub enum Unsettled {
+    /// Something is still held or queued: the quiet phase goes on.
+    State(String),
+    /// All is at rest, but these keys live longer than the bound of their kind.
+    Overlong(String),
+}
+
 /// The start of a grant's wake-up for `owner`'s `attempt` with `token` (state.lua,
 /// `grant_message`): "<thread>|g|<attempt>|<token>|".
 pub fn grant_prefix(owner: &str, attempt: u64, token: u64) -> String {
@@ -591,22 +600,53 @@ impl World {
             .is_some_and(|i| self.sem_checker.capacity_set[i])
     }
 
+    /// Whether every place in a queue and every waiters entry is a crashed client's. Nobody
+    /// purges those until a script runs on that lock or semaphore (its next user's acquire, or a
+    /// live waiter's heartbeat), and in the quiet phase no live client may touch it again (each
+    /// goes back to its own lock only if it was not served on another). Exempt from "nothing
+    /// queued", with the bound the library promises for such leftovers: the keys live at most
+    /// the queue TTL, checked with the other keys' TTLs.
+    pub fn only_crashed(&self, queue: &[(String, f64)], waiters: &HashMap<String, u64>) -> bool {
+        let crashed = |owner: &str| {
+            owner
+                .rsplit_once(':')
+                .is_some_and(|(id, _)| self.crashed.contains_key(id))
+        };
+        queue.iter().all(|(o, _)| crashed(o)) && waiters.keys().all(|o| crashed(o))
+    }
+
     /// The end state after the quiet phase: every lock free, nothing queued, and only the fence,
     /// tombstones living out a released lease and short-lived wake lists left.
-    pub fn settled(&mut self) -> Result<(), String> {
+    /// `Err(Unsettled::State)`: something is still held or queued (the quiet phase goes on);
+    /// `Err(Unsettled::Overlong)`: all is at rest, but a key lives longer than the bound of its
+    /// kind (a violation at once: nothing at rest pushes, so waiting would only let the key
+    /// expire, and a judge that waits for that lets through any TTL up to its time limit).
+    pub fn settled(&mut self) -> Result<(), Unsettled> {
         let snap = self.snapshot(true);
-        let mut wrong = self.sem_unsettled();
+        let (mut wrong, mut left_for_next_user) = self.sem_unsettled();
         for (l, cur) in snap.locks.iter().enumerate() {
-            if cur.token != 0 || !cur.owner.is_empty() {
+            let free = cur.token == 0 && cur.owner.is_empty();
+            if !free {
                 wrong.push(format!("lock {l} held by {:?}", cur.owner));
             }
             if !cur.queue.is_empty() || !cur.waiters.is_empty() {
-                wrong.push(format!(
-                    "lock {l} queue {:?} waiters {:?}",
-                    cur.queue, cur.waiters
-                ));
+                if free && self.only_crashed(&cur.queue, &cur.waiters) {
+                    // see `only_crashed`: bounded below by the queue keys' TTL
+                    left_for_next_user
+                        .extend(self.locks[l].key_names()[2..].iter().map(|k| k.to_string()));
+                    self.stats.add(
+                        "left for the next user: crashed clients' places on a free lock",
+                        1,
+                    );
+                } else {
+                    wrong.push(format!(
+                        "lock {l} queue {:?} waiters {:?}",
+                        cur.queue, cur.waiters
+                    ));
+                }
             }
         }
+        let mut overlong = vec![];
         // a backward clock step lengthens every TTL by as much as the clock is now behind
         let behind = self.max_offset_ms - self.server.offset_ms();
         for (key, pttl) in &snap.keys {
@@ -635,6 +675,11 @@ impl World {
             } else if !key.contains("}:") {
                 // a lock hash, free (checked above): a tombstone for the rest of a lease
                 *pttl > 0 && *pttl <= self.cfg.lease_ms.1 as i64 + behind
+            } else if left_for_next_user.contains(key) {
+                // the queue keys of a free primitive where only crashed clients wait, which no
+                // live client touches: they go with the next script run there, or their TTL
+                let queue_ttl = (2 * self.cfg.waiter_timeout_ms).max(600_000) as i64;
+                *pttl > 0 && *pttl <= queue_ttl + behind
             } else if key.contains(":wake:") {
                 *pttl > 0 && *pttl <= self.cfg.waiter_timeout_ms as i64 + behind
             } else if key.ends_with(":left") {
@@ -646,13 +691,16 @@ impl World {
                 false
             };
             if !ok {
-                wrong.push(format!("key {key} (pttl {pttl})"));
+                overlong.push(format!("key {key} (pttl {pttl})"));
             }
         }
-        if wrong.is_empty() {
-            Ok(())
+        if !wrong.is_empty() {
+            wrong.extend(overlong);
+            Err(Unsettled::State(wrong.join("; ")))
+        } else if !overlong.is_empty() {
+            Err(Unsettled::Overlong(overlong.join("; ")))
         } else {
-            Err(wrong.join("; "))
+            Ok(())
         }
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use crate::fuzz::checks::{Check, Violation};
+use crate::fuzz::checks::{Check, Unsettled, Violation};
 use crate::fuzz::model::{Config, Prim, State};
 use crate::fuzz::rng::Rng;
 use crate::fuzz::steps::{self, Fault, Step};
@@ -293,7 +293,16 @@ impl World {
             if all_done {
                 match self.settled() {
                     Ok(()) => break None,
-                    Err(e) => leftover = e,
+                    Err(Unsettled::State(e)) => leftover = e,
+                    Err(Unsettled::Overlong(keys)) => {
+                        break Some(Violation {
+                            check: Check::KeySize,
+                            message: format!(
+                                "at rest (every lock and semaphore free, nothing queued), keys \
+                                 live longer than the bound of their kind: {keys}"
+                            ),
+                        });
+                    }
                 }
             }
             std::thread::sleep(Duration::from_millis(5));

@@ -464,10 +464,13 @@ impl World {
         self.sem_checker.last = snaps;
     }
 
-    /// What the semaphores leave at the end, beyond what `settled` allows: holds, waiters.
-    pub fn sem_unsettled(&mut self) -> Vec<String> {
+    /// What the semaphores leave at the end, beyond what `settled` allows: holds, waiters; and
+    /// the queue keys of free semaphores where only crashed clients wait (`only_crashed`), which
+    /// `settled` bounds by their TTL.
+    pub fn sem_unsettled(&mut self) -> (Vec<String>, HashSet<String>) {
         let snaps = self.sem_snapshot();
         let mut wrong = vec![];
+        let mut left_for_next_user = HashSet::new();
         for (s, cur) in snaps.iter().enumerate() {
             // a hold whose lease ran out stays in the hash until a writing script passes by
             // (status does not show it; the next acquire, release or heartbeat removes it)
@@ -486,13 +489,27 @@ impl World {
                     .add("sem: expired holds left at the end for the next script", 1);
             }
             if !cur.queue.is_empty() || !cur.waiters.is_empty() {
-                wrong.push(format!(
-                    "sem {s} queue {:?} waiters {:?}",
-                    cur.queue, cur.waiters
-                ));
+                if live.is_empty() && self.only_crashed(&cur.queue, &cur.waiters) {
+                    let names = self.sems[s].key_names();
+                    left_for_next_user.extend(
+                        names
+                            .iter()
+                            .filter(|k| k.ends_with(":queue") || k.ends_with(":waiters"))
+                            .map(|k| k.to_string()),
+                    );
+                    self.stats.add(
+                        "left for the next user: crashed clients' places on a free semaphore",
+                        1,
+                    );
+                } else {
+                    wrong.push(format!(
+                        "sem {s} queue {:?} waiters {:?}",
+                        cur.queue, cur.waiters
+                    ));
+                }
             }
         }
-        wrong
+        (wrong, left_for_next_user)
     }
 
     /// The quiet phase's action of thread `(c, t)` on its semaphore side; returns whether it
