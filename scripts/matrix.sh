@@ -5,7 +5,7 @@
 # and hand-off (basic), crashes and restarts (crash), the counter, leases and fencing tokens
 # (lease), the protocol at its edges on the raw layer (protocol), the semaphore and the read/write
 # lock (semaphore), the behaviour matrix over every primitive (behaviour), and the fuzzer's short mode with
-# its replayed cases (fuzz), on a 15 s budget per server instead of 40 s. Tests that need TLS, a
+# its replayed cases (fuzz), on an 8 s budget per server instead of 25 s. Tests that need TLS, a
 # Sentinel group or a Cluster stay on Debian's redis-server. When pip cannot fetch a wheel
 # (offline), the matrix is skipped with a message.
 #
@@ -32,6 +32,6 @@ filters=(basic:: fairness:: counter:: lease:: crash:: protocol:: semaphore:: beh
 [ $# -eq 0 ] || filters=("$@")
 for i in "${!MATRIX_BINS[@]}"; do
   echo "== server matrix, ${MATRIX_NAMES[$i]}: $("${MATRIX_BINS[$i]}" --version | head -n1)"
-  FAIRLOCK_TEST_REDIS_SERVER="${MATRIX_BINS[$i]}" FAIRLOCK_FUZZ_SECONDS=15 \
+  FAIRLOCK_TEST_REDIS_SERVER="${MATRIX_BINS[$i]}" FAIRLOCK_FUZZ_SECONDS=8 \
     cargo test --quiet --all-features --test it -- "${filters[@]}"
 done

@@ -153,7 +153,7 @@ if [ "$rust" = 1 ]; then
   refresh_tree
   # the mutants are made in the scratch copy (--in-place there), never in the working tree
   echo "== cargo-mutants over ${files[*]} with ${checks[*]} (in $TREE)"
-  (cd "$TREE" && FAIRLOCK_FUZZ_FAIL_FAST=1 nice -n 10 cargo mutants --in-place "${args[@]}" "${passthrough[@]}" \
+  (cd "$TREE" && FAIRLOCK_FUZZ_FAIL_FAST=1 FAIRLOCK_FUZZ_SECONDS=${FAIRLOCK_FUZZ_SECONDS:-40} nice -n 10 cargo mutants --in-place "${args[@]}" "${passthrough[@]}" \
     -- "${test_args[@]}")
   exit $?
 fi
@@ -261,7 +261,7 @@ for line in open(sys.argv[1]):
 # run_check NAME LOG LIMIT: 0 passed, 1 failed, 2 timed out
 run_check() {
   local name=$1 log=$2 limit=$3 rc
-  (cd "$TREE" && FAIRLOCK_FUZZ_FAIL_FAST=1 RUST_BACKTRACE=0 FAIRLOCK_LUA_DIR="$TREE/src/raw/lua" \
+  (cd "$TREE" && FAIRLOCK_FUZZ_FAIL_FAST=1 FAIRLOCK_FUZZ_SECONDS=${FAIRLOCK_FUZZ_SECONDS:-40} RUST_BACKTRACE=0 FAIRLOCK_LUA_DIR="$TREE/src/raw/lua" \
     exec nice -n 10 timeout -k 10 "$limit" "${EXE[it]}" -q $(filter_of "$name")) >"$log" 2>&1 &
   check_pid=$!
   if wait "$check_pid"; then rc=0; else rc=$?; fi

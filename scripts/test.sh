@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: formatting, lints (the library alone and everything with every
+# feature; the library without features is checked by clippy, its unit tests run with every
 # feature), the docs, the declared MSRV's build, then unit, integration and doc tests against
 # real redis-server processes that the tests start and stop themselves, and last the core suites
 # against Redis 6.2 and Valkey (scripts/matrix.sh).
@@ -22,9 +23,6 @@ RUSTDOCFLAGS="-D warnings" cargo doc --quiet --no-deps --all-features
 
 echo "== the declared MSRV builds the library and the CLI"
 scripts/msrv.sh
-
-echo "== cargo test --lib: the library alone (no feature)"
-cargo test --quiet --lib --no-default-features
 
 echo "== cargo test --all-features"
 cargo test --all-features "$@"

@@ -5,7 +5,7 @@
 //! and fails the test on any violation of mutual exclusion, fencing, lost updates, FIFO order,
 //! liveness, leftover keys, the force-unlock rules or a panic (`chaos/checker.rs` lists them).
 //!
-//! `cargo test --all-features --test it -- chaos::` runs the short mode: two scenarios of about 40 s (Redis without
+//! `cargo test --all-features --test it -- chaos::` runs the short mode: two scenarios of about 20 s of faults (Redis without
 //! persistence, on a clock libfaketime steps when it is installed; Redis with `appendonly yes` +
 //! `appendfsync always`). `scripts/chaos.sh [SECONDS]` runs the long mode (`chaos_long`, ignored
 //! by default) for the given time, alternating the two scenarios in rounds. Histories,
@@ -135,7 +135,7 @@ fn run_and_assert(s: &Scenario, workers: &ChildTest) {
 fn chaos_short_without_persistence() {
     let workers = support::child_test!("chaos-worker" => workload::run);
     run_and_assert(
-        &scenario("short-volatile", false, Duration::from_secs(32)),
+        &scenario("short-volatile", false, Duration::from_secs(16)),
         &workers,
     );
 }
@@ -144,7 +144,7 @@ fn chaos_short_without_persistence() {
 fn chaos_short_with_aof_always() {
     let workers = support::child_test!("chaos-worker" => workload::run);
     run_and_assert(
-        &scenario("short-aof", true, Duration::from_secs(32)),
+        &scenario("short-aof", true, Duration::from_secs(16)),
         &workers,
     );
 }

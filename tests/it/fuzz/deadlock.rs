@@ -2108,8 +2108,8 @@ fn run_seeds(seeds: impl Iterator<Item = u64>, steps: usize, budget: Duration) {
     assert!(failures.is_empty(), "{} violations (above)", failures.len());
 }
 
-/// The short mode: a few fixed seeds (or `FAIRLOCK_DL_FUZZ_SEED`), about 30 s debug, at most
-/// `FAIRLOCK_DL_FUZZ_SECONDS` (or `FAIRLOCK_FUZZ_SECONDS`, as the server matrix sets it; 45 s)
+/// The short mode: a few fixed seeds (or `FAIRLOCK_DL_FUZZ_SEED`), at most
+/// `FAIRLOCK_DL_FUZZ_SECONDS` (or `FAIRLOCK_FUZZ_SECONDS`, as the server matrix sets it; 25 s)
 /// before a new seed starts.
 #[test]
 fn short() {
@@ -2125,7 +2125,7 @@ fn short() {
                 Duration::from_secs(
                     env("FAIRLOCK_DL_FUZZ_SECONDS")
                         .or_else(|| env("FAIRLOCK_FUZZ_SECONDS"))
-                        .unwrap_or(45),
+                        .unwrap_or(25),
                 ),
             )
         }

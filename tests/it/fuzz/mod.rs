@@ -163,7 +163,7 @@
 //! A failure prints the seed, the violation and the shortest step list found by replaying and
 //! dropping chunks (`fuzz/shrink.rs`, at most 60 s).
 //!
-//! - `cargo test --all-features --test it -- fuzz::`: fixed seeds, about 40 s on 2 cores. `FAIRLOCK_FUZZ_SEED=N` runs
+//! - `cargo test --all-features --test it -- fuzz::`: fixed seeds, about 25 s on 2 cores. `FAIRLOCK_FUZZ_SEED=N` runs
 //!   one seed; `FAIRLOCK_FUZZ_STEPS` / `FAIRLOCK_FUZZ_SECONDS` change the per-seed step limit
 //!   and the total time budget; `FAIRLOCK_FUZZ_FAIL_FAST=1` skips the shrinking and starts no
 //!   seed after a violation (`scripts/mutants.sh`, where only "fails or not" matters);
@@ -209,7 +209,7 @@ use world::Stats;
 /// The seeds `cargo test` runs (a seed also fixes the run's shape: locks, clients, threads).
 const CI_SEEDS: [u64; 4] = [1, 2, 3, 4];
 const CI_STEPS_PER_SEED: usize = 4_000;
-const CI_SECONDS: u64 = 40;
+const CI_SECONDS: u64 = 25;
 const LONG_STEPS: u64 = 1_000_000;
 const LONG_STEPS_PER_SEED: usize = 20_000;
 const SHRINK_BUDGET: Duration = Duration::from_secs(60);
