@@ -33,7 +33,7 @@
 #   The sem and rw runs write their totals to target/chaos/summary[-MODE]-WORKLOAD.json and their
 #   rounds to target/chaos/WORKLOAD-*/.
 #   FAIRLOCK_CHAOS_SEED=N           replay a fault schedule (the seed is printed per round)
-# The short mode (two single-node scenarios of 16 s of faults and a TLS Sentinel one) runs in
+# The short mode (two single-node scenarios, every kind of fault once, and a TLS Sentinel one) runs in
 # scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -5,7 +5,7 @@
 //! and fails the test on any violation of mutual exclusion, fencing, lost updates, FIFO order,
 //! liveness, leftover keys, the force-unlock rules or a panic (`chaos/checker.rs` lists them).
 //!
-//! `cargo test --all-features --test it -- chaos::` runs the short mode: two scenarios of about 20 s of faults (Redis without
+//! `cargo test --all-features --test it -- chaos::` runs the short mode: two scenarios that each inject every kind of fault once, about a minute each (Redis without
 //! persistence, on a clock libfaketime steps when it is installed; Redis with `appendonly yes` +
 //! `appendfsync always`). `scripts/chaos.sh [SECONDS]` runs the long mode (`chaos_long`, ignored
 //! by default) for the given time, alternating the two scenarios in rounds. Histories,
