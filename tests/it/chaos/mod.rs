@@ -5,9 +5,9 @@
 //! and fails the test on any violation of mutual exclusion, fencing, lost updates, FIFO order,
 //! liveness, leftover keys, the force-unlock rules or a panic (`chaos/checker.rs` lists them).
 //!
-//! `cargo test --all-features --test it -- chaos::` runs the short mode: two scenarios that each inject every kind of fault once, about a minute each (Redis without
-//! persistence, on a clock libfaketime steps when it is installed; Redis with `appendonly yes` +
-//! `appendfsync always`). `scripts/chaos.sh [SECONDS]` runs the long mode (`chaos_long`, ignored
+//! `cargo test --all-features --test it -- chaos::` runs the short mode: two scenarios that each
+//! inject every kind of fault once, about a minute each (Redis without persistence, on a clock
+//! libfaketime steps when it is installed; Redis with `appendonly yes` + `appendfsync always`). `scripts/chaos.sh [SECONDS]` runs the long mode (`chaos_long`, ignored
 //! by default) for the given time, alternating the two scenarios in rounds. Histories,
 //! `summary.json` and `violations.txt` land in `target/chaos/<scenario>/`; the long mode writes
 //! the totals to `target/chaos/summary.json`.
