@@ -681,7 +681,21 @@ impl World {
                 let queue_ttl = (2 * self.cfg.waiter_timeout_ms).max(600_000) as i64;
                 *pttl > 0 && *pttl <= queue_ttl + behind
             } else if key.contains(":wake:") {
-                *pttl > 0 && *pttl <= self.cfg.waiter_timeout_ms as i64 + behind
+                // a "retry" is pushed with the waiter timeout, and so is a grant told again; a
+                // grant's first push gives its list the grant's lease (at most the longest), and
+                // its message outlives the grant when the hold is lost with its hash (evicted)
+                let grants = redis::cmd("LRANGE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(-1)
+                    .query::<Vec<String>>(&mut self.conns[0])
+                    .map_or(true, |msgs| msgs.iter().any(|m| m.contains("|g|")));
+                let bound = if grants {
+                    self.cfg.lease_ms.1
+                } else {
+                    self.cfg.waiter_timeout_ms
+                };
+                *pttl > 0 && *pttl <= bound as i64 + behind
             } else if key.ends_with(":left") {
                 // the left marks of attempts whose acquire could still arrive (leave.lua): they
                 // live as long as a ghost waiter's queue keys would have (QUEUE_TTL)
