@@ -23,7 +23,7 @@
 -- the leases zset, on the server clock (as the mutex's TTLs); a hold whose
 -- entry there was lost (the zset evicted) gets its whole lease again from the next script.
 -- Foreign data (common.lua): the hash is recognized by its ~kind field, the leases and
--- hand-offs zsets by their members being hold ids (`zset_ours`: checked before a script's first
+-- hand-offs zsets by their members being hold ids (`zview`: checked before a script's first
 -- write to one, and before any write at all on a semaphore nobody uses), every due member read
 -- for expiry or revocation too; other programs' data there is refused, never written to.
 
@@ -37,38 +37,70 @@ local function is_hold_id(id)
   return string.match(id, '^.+:[^:#]*#%d+$') ~= nil
 end
 
--- Refuse the leases or hand-offs zset `key` unless it is absent or its first member is a hold's
--- id (another program's sorted set is never written to). Once per key and run.
-local function zset_ours(key)
-  if S.ours[key] then return end
-  S.ours[key] = true
-  local first = read(key, 'ZRANGE', 0, 0)[1]
-  if first and not is_hold_id(first) then refuse(key, FOREIGN_ZSET) end
+-- This run's view of the leases or hand-offs zset `key`, read once a run (its first two members,
+-- ZRANGE 0 1 WITHSCORES), refusing it unless it is absent or those members are hold ids (another
+-- program's sorted set is never written to). One call serves what took four: the foreign-data
+-- check, whether any member is due (`first`: the lowest score), whether the zset is empty (the
+-- leases' repair check, the hand-offs' `sem_pending`) and whether this run's ZADD creates it
+-- (then it has no TTL yet: `fresh`, and keep_sem and sem_take set one without asking PTTL).
+-- `n`: how many members it has at least, exactly when `exact` (fewer than two were read); kept
+-- true by this run's own changes (zrem, zadd: every ZREM and ZADD of these keys goes through
+-- them), and `first` stays a lower bound of the lowest score (a ZADD lowers it; a ZREM only
+-- raises the true one), so a view that says "nothing is due" is never wrong.
+local function zview(key)
+  local v = S.z[key]
+  if v then return v end
+  local r = read(key, 'ZRANGE', 0, 1, 'WITHSCORES')
+  for i = 1, #r, 2 do
+    if not is_hold_id(r[i]) then refuse(key, FOREIGN_ZSET) end
+  end
+  v = { first = tonumber(r[2]), n = #r / 2, exact = #r < 4, fresh = false }
+  S.z[key] = v
+  return v
+end
+
+-- ZREM `id` from the leases or hand-offs zset `key`, keeping this run's view of it true.
+local function zrem(key, id)
+  local gone = redis.call('ZREM', key, id)
+  local v = S.z[key]
+  if v then v.n = math.max(v.n - gone, 0) end
+end
+
+-- ZADD `id` at `score` (formatted) to the leases or hand-offs zset `key`, as zrem.
+local function zadd(key, score, id)
+  local v = S.z[key]
+  if v and v.exact and v.n == 0 then v.fresh = true end
+  local added = redis.call('ZADD', key, score, id)
+  if v then
+    v.n = v.n + added
+    v.first = math.min(v.first or math.huge, tonumber(score))
+  end
 end
 
 -- The names of the semaphore's hand-off clock fields (state.lua, handoff_now).
 local SEM_CLOCK = { '~vc', '~vcap' }
 
--- The semaphore's hash fields every script needs, read once; `leases` is KEYS[5].
-local function read_sem(keys)
+-- The semaphore's hash fields every script needs, read once; `leases` is KEYS[5]. `id`: the
+-- hold the script acts on, read with them (S.hold, its stored value, kept true by this run's own
+-- changes: take_permits and drop_hold), so that no script asks for it again. `saved`: the kind,
+-- capacity and permits held as stored (as this run wrote them), so that a write that would
+-- store them again is left out.
+local function read_sem(keys, id)
   k.leases, k.handoffs = keys[5], keys[6]
   local v = read(k.lock, 'HMGET', '~kind', '~cap', '~used', '~token', '~released', '~set', '~vc',
-    '~vcap')
-  local fields = 0
-  for i = 1, 8 do
-    if v[i] then fields = fields + 1 end
-  end
+    '~vcap', id or '~kind')
   S = { kind = v[1], cap = tonumber(v[2]), used = tonumber(v[3]) or 0, token = tonumber(v[4]),
-        released = v[5] or '', unread = not v[1], fields = fields, set = v[6] == '1', ours = {},
-        vc = v[7], vcap = math.min(tonumber(v[8]) or CAP, CAP), clock = SEM_CLOCK }
+        released = v[5] or '', unread = not v[1], set = v[6] == '1', z = {},
+        vc = v[7], vcap = math.min(tonumber(v[8]) or CAP, CAP), clock = SEM_CLOCK,
+        id = id, hold = id and v[9], saved = { kind = v[1], cap = v[2], used = v[3] } }
   if S.unread then
     if redis.call('EXISTS', k.lock) == 1 then
       refuse(k.lock, "a hash without fairlock's semaphore fields")
     end
     -- a semaphore nobody uses: its zsets are checked before any write (in use, before each
-    -- script's first write to them: zset_ours)
-    zset_ours(k.leases)
-    zset_ours(k.handoffs)
+    -- script's first write to them: zview)
+    zview(k.leases)
+    zview(k.handoffs)
   end
   return S
 end
@@ -86,6 +118,11 @@ local function parse_hold(v)
            meta = meta }
 end
 
+-- The hold the script acts on (read_sem's `id`), parsed; nil when there is none.
+local function own_hold()
+  return parse_hold(S.hold)
+end
+
 -- The permits a waiter's entry asks for (its meta starts with "k;").
 local function wanted(w)
   return tonumber(string.match(w.meta, '^(%d+);')) or 1
@@ -95,22 +132,32 @@ end
 -- leases zset lives as long as the hash: a hold's permits come back only through its entry
 -- there, so a zset that expired before the hash (with a dead holder's entry, at the moment it
 -- fell due) would keep those permits taken for as long as the hash lives (the queue's TTL).
+-- The hash's TTL is read once (after a PEXPIRE it is `ttl`); the leases' is not read when this
+-- run's view says the zset is missing (nothing to keep) or was created by this run (no TTL yet).
 local function keep_sem(ttl)
-  if redis.call('PTTL', k.lock) < ttl then redis.call('PEXPIRE', k.lock, ttl) end
   local hash_ttl = redis.call('PTTL', k.lock)
-  zset_ours(k.leases)
-  if hash_ttl > 0 and redis.call('PTTL', k.leases) < hash_ttl then
+  if hash_ttl < ttl then
+    -- (a missing hash gets none: -2, as PTTL would say)
+    hash_ttl = redis.call('PEXPIRE', k.lock, ttl) == 1 and ttl or -2
+  end
+  local v = zview(k.leases)
+  if hash_ttl <= 0 or (v.exact and v.n == 0) then return end
+  if v.fresh or redis.call('PTTL', k.leases) < hash_ttl then
     redis.call('PEXPIRE', k.leases, hash_ttl)
+    v.fresh = false
   end
 end
 
--- Give back the permits of hold `id` (parsed `h`).
-local function drop_hold(id, h)
+-- Give back the permits of hold `id` (parsed `h`). `...`: more field, value pairs for the
+-- hash's write of the permits held (a release's receipts).
+local function drop_hold(id, h, ...)
   S.used = math.max(S.used - h.permits, 0)
   redis.call('HDEL', k.lock, id)
-  redis.call('ZREM', k.leases, id)
-  redis.call('ZREM', k.handoffs, id)
-  redis.call('HSET', k.lock, '~used', fmt(S.used))
+  zrem(k.leases, id)
+  zrem(k.handoffs, id)
+  redis.call('HSET', k.lock, '~used', fmt(S.used), ...)
+  S.saved.used = fmt(S.used)
+  if id == S.id then S.hold = nil end
 end
 
 -- Revoke the hand-offs whose grantee let its deadline pass without popping its wake-up (a dead
@@ -121,6 +168,8 @@ end
 local function revoke_dead_grantees()
   if not S.vc then return end -- no hand-off since the hash was made
   local now = handoff_now(S)
+  local first = zview(k.handoffs).first
+  if not first or first >= now then return end -- none due (the earliest deadline is not past)
   local due = read(k.handoffs, 'ZRANGEBYSCORE', '-inf', '(' .. fmt(now), 'WITHSCORES')
   for i = 1, #due, 2 do
     if not is_hold_id(due[i]) then refuse(k.handoffs, FOREIGN_ZSET) end
@@ -134,27 +183,28 @@ local function revoke_dead_grantees()
       drop_attempt_wakeups(owner, tonumber(attempt))
       drop_hold(id, h)
     else
-      redis.call('ZREM', k.handoffs, id)
+      zrem(k.handoffs, id)
     end
   end
 end
 
 -- Holds without a lease entry (the leases zset was evicted, or lost apart from the hash) would
 -- never expire: each gets one from now for its whole lease, at least as long as its holder
--- counts on. Found out in O(1) (the hash's field count against the zset's); only a repair reads
--- every hold.
+-- counts on. Found out from this run's view of the zset (zview, read anyway): permits are held
+-- and the zset is missing. A zset is lost whole (eviction, expiry, a lost write is a lost
+-- script: its writes replicate and persist together), never one entry of it, and every script
+-- that adds a lease entry runs this check first, so the zset is either missing or has every
+-- hold's entry (the holds written after a loss are repaired before one more entry is added).
+-- Only a repair reads every hold.
 local function repair_leases()
-  if S.used == 0 then return end
-  local holds = redis.call('HLEN', k.lock) - S.fields
-  if holds <= read(k.leases, 'ZCARD') then return end
-  zset_ours(k.leases)
+  if S.used == 0 or zview(k.leases).n > 0 then return end
   local all, longest = redis.call('HGETALL', k.lock), 0
   for i = 1, #all, 2 do
     local id = all[i]
-    if string.sub(id, 1, 1) ~= '~' and not read(k.leases, 'ZSCORE', id) then
+    if string.sub(id, 1, 1) ~= '~' then
       local h = parse_hold(all[i + 1])
       if h then
-        redis.call('ZADD', k.leases, fmt(now_ms() + h.lease), id)
+        zadd(k.leases, fmt(now_ms() + h.lease), id)
         longest = math.max(longest, h.lease)
       end
     end
@@ -165,6 +215,8 @@ end
 -- Remove the holds whose lease ran out (server clock) and give their permits back.
 local function expire_holds()
   repair_leases()
+  local first = zview(k.leases).first
+  if not first or first > now_ms() then return 0 end -- none ran out (the earliest end is ahead)
   local gone = read(k.leases, 'ZRANGEBYSCORE', '-inf', now_ms())
   for _, id in ipairs(gone) do
     if not is_hold_id(id) then refuse(k.leases, FOREIGN_ZSET) end
@@ -174,7 +226,7 @@ local function expire_holds()
     if h then
       drop_hold(id, h)
     else
-      redis.call('ZREM', k.leases, id)
+      zrem(k.leases, id)
     end
   end
   return #gone
@@ -188,10 +240,13 @@ local function take_permits(owner, attempt, permits, lease, meta, kind, cap, ...
   local id = hold_id(owner, attempt)
   S.used = S.used + permits
   S.kind, S.cap, S.unread = kind or S.kind, cap or S.cap, false
-  redis.call('HSET', k.lock, id, fmt(token) .. '|' .. fmt(permits) .. '|' .. fmt(lease) .. '|' ..
-    meta, '~used', fmt(S.used), '~token', fmt(token), '~kind', S.kind, '~cap', fmt(S.cap), ...)
-  zset_ours(k.leases)
-  redis.call('ZADD', k.leases, fmt(now_ms() + lease), id)
+  local hold = fmt(token) .. '|' .. fmt(permits) .. '|' .. fmt(lease) .. '|' .. meta
+  redis.call('HSET', k.lock, id, hold, '~used', fmt(S.used), '~token', fmt(token), '~kind',
+    S.kind, '~cap', fmt(S.cap), ...)
+  S.saved = { kind = S.kind, cap = fmt(S.cap), used = fmt(S.used) }
+  if id == S.id then S.hold = hold end
+  zview(k.leases)
+  zadd(k.leases, fmt(now_ms() + lease), id)
   keep_sem(lease)
   return token
 end
@@ -210,16 +265,23 @@ end
 
 local function sem_take(owner, w, deadline, ...)
   -- (checked before the take's first write: another program's zset is never written to)
-  zset_ours(k.handoffs)
+  local v = zview(k.handoffs)
   local token = take_permits(owner, w.attempt, wanted(w), w.lease,
     string.match(w.meta, '^%d+;(.*)$') or w.meta, nil, nil, ...)
-  redis.call('ZADD', k.handoffs, fmt(deadline), hold_id(owner, w.attempt))
-  if redis.call('PTTL', k.handoffs) < w.lease then redis.call('PEXPIRE', k.handoffs, w.lease) end
+  zadd(k.handoffs, fmt(deadline), hold_id(owner, w.attempt))
+  -- (created by this ZADD, it has no TTL: no need to ask)
+  if v.fresh or redis.call('PTTL', k.handoffs) < w.lease then
+    redis.call('PEXPIRE', k.handoffs, w.lease)
+    v.fresh = false
+  end
   return token
 end
 
--- Whether a hand-off may be pending (the hand-off clock's cap then only comes down).
+-- Whether a hand-off may be pending (the hand-off clock's cap then only comes down): this
+-- run's view of the hand-offs zset tells, unless this run removed members it did not see.
 local function sem_pending()
+  local v = zview(k.handoffs)
+  if v.n > 0 or v.exact then return v.n > 0 end
   return read(k.handoffs, 'ZCARD') > 0
 end
 

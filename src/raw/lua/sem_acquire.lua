@@ -14,7 +14,8 @@ local owner, attempt, permits, lease, mode, meta, kind, cap =
   ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8], ARGV[9],
   tonumber(ARGV[10])
 return run(function()
-  read_sem(KEYS)
+  local id = hold_id(owner, attempt)
+  read_sem(KEYS, id)
   expire_holds()
   revoke_dead_grantees()
   local mismatch = false
@@ -27,14 +28,18 @@ return run(function()
     else
       S.kind, S.cap = kind, cap
       redis.call('HSET', k.lock, '~kind', kind, '~cap', fmt(cap))
+      S.saved.kind, S.saved.cap = kind, fmt(cap)
     end
   end
   if not S.cap then S.kind, S.cap = kind, cap end
+  -- this thread's waiter entry is read with the waiters' clock (one HMGET: the grants below
+  -- would read the clock alone, and own_entry the entry after it); the run's own changes keep
+  -- what it read true (state.lua, W)
+  waiter_entry(owner)
   -- permits freed by expiry (or a stranded queue) go to the waiters first; this very attempt,
   -- if queued at the head, may be among them
   grant_heads()
-  local id = hold_id(owner, attempt)
-  local mine_hold = parse_hold(redis.call('HGET', k.lock, id))
+  local mine_hold = own_hold()
   if mine_hold then
     -- granted (its reply or its wake-up lost, or granted just now): any queue place of this
     -- attempt goes (an older attempt's messages with it)
@@ -50,7 +55,7 @@ return run(function()
     elseif w and w.attempt == attempt then
       dequeue(owner)
     end
-    redis.call('ZREM', k.handoffs, id)
+    zrem(k.handoffs, id)
     return { 'granted', mine_hold.token_text, now_ms(), pttl }
   end
   local mine = own_entry(owner, attempt, forget_attempt)
@@ -66,8 +71,12 @@ return run(function()
     return { 'granted', fmt(token), now_ms(), lease }
   end
   if mode == 'try' then return { 'busy', fmt(S.used), fmt(S.cap) } end
-  -- the state must exist while anyone waits: capacity and kind are part of it
-  redis.call('HSET', k.lock, '~kind', S.kind, '~cap', fmt(S.cap), '~used', fmt(S.used))
+  -- the state must exist while anyone waits: capacity and kind are part of it (written unless
+  -- the hash holds them already, as read or as this run wrote them)
+  local saved = S.saved
+  if saved.kind ~= S.kind or saved.cap ~= fmt(S.cap) or saved.used ~= fmt(S.used) then
+    redis.call('HSET', k.lock, '~kind', S.kind, '~cap', fmt(S.cap), '~used', fmt(S.used))
+  end
   keep_sem(QUEUE_TTL)
   enqueue(owner, attempt, lease, fmt(permits) .. ';' .. meta, mine)
   return { 'queued', now_ms(), fmt(S.token or read_fence() or 0) }

@@ -29,6 +29,7 @@ return run(function()
   if not W.now then waiter_entry('~clock') end
   S.kind, S.cap = kind, cap
   redis.call('HSET', k.lock, '~kind', kind, '~cap', fmt(cap), '~set', '1')
+  S.saved.kind, S.saved.cap = kind, fmt(cap)
   keep_sem(FENCE_TTL)
   for _, owner in ipairs(q) do
     local w = waiter_entry(owner)

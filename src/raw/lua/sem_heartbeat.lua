@@ -29,7 +29,7 @@ return run(function()
     if handoff and not hold then
       -- the hold went with an evicted hash: the entry is stale (the attempt may have queued
       -- again, and its place must be refreshed below, not mistaken for a hand-off)
-      redis.call('ZREM', k.handoffs, id)
+      zrem(k.handoffs, id)
       handoff = nil
     end
     local held = parse_hold(hold)
@@ -45,11 +45,11 @@ return run(function()
       end
       if tell_waiting_grantee(owner, attempt, held.token, granted) then
         if handoff then
-          zset_ours(k.handoffs)
-          redis.call('ZADD', k.handoffs, fmt(handoff_extended(S)), id)
+          zview(k.handoffs)
+          zadd(k.handoffs, fmt(handoff_extended(S)), id)
         end
       elseif handoff then
-        redis.call('ZREM', k.handoffs, id)
+        zrem(k.handoffs, id)
       end
     else
       -- (no hold of this attempt, or one that is not fairlock's: parse_hold)

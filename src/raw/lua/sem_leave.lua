@@ -9,19 +9,19 @@
 local owner, attempt, mark, claim = ARGV[3], tonumber(ARGV[4]), ARGV[5] == 'mark',
   ARGV[6] == 'claim'
 return run(function()
+  local id = hold_id(owner, attempt)
   if mark then left_mark(owner) end
-  read_sem(KEYS)
+  read_sem(KEYS, id)
   expire_holds()
   revoke_dead_grantees()
   local result = { 'left' }
-  local id = hold_id(owner, attempt)
-  local h = parse_hold(redis.call('HGET', k.lock, id))
+  local h = own_hold()
   local mine = waiter_entry(owner)
   if h and claim then
     -- the deadline came, but the permits did too: the caller holds them (its wake-up goes, and
     -- the hand-off is confirmed: the holder renews it from here)
     drop_attempt_wakeups(owner, attempt)
-    redis.call('ZREM', k.handoffs, id)
+    zrem(k.handoffs, id)
     if mine and mine.attempt == attempt then forget_attempt(owner, mine) end
     local pttl = tonumber(read(k.leases, 'ZSCORE', id)) or 0
     pttl = math.min(math.max(pttl - now_ms(), 0), h.lease)

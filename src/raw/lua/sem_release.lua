@@ -11,21 +11,23 @@
 local owner, attempt, token, mark, force = ARGV[3], tonumber(ARGV[4]), ARGV[5],
   ARGV[6] == 'mark', ARGV[6] == 'force'
 return run(function()
+  local id = hold_id(owner, attempt)
   if mark then left_mark(owner) end
-  read_sem(KEYS)
+  read_sem(KEYS, id)
   expire_holds()
   revoke_dead_grantees()
-  local id = hold_id(owner, attempt)
-  local h = parse_hold(redis.call('HGET', k.lock, id))
+  local h = own_hold()
   if h and h.token_text == token then
     -- forced, the hold may be a hand-off its grantee has not popped: its wake-up goes first
     -- (the list is an undeclared key, touched before the release's first write), so it cannot
     -- be popped as a grant after the permits went on, as the mutex's force-unlock does
-    if force then drop_attempt_wakeups(owner, attempt) end
-    drop_hold(id, h)
     -- a forced release leaves no receipt: the holder's own release then finds its hold gone
-    if not force then
-      redis.call('HSET', k.lock, '~released', with_receipt(S.released, token))
+    -- (the receipt is written with the permits given back, in one HSET)
+    if force then
+      drop_attempt_wakeups(owner, attempt)
+      drop_hold(id, h)
+    else
+      drop_hold(id, h, '~released', with_receipt(S.released, token))
     end
     local n = grant_heads()
     if mark then mark_left(owner, attempt) end

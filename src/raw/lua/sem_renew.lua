@@ -4,18 +4,18 @@
 -- most to its own send time + lease, never below what a later renewal set.
 local owner, attempt, token, lease = ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
 return run(function()
-  read_sem(KEYS)
+  local id = hold_id(owner, attempt)
+  read_sem(KEYS, id)
   expire_holds()
   revoke_dead_grantees()
-  local id = hold_id(owner, attempt)
-  local h = parse_hold(redis.call('HGET', k.lock, id))
+  local h = own_hold()
   if not (h and h.token_text == token) then return 0 end
   -- its holder renews it, so it has it: a hand-off of it is confirmed
-  redis.call('ZREM', k.handoffs, id)
+  zrem(k.handoffs, id)
   local until_ms = now_ms() + lease
-  zset_ours(k.leases)
+  zview(k.leases)
   if (tonumber(read(k.leases, 'ZSCORE', id)) or 0) < until_ms then
-    redis.call('ZADD', k.leases, fmt(until_ms), id)
+    zadd(k.leases, fmt(until_ms), id)
   end
   keep_sem(lease)
   return 1

@@ -644,7 +644,8 @@ end
 local function new_handoff(p, w)
   local now = handoff_now(p, true)
   p.vc = clock_value(now)
-  p.vcap = (p.pending and p.pending()) and math.min(p.vcap, W.cap) or W.cap
+  -- (only a cap that would go up asks p.pending(): otherwise both answers give W.cap)
+  if not (W.cap > p.vcap and p.pending and p.pending()) then p.vcap = W.cap end
   return now + math.max(w.deadline - waiters_now(), 0), p.clock[1], p.vc, p.clock[2], fmt(p.vcap)
 end
 
