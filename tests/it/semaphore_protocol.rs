@@ -1388,6 +1388,30 @@ fn a_renewal_keeps_the_semaphores_hash_for_the_renewed_lease() {
     }
 }
 
+/// sem.lua, keep_sem: the leases zset always has a TTL. Here the expiry of a run removes every
+/// entry (more than its first read of the zset could count), and the same run's grant creates the
+/// zset anew, under a hash whose TTL (the stored capacity's) needs no raise: the new zset gets
+/// the hash's TTL all the same, or it would outlive the semaphore with its stale entries.
+#[test]
+fn a_leases_zset_emptied_and_made_again_in_one_run_gets_a_ttl() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let s = Sem::new("leases-ttl", "sem", 4);
+    // the capacity stored: the hash lives the fence's TTL, longer than every lease below
+    assert!(matches!(
+        s.raw.set_capacity(4).run(&mut c).unwrap(),
+        SemCapacity::Set { .. }
+    ));
+    granted(s.acquire(&mut c, "a:1", 1, 1, 100, false));
+    granted(s.acquire(&mut c, "b:1", 1, 1, 100, false));
+    granted(s.acquire(&mut c, "d:1", 1, 1, 100, false));
+    thread::sleep(Duration::from_millis(300));
+    granted(s.acquire(&mut c, "e:1", 1, 1, 2_000, false));
+    let ttl = pttl(&mut c, &s.keys[4]);
+    assert!(ttl > 0, "the leases zset lives {ttl} ms (-1: for ever)");
+    assert!(ttl >= pttl(&mut c, &s.keys[0]) - 1_000);
+}
+
 /// sem_status.lua: every hold is listed with its id, token, permits, lease left, lease and meta.
 #[test]
 fn the_status_lists_every_hold_with_its_token_permits_and_lease() {

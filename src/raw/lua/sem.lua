@@ -42,7 +42,8 @@ end
 -- program's sorted set is never written to). One call serves what took four: the foreign-data
 -- check, whether any member is due (`first`: the lowest score), whether the zset is empty (the
 -- leases' repair check, the hand-offs' `sem_pending`) and whether this run's ZADD creates it
--- (then it has no TTL yet: `fresh`, and keep_sem and sem_take set one without asking PTTL).
+-- (then it has no TTL yet: `fresh`, and keep_sem and sem_take set one without asking PTTL;
+-- `unsure` when this run removed members it did not count and may have emptied it).
 -- `n`: how many members it has at least, exactly when `exact` (fewer than two were read); kept
 -- true by this run's own changes (zrem, zadd: every ZREM and ZADD of these keys goes through
 -- them), and `first` stays a lower bound of the lowest score (a ZADD lowers it; a ZREM only
@@ -54,7 +55,7 @@ local function zview(key)
   for i = 1, #r, 2 do
     if not is_hold_id(r[i]) then refuse(key, FOREIGN_ZSET) end
   end
-  v = { first = tonumber(r[2]), n = #r / 2, exact = #r < 4, fresh = false }
+  v = { first = tonumber(r[2]), n = #r / 2, exact = #r < 4, fresh = false, unsure = false }
   S.z[key] = v
   return v
 end
@@ -69,7 +70,9 @@ end
 -- ZADD `id` at `score` (formatted) to the leases or hand-offs zset `key`, as zrem.
 local function zadd(key, score, id)
   local v = S.z[key]
-  if v and v.exact and v.n == 0 then v.fresh = true end
+  if v and v.n == 0 then
+    if v.exact then v.fresh = true else v.unsure = true end
+  end
   local added = redis.call('ZADD', key, score, id)
   if v then
     v.n = v.n + added
@@ -132,19 +135,24 @@ end
 -- leases zset lives as long as the hash: a hold's permits come back only through its entry
 -- there, so a zset that expired before the hash (with a dead holder's entry, at the moment it
 -- fell due) would keep those permits taken for as long as the hash lives (the queue's TTL).
--- The hash's TTL is read once (after a PEXPIRE it is `ttl`); the leases' is not read when this
--- run's view says the zset is missing (nothing to keep) or was created by this run (no TTL yet).
+-- So the leases zset, whenever it exists, lives at least as long as the hash: every raise of
+-- the hash's TTL is made here and gives the zset the same, and a zset this run creates (zadd:
+-- `fresh`, no TTL yet) gets the hash's. Neither TTL is read again: the hash's is read once
+-- (after a PEXPIRE it is `ttl`), the zset's only when this run may have emptied it and made it
+-- anew (`unsure`: it removed more members than its view counted); a zset that outlived a lost
+-- hash gets the new hash's TTL with its first raise.
 local function keep_sem(ttl)
-  local hash_ttl = redis.call('PTTL', k.lock)
+  local hash_ttl, raised = redis.call('PTTL', k.lock), false
   if hash_ttl < ttl then
     -- (a missing hash gets none: -2, as PTTL would say)
-    hash_ttl = redis.call('PEXPIRE', k.lock, ttl) == 1 and ttl or -2
+    raised = redis.call('PEXPIRE', k.lock, ttl) == 1
+    hash_ttl = raised and ttl or -2
   end
   local v = zview(k.leases)
-  if hash_ttl <= 0 or (v.exact and v.n == 0) then return end
-  if v.fresh or redis.call('PTTL', k.leases) < hash_ttl then
+  if hash_ttl > 0 and (v.fresh or (raised and not (v.exact and v.n == 0))
+      or (v.unsure and redis.call('PTTL', k.leases) < hash_ttl)) then
     redis.call('PEXPIRE', k.leases, hash_ttl)
-    v.fresh = false
+    v.fresh, v.unsure = false, false
   end
 end
 
