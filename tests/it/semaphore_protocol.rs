@@ -1412,6 +1412,33 @@ fn a_leases_zset_emptied_and_made_again_in_one_run_gets_a_ttl() {
     assert!(ttl >= pttl(&mut c, &s.keys[0]) - 1_000);
 }
 
+/// sem.lua, keep_sem: the leases zset lives as long as the hash, whatever the run removed from it
+/// before it raised the hash's TTL. Here a queueing acquire's expiry removes two of three lease
+/// entries (its first read of the zset saw only two), then it keeps the hash for the queue's
+/// TTL: the third hold's entry must live as long, or the zset would run out under a hash that
+/// still holds that hold (and its permits would come back only through a repair).
+#[test]
+fn a_queueing_acquire_keeps_the_leases_as_long_as_the_hash_after_an_expiry() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let s = Sem::new("leases-kept", "sem", 3);
+    granted(s.acquire(&mut c, "a:1", 1, 1, 100, false));
+    granted(s.acquire(&mut c, "b:1", 1, 1, 100, false));
+    granted(s.acquire(&mut c, "c:1", 1, 1, 60_000, false));
+    thread::sleep(Duration::from_millis(300));
+    // a and b ran out; c holds 1 of 3, so d (3 permits) queues, keeping the hash for the queue
+    assert!(matches!(
+        s.acquire(&mut c, "d:1", 1, 3, 60_000, true),
+        Reply::Queued
+    ));
+    let (hash, leases) = (pttl(&mut c, &s.keys[0]), pttl(&mut c, &s.keys[4]));
+    assert!(hash > 120_000, "the hash lives {hash} ms while d waits");
+    assert!(
+        leases >= hash - 1_000,
+        "the leases zset lives {leases} ms, the hash {hash} ms"
+    );
+}
+
 /// sem_status.lua: every hold is listed with its id, token, permits, lease left, lease and meta.
 #[test]
 fn the_status_lists_every_hold_with_its_token_permits_and_lease() {
