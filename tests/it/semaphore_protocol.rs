@@ -1439,6 +1439,25 @@ fn a_queueing_acquire_keeps_the_leases_as_long_as_the_hash_after_an_expiry() {
     );
 }
 
+/// sem.lua, sem_take: the hand-offs zset lives as long as the longest lease granted into it. Here
+/// one release grants two heads, a long lease first, then a short one: the record of the first
+/// hand-off must outlive the second's lease, or a grantee that died before popping it would no
+/// longer be revoked at its deadline and would keep its permits for its whole lease.
+#[test]
+fn one_release_granting_two_hand_offs_keeps_their_record_for_the_longer_lease() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let s = Sem::new("handoffs-kept", "sem", 2);
+    let th = granted(s.acquire(&mut c, "h:1", 1, 2, 60_000, true));
+    assert_eq!(s.acquire(&mut c, "x:1", 1, 1, 60_000, true), Reply::Queued);
+    assert_eq!(s.acquire(&mut c, "y:1", 1, 1, 1_000, true), Reply::Queued);
+    assert!(s.release(&mut c, "h:1", 1, th));
+    let (holds, used) = s.holds(&mut c);
+    assert_eq!((holds.len(), used), (2, 2), "{holds:?}");
+    let ttl = pttl(&mut c, &s.keys[5]);
+    assert!(ttl > 50_000, "the hand-offs zset lives {ttl} ms");
+}
+
 /// sem_status.lua: every hold is listed with its id, token, permits, lease left, lease and meta.
 #[test]
 fn the_status_lists_every_hold_with_its_token_permits_and_lease() {
