@@ -984,6 +984,19 @@ fn foreign_data_at_any_semaphore_key_in_any_state_is_refused_or_left_untouched()
                             .unwrap();
                         assert!(!hash, "a refused script wrote the hash first: {context}");
                     }
+                    if *state == "free" && matches!(*k, 4 | 5) && call != 9 {
+                        // a semaphore nobody uses: its zsets are looked at before any write at
+                        // all (sem.lua, read_sem), a heartbeat's wake-ups and a waiter included
+                        assert!(r.is_err(), "not refused: {context}");
+                        let mut written = vec![sem.keys[2].clone(), sem.keys[3].clone()];
+                        written.push(sem.raw.wake_key("me:1"));
+                        written.push(sem.raw.wake_key("w:1"));
+                        for other in &written {
+                            let there: bool =
+                                redis::cmd("EXISTS").arg(other).query(&mut c).unwrap();
+                            assert!(!there, "a refused script wrote {other} first: {context}");
+                        }
+                    }
                 }
             }
         }
