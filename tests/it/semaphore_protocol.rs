@@ -1888,6 +1888,26 @@ fn a_lease_entry_whose_hold_went_with_the_hash_goes_once_due() {
     assert_eq!(leases, ["b:1#1", "z:1#1"]);
 }
 
+/// sem.lua, drop_hold: a hold given back takes its lease entry with it (the release's own, and an
+/// expiry's), so the leases zset holds the live holds only: an entry kept would stay until its
+/// lease's end, one more per release, and keep the zset alive after the last hold.
+#[test]
+fn a_released_hold_leaves_no_lease_entry_behind() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("released-lease", "sem", 2);
+    let ta = granted(sem.acquire(&mut c, "a:1", 1, 1, 60_000, true));
+    let _ = granted(sem.acquire(&mut c, "b:1", 1, 1, 60_000, true));
+    assert!(sem.release(&mut c, "a:1", 1, ta));
+    let leases: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&sem.keys[4])
+        .arg(0)
+        .arg(-1)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(leases, ["b:1#1"]);
+}
+
 /// A grantee that heartbeats while its hand-off waits to be popped, then dies: the heartbeat
 /// gives the hand-off more time but does not confirm it (only a pop does), so once the grantee
 /// stops, the hand-off is revoked after the waiter timeout and the next waiter is served long
