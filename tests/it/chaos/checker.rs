@@ -1150,6 +1150,14 @@ fn check_overlaps(
     let mut active: Vec<&Attempt> = Vec::new();
     for &h2 in holds {
         let a2 = h2.acq.unwrap();
+        if h2.forced.is_some_and(|f| f <= a2) {
+            // force-unlocked before its holder learned of it (popped or answered before the
+            // force, handed to the thread after): its interval ends before it began
+            found
+                .explained
+                .add("hold_learned_of_after_its_force_unlock");
+            continue;
+        }
         for h in &active {
             let cut = h.forced.is_some_and(|f| f <= a2);
             if cut && h.end.unwrap() > a2 && !h.same_thread(h2) {
@@ -1217,7 +1225,13 @@ fn check_token_order(
             continue;
         }
         let (a1, a2) = (h1.acq.unwrap(), h2.acq.unwrap());
-        if volatile_between(faults, a1, a2) {
+        if h2.forced.is_some_and(|f| f <= a2) {
+            // granted before the hold it follows in the log, and force-unlocked before its
+            // holder learned of it (see check_overlaps)
+            found
+                .explained
+                .add("token_order_hold_learned_after_its_force_unlock");
+        } else if volatile_between(faults, a1, a2) {
             found.explained.add("token_reset_restart_volatile");
         } else if explain(faults, h1, h2, repl.lease_ns).is_some_and(|w| w != "restart-aof") {
             found.explained.add("token_order_fault");
