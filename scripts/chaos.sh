@@ -33,13 +33,25 @@
 #   The sem and rw runs write their totals to target/chaos/summary[-MODE]-WORKLOAD.json and their
 #   rounds to target/chaos/WORKLOAD-*/.
 #   FAIRLOCK_CHAOS_SEED=N           replay a fault schedule (the seed is printed per round)
-# The short mode (two single-node scenarios, every kind of fault once, and a TLS Sentinel one) runs in
-# scripts/test.sh.
+#   scripts/chaos.sh short   the short mode: three scenarios that inject every kind of fault once,
+#     about a minute each (one node without persistence, one with appendfsync always, a TLS
+#     Sentinel group; mutex workload unless WORKLOAD is given as the second argument). The first
+#     also runs in scripts/test.sh; the other two only here, to keep that suite near ten minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-usage="usage: scripts/chaos.sh [SECONDS] [single|sentinel|cluster|tls|all] [mutex|sem|rw]"
+usage="usage: scripts/chaos.sh [SECONDS] [single|sentinel|cluster|tls|all] [mutex|sem|rw] | scripts/chaos.sh short [mutex|sem|rw]"
+if [ "${1:-}" = short ]; then
+  workload=${2:-${FAIRLOCK_CHAOS_WORKLOAD:-mutex}}
+  case "$workload" in
+    mutex|sem|rw) export FAIRLOCK_CHAOS_WORKLOAD="$workload" ;;
+    *) echo "$usage" >&2; exit 2 ;;
+  esac
+  ensure_test_tools
+  echo "== chaos short mode, ${workload} workload: three scenarios (release build)"
+  exec cargo test --release --all-features --test it -- --include-ignored chaos::chaos_short_ --nocapture
+fi
 seconds=${1:-600}
 mode=${2:-single}
 workload=${3:-${FAIRLOCK_CHAOS_WORKLOAD:-mutex}}
