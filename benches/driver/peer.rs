@@ -26,9 +26,11 @@ use serde::Serialize;
 
 use crate::bench::{connect, Bench};
 use crate::fifo::{audited_run, FifoRow};
-use crate::locks::{mono_ns, Lib};
-use crate::redis_cost::CostPerAcq;
-use crate::stats::{jain, overtakes, r1, r4};
+use crate::locks::{
+    floor_keys, load_floor, mono_ns, Lib, FLOOR_ACQUIRE, FLOOR_RELEASE, NODE_RELEASE, PEER_TTL_MS,
+};
+use crate::redis_cost::{commandstats, CostPerAcq};
+use crate::stats::{jain, overtakes, r1, r2, r4};
 use crate::workers::{cleanup, fairlock_client, node_peer, Layout, Outcome, Spec};
 use crate::{MS, SEC};
 
@@ -45,6 +47,22 @@ pub struct PeerResults {
     /// fairlock's contended runs under MONITOR
     pub audit: Vec<FifoRow>,
     pub memory: Vec<MemoryRow>,
+    /// the server time of single calls of the fair floor and of the node peer, one connection,
+    /// nothing else running
+    pub per_call: Vec<CallRow>,
+}
+
+/// The server time of one kind of call, alone (`INFO commandstats` around a loop of them).
+#[derive(Serialize)]
+pub struct CallRow {
+    pub call: String,
+    /// what the call runs, in Redis commands
+    pub runs: &'static str,
+    /// the command of `INFO commandstats` it counts under
+    pub command: &'static str,
+    pub calls: u64,
+    pub server_us_per_call: Option<f64>,
+    pub errors: Vec<String>,
 }
 
 /// One run: a lock, a number of worker processes and a hold.
@@ -98,6 +116,8 @@ pub fn peer(b: &mut Bench) {
     }
     let libs: Vec<Lib> = [
         Lib::NodeMutex,
+        Lib::FairFloor,
+        Lib::FairFloorEval,
         Lib::Fairlock,
         Lib::Semaphore,
         Lib::Redlock,
@@ -107,6 +127,8 @@ pub fn peer(b: &mut Bench) {
     .filter(|&l| {
         if l == Lib::NodeMutex {
             node
+        } else if l.is_floor() {
+            true
         } else {
             b.sizes.libs.contains(&l)
         }
@@ -123,7 +145,13 @@ pub fn peer(b: &mut Bench) {
             out.contended.push(row);
         }
     }
-    for lib in [Lib::NodeMutex, Lib::Fairlock, Lib::Semaphore] {
+    for lib in [
+        Lib::NodeMutex,
+        Lib::FairFloor,
+        Lib::FairFloorEval,
+        Lib::Fairlock,
+        Lib::Semaphore,
+    ] {
         if libs.contains(&lib) {
             let name = format!("peer-pair-{}", lib.name());
             out.uncontended
@@ -137,6 +165,7 @@ pub fn peer(b: &mut Bench) {
     for sem in [false, true] {
         out.memory.push(memory(b, sem, b.sizes.peer_waiters));
     }
+    out.per_call = per_call(b, b.sizes.peer_calls);
     tables(b, &out);
     b.results.peer = Some(out);
 }
@@ -357,6 +386,212 @@ fn memory(b: &Bench, sem: bool, waiters: u32) -> MemoryRow {
     row
 }
 
+/// One kind of call of the per-call measurement: `before` once, then `n` times `setup` and the
+/// `call` (counted under `command` in `INFO commandstats`; `setup` uses other commands), then
+/// `after`.
+struct CallKind {
+    call: String,
+    runs: &'static str,
+    command: &'static str,
+    before: Vec<redis::Cmd>,
+    setup: Vec<redis::Cmd>,
+    call_cmd: redis::Cmd,
+    after: Vec<redis::Cmd>,
+}
+
+fn cmd(args: &[&str]) -> redis::Cmd {
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    c
+}
+
+/// The server time of the fair floor's calls (by FCALL and by EVALSHA), of an empty FCALL and
+/// EVALSHA, and of the node peer's SET NX PX and release script, each alone on one connection:
+/// `n` calls of a kind, sent in pipelines of 200 (the server time of a call does not include
+/// reading or writing it), timed by the difference of `INFO commandstats` around them.
+fn per_call(b: &Bench, n: u64) -> Vec<CallRow> {
+    let mut conn = connect(&b.url);
+    let name = b.name("peer-per-call");
+    let (owner, queue, wake) = floor_keys(&name);
+    let (me, next) = (format!("{wake}me"), format!("{wake}next"));
+    let node_key = format!("mutex:{name}");
+    let mut errors = vec![];
+    if let Err(e) = load_floor(&mut conn) {
+        errors.push(format!("FUNCTION LOAD: {e}"));
+    }
+    let sha = |src: &str| -> String {
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(src)
+            .query(&mut connect(&b.url))
+            .unwrap_or_default()
+    };
+    let (acq_sha, rel_sha, node_sha, noop_sha) = (
+        sha(FLOOR_ACQUIRE),
+        sha(FLOOR_RELEASE),
+        sha(NODE_RELEASE),
+        sha("return 1"),
+    );
+    let ttl = PEER_TTL_MS.to_string();
+    let floor = |by_fcall: bool, release: bool| -> redis::Cmd {
+        if by_fcall {
+            let f = if release {
+                "fairfloor_release"
+            } else {
+                "fairfloor_acquire"
+            };
+            cmd(&["FCALL", f, "2", &owner, &queue, &me])
+        } else {
+            let s = if release { &rel_sha } else { &acq_sha };
+            cmd(&["EVALSHA", s, "2", &owner, &queue, &me])
+        }
+    };
+    let mut kinds = vec![];
+    for by_fcall in [true, false] {
+        let (how, command) = if by_fcall {
+            ("FCALL", "fcall")
+        } else {
+            ("EVALSHA", "evalsha")
+        };
+        let s = |v: &str| format!("{how} {v}");
+        kinds.push(CallKind {
+            call: s("empty function (return 1)"),
+            runs: "nothing",
+            command,
+            before: vec![],
+            setup: vec![],
+            call_cmd: if by_fcall {
+                cmd(&["FCALL", "fairfloor_noop", "0"])
+            } else {
+                cmd(&["EVALSHA", &noop_sha, "0"])
+            },
+            after: vec![],
+        });
+        kinds.push(CallKind {
+            call: s("fair-floor acquire, free"),
+            runs: "SET NX",
+            command,
+            before: vec![],
+            setup: vec![cmd(&["DEL", &owner])],
+            call_cmd: floor(by_fcall, false),
+            after: vec![cmd(&["DEL", &owner])],
+        });
+        kinds.push(CallKind {
+            call: s("fair-floor acquire, held (queues)"),
+            runs: "SET NX, RPUSH",
+            command,
+            before: vec![cmd(&["SET", &owner, "other"])],
+            setup: vec![],
+            call_cmd: floor(by_fcall, false),
+            after: vec![cmd(&["DEL", &owner, &queue])],
+        });
+        kinds.push(CallKind {
+            call: s("fair-floor release, nobody queued"),
+            runs: "GET, LPOP, DEL",
+            command,
+            before: vec![],
+            setup: vec![cmd(&["SET", &owner, &me])],
+            call_cmd: floor(by_fcall, true),
+            after: vec![],
+        });
+        kinds.push(CallKind {
+            call: s("fair-floor release, hand-over"),
+            runs: "GET, LPOP, SET, RPUSH",
+            command,
+            before: vec![],
+            setup: vec![cmd(&["SET", &owner, &me]), cmd(&["RPUSH", &queue, &next])],
+            call_cmd: floor(by_fcall, true),
+            after: vec![cmd(&["DEL", &owner, &queue, &next])],
+        });
+    }
+    kinds.push(CallKind {
+        call: "node: SET NX PX, free".into(),
+        runs: "SET",
+        command: "set",
+        before: vec![],
+        setup: vec![cmd(&["DEL", &node_key])],
+        call_cmd: cmd(&["SET", &node_key, "id", "NX", "PX", &ttl]),
+        after: vec![cmd(&["DEL", &node_key])],
+    });
+    kinds.push(CallKind {
+        call: "node: SET NX PX, held (a poll)".into(),
+        runs: "SET",
+        command: "set",
+        before: vec![cmd(&["SET", &node_key, "other"])],
+        setup: vec![],
+        call_cmd: cmd(&["SET", &node_key, "id", "NX", "PX", &ttl]),
+        after: vec![cmd(&["DEL", &node_key])],
+    });
+    kinds.push(CallKind {
+        call: "node: release (EVALSHA compare-and-delete)".into(),
+        runs: "GET, DEL",
+        command: "evalsha",
+        before: vec![],
+        // a client SET would be counted under "set", not under the measured "evalsha"
+        setup: vec![cmd(&["SET", &node_key, "id"])],
+        call_cmd: cmd(&["EVALSHA", &node_sha, "1", &node_key, "id"]),
+        after: vec![],
+    });
+    kinds
+        .into_iter()
+        .map(|k| time_calls(&mut conn, k, n, &errors))
+        .collect()
+}
+
+/// Run one kind of call `n` times (after one warm-up) and take its server time per call.
+fn time_calls(conn: &mut redis::Connection, k: CallKind, n: u64, errors: &[String]) -> CallRow {
+    let mut row = CallRow {
+        call: k.call,
+        runs: k.runs,
+        command: k.command,
+        calls: 0,
+        server_us_per_call: None,
+        errors: errors.to_vec(),
+    };
+    let pipe = |conn: &mut redis::Connection, times: u64| -> redis::RedisResult<()> {
+        let mut left = times;
+        while left > 0 {
+            let chunk = left.min(200);
+            let mut p = redis::pipe();
+            for _ in 0..chunk {
+                for c in &k.setup {
+                    p.add_command(c.clone()).ignore();
+                }
+                p.add_command(k.call_cmd.clone()).ignore();
+            }
+            p.query::<()>(conn)?;
+            left -= chunk;
+        }
+        Ok(())
+    };
+    let run = |conn: &mut redis::Connection, cmds: &[redis::Cmd]| -> redis::RedisResult<()> {
+        cmds.iter().try_for_each(|c| c.query::<()>(conn))
+    };
+    let measured = (|| -> redis::RedisResult<(u64, u64)> {
+        run(conn, &k.before)?;
+        pipe(conn, 1)?;
+        let before = commandstats(conn).get(k.command).copied().unwrap_or((0, 0));
+        pipe(conn, n)?;
+        let after = commandstats(conn).get(k.command).copied().unwrap_or((0, 0));
+        run(conn, &k.after)?;
+        Ok((after.0 - before.0, after.1 - before.1))
+    })();
+    match measured {
+        Ok((calls, usec)) => {
+            row.calls = calls;
+            row.server_us_per_call = (calls > 0).then(|| r2(usec as f64 / calls as f64));
+            if calls != n {
+                row.errors
+                    .push(format!("{} {} calls counted, {n} sent", calls, k.command));
+            }
+        }
+        Err(e) => row.errors.push(format!("{}: {e}", row.call)),
+    }
+    row
+}
+
 fn cells(c: &CostPerAcq) -> String {
     let f = |v: Option<f64>, d: usize| v.map_or("-".into(), |v| format!("{v:.d$}"));
     format!(
@@ -403,6 +638,42 @@ fn tables(b: &mut Bench, out: &PeerResults) {
         ));
     }
     b.md.push(String::new());
+    b.md.push("Server µs per call of the clients' commands in the same windows (`INFO commandstats`; a script's includes the commands it ran), and calls per acquisition:\n".into());
+    b.md.push("| lock | hold | µs per call × calls per acq |".into());
+    b.md.push("|---|---:|---|".into());
+    for r in out.contended.iter().chain(&out.uncontended) {
+        let (Some(us), Some(n)) = (
+            &r.cost.us_per_call_by_command,
+            &r.cost.cmds_per_acq_by_command,
+        ) else {
+            continue;
+        };
+        let calls: Vec<String> = us
+            .iter()
+            .filter(|(c, _)| ["fcall", "evalsha", "set", "blpop"].contains(&c.as_str()))
+            .map(|(c, u)| format!("{c} {u:.2} × {:.2}", n.get(c).copied().unwrap_or(0.0)))
+            .collect();
+        let hold = if r.processes == 1 {
+            "pair".to_string()
+        } else {
+            format!("{} ms", r.hold_ms)
+        };
+        b.md.push(format!("| {} | {hold} | {} |", r.lock, calls.join(", ")));
+    }
+    b.md.push(String::new());
+    b.md.push(format!("The fair floor's calls and the node peer's, each alone on one connection ({} calls of each, pipelined; `INFO commandstats`):\n", out.per_call.first().map_or(0, |c| c.calls)));
+    b.md.push("| call | runs | server µs / call |".into());
+    b.md.push("|---|---|---:|".into());
+    for c in &out.per_call {
+        b.md.push(format!(
+            "| {} | {} | {} |",
+            c.call,
+            c.runs,
+            c.server_us_per_call
+                .map_or("-".into(), |v| format!("{v:.2}"))
+        ));
+    }
+    b.md.push(String::new());
     b.md.push(format!(
         "fairlock's order, the contended run again under MONITOR: {}.\n",
         out.audit
@@ -428,5 +699,5 @@ fn tables(b: &mut Bench, out: &PeerResults) {
         ));
     }
     b.md.push(String::new());
-    b.md.push("Server µs: the time Redis spent in the commands the clients sent (a script's includes the commands it ran), from `INFO commandstats`, without the benchmark's GET and SET; Redis CPU: the redis-server process's CPU time (`INFO cpu`), which includes them and the reading and writing of every request. The node peer keeps one string key while held, nothing when free and nothing per waiter (its waiters poll).\n".into());
+    b.md.push("Server µs: the time Redis spent in the commands the clients sent (a script's includes the commands it ran), from `INFO commandstats`, without the benchmark's GET and SET; Redis CPU: the redis-server process's CPU time (`INFO cpu`), which includes them and the reading and writing of every request. The node peer keeps one string key while held, nothing when free and nothing per waiter (its waiters poll). fair-floor (by FCALL) and fair-floor-eval (the same Lua by EVALSHA): the least a FIFO lock with push wake-ups does on Redis (acquire: SET NX, else RPUSH onto the queue and BLPOP a wake list; release: GET, LPOP, then DEL, or SET the next owner and RPUSH its wake list), with no crash safety, leases, reentrancy or tokens: a yardstick, not a lock to use.\n".into());
 }

@@ -37,7 +37,7 @@ fn redis_cpu_us(conn: &mut redis::Connection) -> u64 {
 }
 
 /// `INFO commandstats` as command -> (calls, usec).
-fn commandstats(conn: &mut redis::Connection) -> HashMap<String, (u64, u64)> {
+pub fn commandstats(conn: &mut redis::Connection) -> HashMap<String, (u64, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query(conn)
@@ -92,6 +92,8 @@ pub struct Cost {
     /// server did in the window (its cron, other clients)
     pub redis_cpu_us: f64,
     pub by_command: BTreeMap<String, f64>,
+    /// server µs per call of each command (a script's includes the commands it ran)
+    pub us_per_call: BTreeMap<String, f64>,
     /// context switches of fairlock's watchdog and janitor threads per acquisition (runs in
     /// this process only)
     pub bg_wakes: Option<[f64; 2]>,
@@ -133,6 +135,7 @@ pub fn cost(
     let mut all = 0u64;
     let mut usec = 0u64;
     let mut by_command = BTreeMap::new();
+    let mut us_per_call = BTreeMap::new();
     for (name, (c, u)) in &calls {
         if *c == 0 {
             continue;
@@ -143,6 +146,7 @@ pub fn cost(
             usec += u; // a client command's usec includes the commands its script ran
         }
         by_command.insert(name.clone(), r2(*c as f64 / a));
+        us_per_call.insert(name.clone(), r2(*u as f64 / *c as f64));
     }
     Some(Cost {
         round_trips: r2(rt as f64 / a),
@@ -150,6 +154,7 @@ pub fn cost(
         server_us: r1(usec as f64 / a),
         redis_cpu_us: r1(after.cpu_us.saturating_sub(before.cpu_us) as f64 / a),
         by_command,
+        us_per_call,
         bg_wakes: None,
     })
 }
@@ -179,6 +184,8 @@ pub struct CostPerAcq {
     pub server_us_per_acq: Option<f64>,
     pub redis_cpu_us_per_acq: Option<f64>,
     pub cmds_per_acq_by_command: Option<BTreeMap<String, f64>>,
+    /// server µs per call of each command in the window
+    pub us_per_call_by_command: Option<BTreeMap<String, f64>>,
     pub background_wakeups_per_acq: Option<[f64; 2]>,
 }
 
@@ -190,6 +197,7 @@ impl CostPerAcq {
             server_us_per_acq: c.map(|c| c.server_us),
             redis_cpu_us_per_acq: c.map(|c| c.redis_cpu_us),
             cmds_per_acq_by_command: c.map(|c| c.by_command.clone()),
+            us_per_call_by_command: c.map(|c| c.us_per_call.clone()),
             background_wakeups_per_acq: c.and_then(|c| c.bg_wakes),
         }
     }

@@ -37,6 +37,8 @@ pub struct Sizes {
     pub sem_sizes: Vec<u32>,
     /// section "peer": the waiters queued for the memory per waiter
     pub peer_waiters: u32,
+    /// section "peer": the calls of each kind of its per-call measurement
+    pub peer_calls: u64,
 }
 
 impl Sizes {
@@ -67,6 +69,7 @@ impl Sizes {
                 grace: 3 * SEC,
                 sem_sizes: vec![1, 16],
                 peer_waiters: 4,
+                peer_calls: 200,
             }
         } else {
             Sizes {
@@ -94,6 +97,7 @@ impl Sizes {
                 grace: 8 * SEC,
                 sem_sizes: vec![1, 16, 256],
                 peer_waiters: 16,
+                peer_calls: 20_000,
             }
         }
     }

@@ -107,6 +107,15 @@ impl Targets {
         });
     }
 
+    /// `ratio` shown only (goal "-", never met or missed).
+    fn ratio_info(&mut self, name: &str, a: Option<(f64, f64)>, b: Option<(f64, f64)>, unit: &str) {
+        self.ratio(name, false, 0.0, a, b, unit);
+        if let Some(r) = self.rows.last_mut() {
+            r.goal = "-".into();
+            r.met = None;
+        }
+    }
+
     /// Adds the Markdown table under `title`, "met" as `words` (yes, no); returns the rows for
     /// the results file.
     fn report(self, b: &mut Bench, title: &str, words: [&str; 2]) -> Vec<TargetRow> {
@@ -435,6 +444,25 @@ fn targets_peer(j: &Results) -> Targets {
             server(run(NODE, hold)),
             "µs",
         );
+        // the floor of fairness on Redis (benches/locks: fair-floor), same run
+        for floor in ["fair-floor", "fair-floor-eval"] {
+            t.ratio_info(
+                &format!(
+                    "contended, hold {hold} ms: server µs / acq, {floor} / node Mutex (informative: the floor of a fair lock)"
+                ),
+                server(run(floor, hold)),
+                server(run(NODE, hold)),
+                "µs",
+            );
+        }
+        t.ratio_info(
+            &format!(
+                "contended, hold {hold} ms: server µs / acq, fairlock / fair-floor (informative)"
+            ),
+            server(f),
+            server(run("fair-floor", hold)),
+            "µs",
+        );
         t.add(
             &format!(
                 "contended, hold {hold} ms: Redis CPU µs / acq, fairlock / node Mutex (informative)"
@@ -454,6 +482,12 @@ fn targets_peer(j: &Results) -> Targets {
         false,
         1.5,
         server(pair("fairlock")),
+        server(pair(NODE)),
+        "µs",
+    );
+    t.ratio_info(
+        "uncontended acquire + release: server µs, fair-floor / node Mutex (informative)",
+        server(pair("fair-floor")),
         server(pair(NODE)),
         "µs",
     );

@@ -468,7 +468,7 @@ pub fn run_layout(
                 after,
                 n,
                 !spec.counter.is_empty(),
-                spec.lib.is_fairlock(),
+                spec.lib.scripts_set(),
             )
             .map(|mut c| {
                 if let [b0, b1] = bg.as_slice() {

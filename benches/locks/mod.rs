@@ -8,6 +8,9 @@
 //!   on failure sleep 100 ms and try again; release with an atomic compare-and-delete script. One connection per worker.
 //! - `node-mutex`: node `redis-semaphore`'s Mutex, run by the driver's section "peer" in node
 //!   worker processes (`benches/peers/redis-semaphore/mutex.js`), never in this process.
+//! - `fair-floor` (FCALL) and `fair-floor-eval` (the same Lua by EVALSHA): the least a FIFO lock
+//!   with push wake-ups does on Redis, a yardstick for section "peer" and never a product (see
+//!   [`FLOOR_LIBRARY`]).
 //!
 //! Every lock lives in the worker thread that uses it (fairlock guards belong to their thread).
 #![allow(dead_code)] // each bench target uses a different part
@@ -53,6 +56,11 @@ pub enum Lib {
     /// node `redis-semaphore`'s Mutex, which barges (`benches/peers/redis-semaphore/mutex.js`):
     /// runs in node worker processes only (the driver's section "peer"), not in `ALL`
     NodeMutex,
+    /// the floor of a fair lock on Redis, its scripts by FCALL (see [`FLOOR_LIBRARY`]): section
+    /// "peer" only, not in `ALL`
+    FairFloor,
+    /// the same, its scripts by EVALSHA
+    FairFloorEval,
 }
 
 impl Lib {
@@ -72,6 +80,8 @@ impl Lib {
             Lib::Redlock => "redlock",
             Lib::Naive => "naive",
             Lib::NodeMutex => "node-mutex",
+            Lib::FairFloor => "fair-floor",
+            Lib::FairFloorEval => "fair-floor-eval",
         }
     }
 
@@ -80,8 +90,22 @@ impl Lib {
         matches!(self, Lib::Fairlock | Lib::Semaphore | Lib::RwWrite)
     }
 
+    /// Whether it is the fair floor (FCALL or EVALSHA).
+    pub fn is_floor(self) -> bool {
+        matches!(self, Lib::FairFloor | Lib::FairFloorEval)
+    }
+
+    /// Whether its scripts run SET themselves and its client never does (a SET in
+    /// `INFO commandstats` is then no round trip of its own).
+    pub fn scripts_set(self) -> bool {
+        self.is_fairlock() || self.is_floor()
+    }
+
     pub fn parse(s: &str) -> Option<Lib> {
-        Lib::ALL.into_iter().find(|l| l.name() == s)
+        Lib::ALL
+            .into_iter()
+            .chain([Lib::FairFloor, Lib::FairFloorEval])
+            .find(|l| l.name() == s)
     }
 }
 
@@ -94,6 +118,138 @@ const COMPARE_AND_DELETE: &str = r"if redis.call('get', KEYS[1]) == ARGV[1] then
   return redis.call('del', KEYS[1])
 end
 return 0";
+
+/// The fair floor: the least a FIFO lock with push wake-ups does on Redis, as a Redis FUNCTION
+/// library (`FUNCTION LOAD REPLACE`, called by FCALL; `fair-floor-eval` runs the same bodies by
+/// EVALSHA, see [`FLOOR_ACQUIRE`] and [`FLOOR_RELEASE`]). A yardstick for the benchmark, never a
+/// product: no crash safety (a holder that dies keeps the lock forever, a waiter that dies
+/// leaves the lock to nobody when its turn comes), no leases or TTLs, no reentrancy, no fencing
+/// tokens, no heartbeats, no timeouts of queued waiters.
+///
+/// Keys (all of one hash tag, the lock's name): `fair-floor:{name}:owner`, a string holding the
+/// owner's id; `fair-floor:{name}:queue`, a list of the waiters' ids in arrival order. A worker's
+/// id is the name of its own wake list (`fair-floor:{name}:wake:<pid>-<worker>`), so a queue
+/// entry is at once who gets the lock and where to tell them.
+///
+/// - `fairfloor_acquire(owner, queue; id)`: `SET owner id NX`; taken: 1. Else `RPUSH queue id`: 0,
+///   and the caller waits with `BLPOP` on its wake list, after which it owns the lock. The queue
+///   is non-empty only while the lock is owned (the release hands it over in the same script),
+///   so a free owner key means nobody is queued: one SET NX decides.
+/// - `fairfloor_release(owner, queue; id)`: not the owner: 0. `LPOP queue`: nobody, `DEL owner`;
+///   else `SET owner next` and `RPUSH next 1` (wake the next one, who already owns the lock). 1.
+pub const FLOOR_LIBRARY: &str = r"#!lua name=fairfloor
+redis.register_function('fairfloor_acquire', function(KEYS, ARGV)
+  if redis.call('set', KEYS[1], ARGV[1], 'NX') then return 1 end
+  redis.call('rpush', KEYS[2], ARGV[1])
+  return 0
+end)
+redis.register_function('fairfloor_release', function(KEYS, ARGV)
+  if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+  local next = redis.call('lpop', KEYS[2])
+  if not next then
+    redis.call('del', KEYS[1])
+  else
+    redis.call('set', KEYS[1], next)
+    redis.call('rpush', next, '1')
+  end
+  return 1
+end)
+redis.register_function('fairfloor_noop', function(KEYS, ARGV) return 1 end)
+";
+
+/// The body of `fairfloor_acquire` as a script of its own, for EVALSHA (`fair-floor-eval`).
+pub const FLOOR_ACQUIRE: &str = r"if redis.call('set', KEYS[1], ARGV[1], 'NX') then return 1 end
+redis.call('rpush', KEYS[2], ARGV[1])
+return 0";
+
+/// The body of `fairfloor_release` as a script of its own, for EVALSHA (`fair-floor-eval`).
+pub const FLOOR_RELEASE: &str = r"if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+local next = redis.call('lpop', KEYS[2])
+if not next then
+  redis.call('del', KEYS[1])
+else
+  redis.call('set', KEYS[1], next)
+  redis.call('rpush', next, '1')
+end
+return 1";
+
+/// Node `redis-semaphore`'s release script (its `delIfEqualLua`), for the per-call side
+/// measurement of section "peer".
+pub const NODE_RELEASE: &str = r"
+  local key = KEYS[1]
+  local identifier = ARGV[1]
+
+  if redis.call('get', key) == identifier then
+    return redis.call('del', key)
+  end
+
+  return 0
+  ";
+
+/// How long a fair-floor waiter waits for its wake-up at most before it calls the run broken.
+pub const FLOOR_WAIT: Duration = Duration::from_secs(5);
+
+/// The fair floor's keys of lock `name`: (owner, queue, the wake-list prefix).
+pub fn floor_keys(name: &str) -> (String, String, String) {
+    let base = format!("fair-floor:{{{name}}}");
+    (
+        format!("{base}:owner"),
+        format!("{base}:queue"),
+        format!("{base}:wake:"),
+    )
+}
+
+/// Load the fair floor's library (`FUNCTION LOAD REPLACE`).
+pub fn load_floor(conn: &mut redis::Connection) -> redis::RedisResult<()> {
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(FLOOR_LIBRARY)
+        .query::<String>(conn)
+        .map(drop)
+}
+
+/// The fair floor's scripts as one worker calls them: by FCALL, or by EVALSHA.
+pub enum FloorCalls {
+    Fcall,
+    Evalsha {
+        acquire: redis::Script,
+        release: redis::Script,
+    },
+}
+
+impl FloorCalls {
+    /// Call the floor's acquire (`release == false`) or release script on `owner`, `queue`.
+    fn call(
+        &self,
+        conn: &mut redis::Connection,
+        release: bool,
+        owner: &str,
+        queue: &str,
+        id: &str,
+    ) -> redis::RedisResult<i64> {
+        match self {
+            FloorCalls::Fcall => redis::cmd("FCALL")
+                .arg(if release {
+                    "fairfloor_release"
+                } else {
+                    "fairfloor_acquire"
+                })
+                .arg(2)
+                .arg(owner)
+                .arg(queue)
+                .arg(id)
+                .query(conn),
+            FloorCalls::Evalsha {
+                acquire,
+                release: r,
+            } => {
+                let script = if release { r } else { acquire };
+                script.key(owner).key(queue).arg(id).invoke(conn)
+            }
+        }
+    }
+}
 
 /// One worker's handle on the lock under test.
 pub enum Locker {
@@ -120,6 +276,15 @@ pub enum Locker {
         id: String,
         held: bool,
         unlock: redis::Script,
+    },
+    Floor {
+        conn: redis::Connection,
+        owner: String,
+        queue: String,
+        /// this worker's id: the name of its wake list
+        id: String,
+        calls: FloorCalls,
+        held: bool,
     },
 }
 
@@ -176,6 +341,29 @@ impl Locker {
                 held: false,
                 unlock: redis::Script::new(COMPARE_AND_DELETE),
             },
+            Lib::FairFloor | Lib::FairFloorEval => {
+                let mut conn = redis::Client::open(url)
+                    .and_then(|c| c.get_connection())
+                    .map_err(err("fair-floor connect"))?;
+                let calls = if lib == Lib::FairFloor {
+                    load_floor(&mut conn).map_err(err("fair-floor FUNCTION LOAD"))?;
+                    FloorCalls::Fcall
+                } else {
+                    FloorCalls::Evalsha {
+                        acquire: redis::Script::new(FLOOR_ACQUIRE),
+                        release: redis::Script::new(FLOOR_RELEASE),
+                    }
+                };
+                let (owner, queue, wake) = floor_keys(name);
+                Locker::Floor {
+                    conn,
+                    owner,
+                    queue,
+                    id: format!("{wake}{}-{worker_id}", std::process::id()),
+                    calls,
+                    held: false,
+                }
+            }
             Lib::NodeMutex => return Err("node-mutex runs in node processes only".into()),
         })
     }
@@ -260,6 +448,34 @@ impl Locker {
                 }
                 std::thread::sleep(NAIVE_RETRY);
             },
+            Locker::Floor {
+                conn,
+                owner,
+                queue,
+                id,
+                calls,
+                held,
+            } => {
+                let got = calls
+                    .call(conn, false, owner, queue, id)
+                    .map_err(err("fair-floor acquire"))?;
+                if got != 1 {
+                    // queued: the release that hands the lock over pushes onto our wake list
+                    let secs = FLOOR_WAIT.as_secs_f64();
+                    let woken: Option<(String, String)> = redis::cmd("BLPOP")
+                        .arg(&*id)
+                        .arg(format!("{secs:.3}"))
+                        .query(conn)
+                        .map_err(err("fair-floor wait"))?;
+                    if woken.is_none() {
+                        return Err(format!(
+                            "fair-floor wait: not woken in {secs} s (the queue is stuck)"
+                        ));
+                    }
+                }
+                *held = true;
+                Ok(Some(0))
+            }
         }
     }
 
@@ -309,6 +525,24 @@ impl Locker {
                     Ok(())
                 } else {
                     Err("naive release: the lock was not ours".into())
+                }
+            }
+            Locker::Floor {
+                conn,
+                owner,
+                queue,
+                id,
+                calls,
+                held,
+            } => {
+                if !*held {
+                    return Err("fair-floor release: not held".into());
+                }
+                *held = false;
+                match calls.call(conn, true, owner, queue, id) {
+                    Ok(1) => Ok(()),
+                    Ok(_) => Err("fair-floor release: the lock was not ours".into()),
+                    Err(e) => Err(format!("fair-floor release: {e}")),
                 }
             }
         }
