@@ -110,8 +110,21 @@ pub fn audited_run(
     hold: u64,
     dur: u64,
 ) -> FifoRow {
+    audited_run_of(b, Lib::Fairlock, what, procs, threads, hold, dur)
+}
+
+/// `audited_run` of `lib` (fairlock, or the fair floor).
+pub fn audited_run_of(
+    b: &mut Bench,
+    lib: Lib,
+    what: &str,
+    procs: u32,
+    threads: u32,
+    hold: u64,
+    dur: u64,
+) -> FifoRow {
     let start = mono_ns() + if procs > 0 { 800 * MS } else { 200 * MS };
-    let spec = b.timed_spec(Lib::Fairlock, what, true, hold, start, dur);
+    let spec = b.timed_spec(lib, what, true, hold, start, dur);
     let o = run(&spec, procs, threads, None, true);
     let (audited, over, unmatched) = fifo_audit(&o);
     cleanup(&b.url, &spec);

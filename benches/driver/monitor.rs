@@ -154,6 +154,26 @@ pub fn watch_acquires(url: &str, name: &str) -> Monitor<String> {
     Monitor::start(url, move |line| acquire_flag(line, &tag))
 }
 
+/// Follow `MONITOR` and collect the id of every acquire call of the fair floor (`fair-floor`,
+/// `fair-floor-eval`, see `benches/locks`) on lock `name`, in the order Redis ran them.
+pub fn watch_floor_acquires(url: &str, name: &str) -> Monitor<String> {
+    let tag = format!("{{{name}}}");
+    let sha = redis::Script::new(crate::locks::FLOOR_ACQUIRE)
+        .get_hash()
+        .to_string();
+    Monitor::start(url, move |line| {
+        // FCALL fairfloor_acquire 2 owner queue id, or EVALSHA <sha> 2 owner queue id
+        let t = monitor_tokens(line, 6);
+        let acquire = t.len() == 6
+            && match t[0].to_ascii_uppercase().as_str() {
+                "FCALL" => t[1] == "fairfloor_acquire",
+                "EVALSHA" => t[1] == sha,
+                _ => false,
+            };
+        (acquire && t[3].contains(&tag)).then(|| t[5].clone())
+    })
+}
+
 /// The owner flag of an acquire call in a MONITOR line (see `raw::RawLock::acquire`):
 /// `FCALL function numkeys key... fence-ttl waiter-ttl owner attempt lease mode meta` (or
 /// `EVALSHA sha ...`), the keys

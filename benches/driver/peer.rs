@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::bench::{connect, Bench};
-use crate::fifo::{audited_run, FifoRow};
+use crate::fifo::{audited_run, audited_run_of, FifoRow};
 use crate::locks::{
     floor_keys, load_floor, mono_ns, Lib, FLOOR_ACQUIRE, FLOOR_RELEASE, NODE_RELEASE, PEER_TTL_MS,
 };
@@ -46,6 +46,8 @@ pub struct PeerResults {
     pub uncontended: Vec<PeerRow>,
     /// fairlock's contended runs under MONITOR
     pub audit: Vec<FifoRow>,
+    /// the fair floor's (by FCALL)
+    pub floor_audit: Vec<FifoRow>,
     pub memory: Vec<MemoryRow>,
     /// the server time of single calls of the fair floor and of the node peer, one connection,
     /// nothing else running
@@ -161,6 +163,9 @@ pub fn peer(b: &mut Bench) {
     for hold in [0, 1000] {
         let row = audited_run(b, &format!("peer-audit-{hold}"), PROCS, 1, hold, dur / 2);
         out.audit.push(row);
+        let what = format!("peer-floor-audit-{hold}");
+        let row = audited_run_of(b, Lib::FairFloor, &what, PROCS, 1, hold, dur / 2);
+        out.floor_audit.push(row);
     }
     for sem in [false, true] {
         out.memory.push(memory(b, sem, b.sizes.peer_waiters));
@@ -638,7 +643,7 @@ fn tables(b: &mut Bench, out: &PeerResults) {
         ));
     }
     b.md.push(String::new());
-    b.md.push("Server µs per call of the clients' commands in the same windows (`INFO commandstats`; a script's includes the commands it ran), and calls per acquisition:\n".into());
+    b.md.push("Server µs per call of the clients' own commands in the same windows (`INFO commandstats`; a script's includes the commands it ran), and calls per acquisition:\n".into());
     b.md.push("| lock | hold | µs per call × calls per acq |".into());
     b.md.push("|---|---:|---|".into());
     for r in out.contended.iter().chain(&out.uncontended) {
@@ -651,6 +656,8 @@ fn tables(b: &mut Bench, out: &PeerResults) {
         let calls: Vec<String> = us
             .iter()
             .filter(|(c, _)| ["fcall", "evalsha", "set", "blpop"].contains(&c.as_str()))
+            // a SET of fairlock or the fair floor ran inside their scripts
+            .filter(|(c, _)| *c != "set" || !Lib::parse(r.lock).is_some_and(Lib::scripts_set))
             .map(|(c, u)| format!("{c} {u:.2} × {:.2}", n.get(c).copied().unwrap_or(0.0)))
             .collect();
         let hold = if r.processes == 1 {
@@ -674,16 +681,24 @@ fn tables(b: &mut Bench, out: &PeerResults) {
         ));
     }
     b.md.push(String::new());
-    b.md.push(format!(
-        "fairlock's order, the contended run again under MONITOR: {}.\n",
-        out.audit
-            .iter()
-            .map(|a| format!(
-                "hold {} ms, {} overtakes in server order in {} grants ({} by client clocks)",
-                a.hold_ms, a.overtakes_server_order, a.audited, a.overtakes_client_clock
-            ))
+    let order = |rows: &[FifoRow]| {
+        rows.iter()
+            .map(|a| {
+                format!(
+                "hold {} ms, {} overtakes in server order in {} grants ({} by client clocks, {} workers not paired)",
+                a.hold_ms, a.overtakes_server_order, a.audited, a.overtakes_client_clock, a.workers_not_paired
+            )
+            })
             .collect::<Vec<_>>()
             .join("; ")
+    };
+    b.md.push(format!(
+        "fairlock's order, the contended run again under MONITOR: {}.\n",
+        order(&out.audit)
+    ));
+    b.md.push(format!(
+        "fair-floor's order, the same: {}.\n",
+        order(&out.floor_audit)
     ));
     b.md.push("| Redis memory (`MEMORY USAGE`, every key) | keys idle | bytes idle | bytes held | waiters | bytes per waiter |".into());
     b.md.push("|---|---:|---:|---:|---:|---:|".into());

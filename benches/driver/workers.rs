@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::bench::connect;
 use crate::locks::{mono_ns, sleep_until_ns, Lib, Locker, Res};
-use crate::monitor::{watch_acquires, Monitor};
+use crate::monitor::{watch_acquires, watch_floor_acquires, Monitor};
 use crate::redis_cost::{background_switches, cost, snapshot, Cost};
 use crate::stats::r2;
 use crate::{MS, SEC};
@@ -155,10 +155,14 @@ fn wait_signal(conn: &mut redis::Connection, key: &str, give_up: u64) -> Res<boo
 
 /// One worker's loop. Ping-pong runs (2 workers): after its release a worker waits until the
 /// other one holds the lock before it asks again, so every grant is a hand-off to a waiter.
-/// Returns the worker's records and, for fairlock, its owner flag (as the scripts see it).
+/// Returns the worker's records and, for fairlock, its owner flag (as the scripts see it; for
+/// the fair floor, its id).
 fn worker(spec: &Spec, id: u32, client: Option<&fairlock::LockClient>) -> Res<(Vec<Rec>, String)> {
-    let flag = client.map(|c| c.current_owner()).unwrap_or_default();
     let mut locker = Locker::new(spec.lib, &spec.url, &spec.name, client, &id.to_string())?;
+    let flag = client
+        .map(|c| c.current_owner())
+        .or_else(|| locker.floor_id().map(str::to_string))
+        .unwrap_or_default();
     let mut conn = redis::Client::open(spec.url.as_str())
         .and_then(|c| c.get_connection())
         .map_err(|e| format!("connect: {e}"))?;
@@ -370,7 +374,13 @@ pub fn run_layout(
 ) -> Outcome {
     let workers = layout.workers();
     let mut conn = connect(&spec.url);
-    let monitor = monitor.then(|| watch_acquires(&spec.url, &spec.name));
+    let monitor = monitor.then(|| {
+        if spec.lib.is_floor() {
+            watch_floor_acquires(&spec.url, &spec.name)
+        } else {
+            watch_acquires(&spec.url, &spec.name)
+        }
+    });
     let mut stats = vec![];
     let mut bg = vec![];
     let got = match layout {

@@ -368,6 +368,14 @@ impl Locker {
         })
     }
 
+    /// The fair floor's id of this worker (what its acquire calls pass), for the FIFO audit.
+    pub fn floor_id(&self) -> Option<&str> {
+        match self {
+            Locker::Floor { id, .. } => Some(id),
+            _ => None,
+        }
+    }
+
     /// Take the lock, waiting until the monotonic clock reads `give_up` at the latest.
     /// `Ok(Some(fencing token))` (0 for the peers, which have none), `Ok(None)` when it gave up.
     pub fn acquire(&mut self, give_up: u64) -> Res<Option<u64>> {
