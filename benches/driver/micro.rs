@@ -89,7 +89,7 @@ pub fn micro(b: &mut Bench) {
         let bg1 = background_switches();
         let wakes = [0, 1].map(|i| r2((bg1[i] - bg[i]) as f64 / n as f64));
         let after = snapshot(&mut conn);
-        let c = cost(&before, &after, n as u64, false, scripted_set).map(|mut c| {
+        let c = cost(&before, &after, n as u64, false, scripted_set, false).map(|mut c| {
             c.bg_wakes = Some(wakes);
             c.round_trips = r2(c.round_trips - 1.0); // the PING of each iteration
             c.all = r2(c.all - 1.0);

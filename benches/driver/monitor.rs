@@ -174,6 +174,23 @@ pub fn watch_floor_acquires(url: &str, name: &str) -> Monitor<String> {
     })
 }
 
+/// Follow `MONITOR` and collect the client address of every BLPOP on the token of the list lock
+/// `name` (`fair-floor-list`), in the order Redis ran them.
+pub fn watch_list_acquires(url: &str, name: &str) -> Monitor<String> {
+    let token = crate::locks::floor_list_keys(name).0;
+    Monitor::start(url, move |line| {
+        // <time> [<db> <addr>] "BLPOP" "token" "5.000"
+        let t = monitor_tokens(line, 2);
+        let ours = t.len() == 2 && t[0].eq_ignore_ascii_case("BLPOP") && t[1] == token;
+        let addr = line
+            .split_once('[')
+            .and_then(|(_, rest)| rest.split_once(']'))
+            .and_then(|(source, _)| source.split_once(' '))
+            .map(|(_, addr)| addr.to_string());
+        addr.filter(|_| ours)
+    })
+}
+
 /// The owner flag of an acquire call in a MONITOR line (see `raw::RawLock::acquire`):
 /// `FCALL function numkeys key... fence-ttl waiter-ttl owner attempt lease mode meta` (or
 /// `EVALSHA sha ...`), the keys

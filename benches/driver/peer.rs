@@ -1,7 +1,9 @@
 //! Against the barging peer (section "peer"; the speed targets in `targets.rs` read it): node
 //! `redis-semaphore`'s Mutex, which barges (a waiter polls with SET NX every 10 ms, so whoever
-//! asks at the right moment gets the lock), beside fairlock's lock and semaphore and the two Rust
-//! peers, all in the same run and the same way:
+//! asks at the right moment gets the lock), beside fairlock's lock and semaphore, the two Rust
+//! peers and the fair floor (`benches/locks`: `fair-floor` by FCALL, `fair-floor-eval` by
+//! EVALSHA, `fair-floor-list` without a script; FIFO locks that do the least, yardsticks of what
+//! fairness costs Redis), all in the same run and the same way:
 //! - contended: 8 worker processes of one worker each (node processes for the node peer), each
 //!   looping acquire → GET counter → SET counter+1 → hold (0 or 1 ms) → release on one connection
 //!   of its own; acquisitions per second, Jain's index, the counter against the acquisitions (a
@@ -10,8 +12,10 @@
 //!   commandstats`, the benchmark's GET and SET left out; CPU of the redis-server process, from
 //!   `INFO cpu`, which cannot leave them out);
 //! - uncontended: one worker process looping acquire → release, the same two figures per pair;
-//! - fairlock's order: the contended run again under `MONITOR` (`fifo::audited_run`), overtakes
-//!   in the order Redis ran the acquire calls;
+//! - fairlock's order (and fair-floor's, fair-floor-list's): the contended run again under
+//!   `MONITOR` (`fifo::audited_run`), overtakes in the order Redis ran the acquire calls;
+//! - per call: the fair floor's calls and the node peer's, each kind alone on one connection,
+//!   server µs per call from `INFO commandstats`;
 //! - memory: `MEMORY USAGE` of every key of one lock (and one semaphore of one permit) when idle
 //!   after one acquire + release, when held, and with N waiters queued.
 //!
@@ -27,7 +31,8 @@ use serde::Serialize;
 use crate::bench::{connect, Bench};
 use crate::fifo::{audited_run, audited_run_of, FifoRow};
 use crate::locks::{
-    floor_keys, load_floor, mono_ns, Lib, FLOOR_ACQUIRE, FLOOR_RELEASE, NODE_RELEASE, PEER_TTL_MS,
+    floor_keys, floor_list_keys, load_floor, mono_ns, Lib, FLOOR_ACQUIRE, FLOOR_RELEASE,
+    NODE_RELEASE, PEER_TTL_MS,
 };
 use crate::redis_cost::{commandstats, CostPerAcq};
 use crate::stats::{jain, overtakes, r1, r2, r4};
@@ -48,6 +53,8 @@ pub struct PeerResults {
     pub audit: Vec<FifoRow>,
     /// the fair floor's (by FCALL)
     pub floor_audit: Vec<FifoRow>,
+    /// the list lock's (`fair-floor-list`)
+    pub list_audit: Vec<FifoRow>,
     pub memory: Vec<MemoryRow>,
     /// the server time of single calls of the fair floor and of the node peer, one connection,
     /// nothing else running
@@ -120,6 +127,7 @@ pub fn peer(b: &mut Bench) {
         Lib::NodeMutex,
         Lib::FairFloor,
         Lib::FairFloorEval,
+        Lib::FairFloorList,
         Lib::Fairlock,
         Lib::Semaphore,
         Lib::Redlock,
@@ -129,7 +137,7 @@ pub fn peer(b: &mut Bench) {
     .filter(|&l| {
         if l == Lib::NodeMutex {
             node
-        } else if l.is_floor() {
+        } else if l.is_yardstick() {
             true
         } else {
             b.sizes.libs.contains(&l)
@@ -151,6 +159,7 @@ pub fn peer(b: &mut Bench) {
         Lib::NodeMutex,
         Lib::FairFloor,
         Lib::FairFloorEval,
+        Lib::FairFloorList,
         Lib::Fairlock,
         Lib::Semaphore,
     ] {
@@ -166,6 +175,9 @@ pub fn peer(b: &mut Bench) {
         let what = format!("peer-floor-audit-{hold}");
         let row = audited_run_of(b, Lib::FairFloor, &what, PROCS, 1, hold, dur / 2);
         out.floor_audit.push(row);
+        let what = format!("peer-list-audit-{hold}");
+        let row = audited_run_of(b, Lib::FairFloorList, &what, PROCS, 1, hold, dur / 2);
+        out.list_audit.push(row);
     }
     for sem in [false, true] {
         out.memory.push(memory(b, sem, b.sizes.peer_waiters));
@@ -219,6 +231,13 @@ fn run(
     let o = b.run_timed_layout(&spec, &Layout::Procs(vec![1; procs as usize]), Some(window));
     let row = row(b, &spec, procs, &o, dur);
     cleanup(&b.url, &spec);
+    if lib == Lib::FairFloorList {
+        let (token, init) = floor_list_keys(&spec.name);
+        let _: redis::RedisResult<i64> = redis::cmd("DEL")
+            .arg(token)
+            .arg(init)
+            .query(&mut connect(&b.url));
+    }
     PeerRow {
         errors: o.errors,
         ..row
@@ -511,6 +530,25 @@ fn per_call(b: &Bench, n: u64) -> Vec<CallRow> {
             after: vec![cmd(&["DEL", &owner, &queue, &next])],
         });
     }
+    let (token, _) = floor_list_keys(&name);
+    kinds.push(CallKind {
+        call: "fair-floor-list: BLPOP, the token there".into(),
+        runs: "BLPOP (pops at once)",
+        command: "blpop",
+        before: vec![],
+        setup: vec![cmd(&["RPUSH", &token, "1"])],
+        call_cmd: cmd(&["BLPOP", &token, "5"]),
+        after: vec![],
+    });
+    kinds.push(CallKind {
+        call: "fair-floor-list: RPUSH, nobody waiting".into(),
+        runs: "RPUSH (makes the list)",
+        command: "rpush",
+        before: vec![],
+        setup: vec![cmd(&["DEL", &token])],
+        call_cmd: cmd(&["RPUSH", &token, "1"]),
+        after: vec![cmd(&["DEL", &token])],
+    });
     kinds.push(CallKind {
         call: "node: SET NX PX, free".into(),
         runs: "SET",
@@ -655,7 +693,10 @@ fn tables(b: &mut Bench, out: &PeerResults) {
         };
         let calls: Vec<String> = us
             .iter()
-            .filter(|(c, _)| ["fcall", "evalsha", "set", "blpop"].contains(&c.as_str()))
+            .filter(|(c, _)| {
+                ["fcall", "evalsha", "set", "blpop"].contains(&c.as_str())
+                    || *c == "rpush" && r.lock == Lib::FairFloorList.name()
+            })
             // a SET of fairlock or the fair floor ran inside their scripts
             .filter(|(c, _)| *c != "set" || !Lib::parse(r.lock).is_some_and(Lib::scripts_set))
             .map(|(c, u)| format!("{c} {u:.2} × {:.2}", n.get(c).copied().unwrap_or(0.0)))
@@ -700,6 +741,10 @@ fn tables(b: &mut Bench, out: &PeerResults) {
         "fair-floor's order, the same: {}.\n",
         order(&out.floor_audit)
     ));
+    b.md.push(format!(
+        "fair-floor-list's order, the same (its acquire is the BLPOP): {}.\n",
+        order(&out.list_audit)
+    ));
     b.md.push("| Redis memory (`MEMORY USAGE`, every key) | keys idle | bytes idle | bytes held | waiters | bytes per waiter |".into());
     b.md.push("|---|---:|---:|---:|---:|---:|".into());
     for m in &out.memory {
@@ -714,5 +759,5 @@ fn tables(b: &mut Bench, out: &PeerResults) {
         ));
     }
     b.md.push(String::new());
-    b.md.push("Server µs: the time Redis spent in the commands the clients sent (a script's includes the commands it ran), from `INFO commandstats`, without the benchmark's GET and SET; Redis CPU: the redis-server process's CPU time (`INFO cpu`), which includes them and the reading and writing of every request. The node peer keeps one string key while held, nothing when free and nothing per waiter (its waiters poll). fair-floor (by FCALL) and fair-floor-eval (the same Lua by EVALSHA): the least a FIFO lock with push wake-ups does on Redis (acquire: SET NX, else RPUSH onto the queue and BLPOP a wake list; release: GET, LPOP, then DEL, or SET the next owner and RPUSH its wake list), with no crash safety, leases, reentrancy or tokens: a yardstick, not a lock to use.\n".into());
+    b.md.push("Server µs: the time Redis spent in the commands the clients sent (a script's includes the commands it ran), from `INFO commandstats`, without the benchmark's GET and SET; Redis CPU: the redis-server process's CPU time (`INFO cpu`), which includes them and the reading and writing of every request. The node peer keeps one string key while held, nothing when free and nothing per waiter (its waiters poll). fair-floor (by FCALL) and fair-floor-eval (the same Lua by EVALSHA): the least a FIFO lock with push wake-ups does on Redis (acquire: SET NX, else RPUSH onto the queue and BLPOP a wake list; release: GET, LPOP, then DEL, or SET the next owner and RPUSH its wake list), with no crash safety, leases, reentrancy or tokens: a yardstick, not a lock to use. fair-floor-list: a token in a list, BLPOP to take it and RPUSH to give it back (Redis serves the clients blocked on a key in the order they blocked), no script and no owner: the least a FIFO lock on Redis does, a yardstick too.\n".into());
 }

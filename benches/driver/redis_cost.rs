@@ -100,13 +100,15 @@ pub struct Cost {
 }
 
 /// `scripted_set`: the lock's scripts run SET themselves (fairlock's fence) and its client never
-/// does, so a SET is not a round trip.
+/// does, so a SET is not a round trip. `client_rpush`: the lock's client sends RPUSH itself
+/// (the list lock of the fair floor), so an RPUSH is one.
 pub fn cost(
     before: &Snapshot,
     after: &Snapshot,
     acquisitions: u64,
     bench_counter: bool,
     scripted_set: bool,
+    client_rpush: bool,
 ) -> Option<Cost> {
     if acquisitions == 0 {
         return None;
@@ -141,7 +143,9 @@ pub fn cost(
             continue;
         }
         all += c;
-        if CLIENT_COMMANDS.contains(&name.as_str()) && !(scripted_set && name == "set") {
+        let client = CLIENT_COMMANDS.contains(&name.as_str()) && !(scripted_set && name == "set")
+            || client_rpush && name == "rpush";
+        if client {
             rt += c;
             usec += u; // a client command's usec includes the commands its script ran
         }

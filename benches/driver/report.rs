@@ -86,7 +86,12 @@ impl Results {
             .chain(of("semaphore", &self.semaphore, |r| &r.errors))
             .chain(self.peer.iter().flat_map(|p| {
                 let runs = p.contended.iter().chain(&p.uncontended).map(|r| &r.errors);
-                let audit = p.audit.iter().chain(&p.floor_audit).map(|r| &r.errors);
+                let audit = p
+                    .audit
+                    .iter()
+                    .chain(&p.floor_audit)
+                    .chain(&p.list_audit)
+                    .map(|r| &r.errors);
                 let memory = p.memory.iter().map(|r| &r.errors);
                 let per_call = p.per_call.iter().map(|r| &r.errors);
                 runs.chain(audit)

@@ -445,7 +445,7 @@ fn targets_peer(j: &Results) -> Targets {
             "µs",
         );
         // the floor of fairness on Redis (benches/locks: fair-floor), same run
-        for floor in ["fair-floor", "fair-floor-eval"] {
+        for floor in ["fair-floor", "fair-floor-eval", "fair-floor-list"] {
             t.ratio_info(
                 &format!(
                     "contended, hold {hold} ms: server µs / acq, {floor} / node Mutex (informative: the floor of a fair lock)"
@@ -485,12 +485,16 @@ fn targets_peer(j: &Results) -> Targets {
         server(pair(NODE)),
         "µs",
     );
-    t.ratio_info(
-        "uncontended acquire + release: server µs, fair-floor / node Mutex (informative)",
-        server(pair("fair-floor")),
-        server(pair(NODE)),
-        "µs",
-    );
+    for floor in ["fair-floor", "fair-floor-eval", "fair-floor-list"] {
+        t.ratio_info(
+            &format!(
+                "uncontended acquire + release: server µs, {floor} / node Mutex (informative)"
+            ),
+            server(pair(floor)),
+            server(pair(NODE)),
+            "µs",
+        );
+    }
     t.add(
         "uncontended acquire + release: Redis CPU µs, fairlock / node Mutex (informative)",
         "-",

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::bench::connect;
 use crate::locks::{mono_ns, sleep_until_ns, Lib, Locker, Res};
-use crate::monitor::{watch_acquires, watch_floor_acquires, Monitor};
+use crate::monitor::{watch_acquires, watch_floor_acquires, watch_list_acquires, Monitor};
 use crate::redis_cost::{background_switches, cost, snapshot, Cost};
 use crate::stats::r2;
 use crate::{MS, SEC};
@@ -161,7 +161,7 @@ fn worker(spec: &Spec, id: u32, client: Option<&fairlock::LockClient>) -> Res<(V
     let mut locker = Locker::new(spec.lib, &spec.url, &spec.name, client, &id.to_string())?;
     let flag = client
         .map(|c| c.current_owner())
-        .or_else(|| locker.floor_id().map(str::to_string))
+        .or_else(|| locker.floor_id())
         .unwrap_or_default();
     let mut conn = redis::Client::open(spec.url.as_str())
         .and_then(|c| c.get_connection())
@@ -375,7 +375,9 @@ pub fn run_layout(
     let workers = layout.workers();
     let mut conn = connect(&spec.url);
     let monitor = monitor.then(|| {
-        if spec.lib.is_floor() {
+        if spec.lib == Lib::FairFloorList {
+            watch_list_acquires(&spec.url, &spec.name)
+        } else if spec.lib.is_floor() {
             watch_floor_acquires(&spec.url, &spec.name)
         } else {
             watch_acquires(&spec.url, &spec.name)
@@ -479,6 +481,7 @@ pub fn run_layout(
                 n,
                 !spec.counter.is_empty(),
                 spec.lib.scripts_set(),
+                spec.lib.client_rpush(),
             )
             .map(|mut c| {
                 if let [b0, b1] = bg.as_slice() {

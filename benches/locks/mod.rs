@@ -11,6 +11,8 @@
 //! - `fair-floor` (FCALL) and `fair-floor-eval` (the same Lua by EVALSHA): the least a FIFO lock
 //!   with push wake-ups does on Redis, a yardstick for section "peer" and never a product (see
 //!   [`FLOOR_LIBRARY`]).
+//! - `fair-floor-list`: a FIFO lock with no script at all, a token passed through a list
+//!   (`BLPOP` to take it, `RPUSH` to give it back): the least there is, also a yardstick only.
 //!
 //! Every lock lives in the worker thread that uses it (fairlock guards belong to their thread).
 #![allow(dead_code)] // each bench target uses a different part
@@ -61,6 +63,8 @@ pub enum Lib {
     FairFloor,
     /// the same, its scripts by EVALSHA
     FairFloorEval,
+    /// a token in a list, taken by BLPOP and given back by RPUSH (see `Locker::FloorList`)
+    FairFloorList,
 }
 
 impl Lib {
@@ -82,6 +86,7 @@ impl Lib {
             Lib::NodeMutex => "node-mutex",
             Lib::FairFloor => "fair-floor",
             Lib::FairFloorEval => "fair-floor-eval",
+            Lib::FairFloorList => "fair-floor-list",
         }
     }
 
@@ -95,6 +100,16 @@ impl Lib {
         matches!(self, Lib::FairFloor | Lib::FairFloorEval)
     }
 
+    /// Whether it is a yardstick of section "peer": the fair floor, by script or by list.
+    pub fn is_yardstick(self) -> bool {
+        self.is_floor() || self == Lib::FairFloorList
+    }
+
+    /// Whether its client sends RPUSH itself (not only its scripts).
+    pub fn client_rpush(self) -> bool {
+        self == Lib::FairFloorList
+    }
+
     /// Whether its scripts run SET themselves and its client never does (a SET in
     /// `INFO commandstats` is then no round trip of its own).
     pub fn scripts_set(self) -> bool {
@@ -104,7 +119,7 @@ impl Lib {
     pub fn parse(s: &str) -> Option<Lib> {
         Lib::ALL
             .into_iter()
-            .chain([Lib::FairFloor, Lib::FairFloorEval])
+            .chain([Lib::FairFloor, Lib::FairFloorEval, Lib::FairFloorList])
             .find(|l| l.name() == s)
     }
 }
@@ -200,6 +215,12 @@ pub fn floor_keys(name: &str) -> (String, String, String) {
 }
 
 /// Load the fair floor's library (`FUNCTION LOAD REPLACE`).
+/// The list lock's keys of lock `name`: (the token list, the key that says it was set up).
+pub fn floor_list_keys(name: &str) -> (String, String) {
+    let base = format!("fair-floor-list:{{{name}}}");
+    (format!("{base}:token"), format!("{base}:init"))
+}
+
 pub fn load_floor(conn: &mut redis::Connection) -> redis::RedisResult<()> {
     redis::cmd("FUNCTION")
         .arg("LOAD")
@@ -286,6 +307,16 @@ pub enum Locker {
         calls: FloorCalls,
         held: bool,
     },
+    /// `fair-floor-list`: the lock is a token in a list. Acquire: `BLPOP token` (Redis serves
+    /// the clients blocked on a key in the order they blocked: FIFO, and the wake-up is a push);
+    /// release: `RPUSH token 1`. The first worker to `SET init 1 NX` puts the token in. No
+    /// owner (the release cannot check who calls it), no crash safety (a holder that dies takes
+    /// the token with it): a yardstick only, like [`FLOOR_LIBRARY`].
+    FloorList {
+        conn: redis::Connection,
+        token: String,
+        held: bool,
+    },
 }
 
 pub type Res<T> = std::result::Result<T, String>;
@@ -364,14 +395,45 @@ impl Locker {
                     held: false,
                 }
             }
+            Lib::FairFloorList => {
+                let mut conn = redis::Client::open(url)
+                    .and_then(|c| c.get_connection())
+                    .map_err(err("fair-floor-list connect"))?;
+                let (token, init) = floor_list_keys(name);
+                let first: Option<String> = redis::cmd("SET")
+                    .arg(&init)
+                    .arg(1)
+                    .arg("NX")
+                    .query(&mut conn)
+                    .map_err(err("fair-floor-list set up"))?;
+                if first.is_some() {
+                    redis::cmd("RPUSH")
+                        .arg(&token)
+                        .arg(1)
+                        .query::<i64>(&mut conn)
+                        .map_err(err("fair-floor-list set up"))?;
+                }
+                Locker::FloorList {
+                    conn,
+                    token,
+                    held: false,
+                }
+            }
             Lib::NodeMutex => return Err("node-mutex runs in node processes only".into()),
         })
     }
 
-    /// The fair floor's id of this worker (what its acquire calls pass), for the FIFO audit.
-    pub fn floor_id(&self) -> Option<&str> {
+    /// The fair floor's id of this worker, for the FIFO audit: what its acquire calls pass
+    /// (`fair-floor`), or the address of its connection as MONITOR shows it (`fair-floor-list`).
+    pub fn floor_id(&mut self) -> Option<String> {
         match self {
-            Locker::Floor { id, .. } => Some(id),
+            Locker::Floor { id, .. } => Some(id.clone()),
+            Locker::FloorList { conn, .. } => {
+                let info: String = redis::cmd("CLIENT").arg("INFO").query(conn).ok()?;
+                info.split(' ')
+                    .find_map(|kv| kv.strip_prefix("addr="))
+                    .map(str::to_string)
+            }
             _ => None,
         }
     }
@@ -484,6 +546,21 @@ impl Locker {
                 *held = true;
                 Ok(Some(0))
             }
+            Locker::FloorList { conn, token, held } => {
+                let secs = FLOOR_WAIT.as_secs_f64();
+                let got: Option<(String, String)> = redis::cmd("BLPOP")
+                    .arg(&*token)
+                    .arg(format!("{secs:.3}"))
+                    .query(conn)
+                    .map_err(err("fair-floor-list acquire"))?;
+                if got.is_none() {
+                    return Err(format!(
+                        "fair-floor-list acquire: no token in {secs} s (the token is lost)"
+                    ));
+                }
+                *held = true;
+                Ok(Some(0))
+            }
         }
     }
 
@@ -552,6 +629,18 @@ impl Locker {
                     Ok(_) => Err("fair-floor release: the lock was not ours".into()),
                     Err(e) => Err(format!("fair-floor release: {e}")),
                 }
+            }
+            Locker::FloorList { conn, token, held } => {
+                if !*held {
+                    return Err("fair-floor-list release: not held".into());
+                }
+                *held = false;
+                redis::cmd("RPUSH")
+                    .arg(&*token)
+                    .arg(1)
+                    .query::<i64>(conn)
+                    .map(drop)
+                    .map_err(err("fair-floor-list release"))
             }
         }
     }
