@@ -9,8 +9,9 @@
 # redis-semaphore's Semaphore on the same server (hand-off, throughput; when node and npm are
 # installed; written to <out>-redis-semaphore.json); against node redis-semaphore's barging Mutex
 # (section peer: 8 worker processes, throughput, fairness, Redis server time and CPU per
-# acquisition, the uncontended pair, memory per lock and per waiter), closed by the speed
-# targets, PASS or FAIL against the peer of the same run.
+# acquisition, the uncontended pair, memory per lock and per waiter; beside them the fair floor,
+# the least a FIFO lock on Redis does), closed by the speed targets, PASS or FAIL against the peer
+# of the same run.
 #
 #   scripts/bench.sh [--quick] [--out PATH] [--only SECTIONS]
 #
@@ -33,7 +34,7 @@ while [ $# -gt 0 ]; do
     --quick) quick="--quick" ;;
     --out) out="${2:?--out needs a path}"; shift ;;
     --only) only=(--only "${2:?--only needs sections, e.g. handoff,cluster}"); shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
