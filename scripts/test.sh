@@ -10,26 +10,32 @@ source scripts/lib.sh
 
 ensure_test_tools
 
-echo "== cargo fmt --check"
+# each step's header says how long the suite has run (the suite is meant to stay near ten minutes
+# on two cores)
+step() { echo "== [$(( SECONDS / 60 ))m$(( SECONDS % 60 ))s] $1"; }
+
+step "cargo fmt --check"
 cargo fmt --check
 
-echo "== cargo clippy: the library alone (without and with its default features), then every target with every feature (-D warnings)"
+step "cargo clippy: the library alone, without and with its default features (-D warnings)"
 cargo clippy --quiet --lib --no-default-features -- -D warnings
 cargo clippy --quiet --lib -- -D warnings
+step "cargo clippy: every target with every feature (-D warnings)"
 cargo clippy --quiet --all-targets --all-features -- -D warnings
 
-echo "== cargo doc --all-features (-D warnings)"
+step "cargo doc --all-features (-D warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --quiet --no-deps --all-features
 
-echo "== the declared MSRV builds the library and the CLI"
+step "the declared MSRV builds the library and the CLI"
 scripts/msrv.sh
 
-echo "== cargo test --all-features"
+step "cargo test --all-features"
 cargo test --all-features "$@"
 
-echo "== the core behaviour again with a connection per waiting thread (WaitMode::PerThread)"
+step "the core behaviour again with a connection per waiting thread (WaitMode::PerThread)"
 FAIRLOCK_TEST_WAIT_MODE=per-thread cargo test --quiet --all-features --test it -- \
   basic:: fairness:: counter:: lease:: crash:: semaphore::
 
-echo "== the server matrix: the core suites against Redis 6.2.14 and Valkey 8.1.8"
+step "the server matrix: the core suites against Redis 6.2.14 and Valkey 8.1.8"
 scripts/matrix.sh
+step "done"
