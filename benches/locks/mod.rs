@@ -45,6 +45,21 @@ pub fn instant_at(ns: u64) -> Instant {
     }
 }
 
+/// A fair floor's wait: `BLPOP key` for at most [`FLOOR_WAIT`]; `what` names the call and
+/// `empty` what a timeout means.
+fn floor_pop(conn: &mut redis::Connection, key: &str, what: &'static str, empty: &str) -> Res<()> {
+    let secs = FLOOR_WAIT.as_secs_f64();
+    let popped: Option<(String, String)> = redis::cmd("BLPOP")
+        .arg(key)
+        .arg(format!("{secs:.3}"))
+        .query(conn)
+        .map_err(err(what))?;
+    match popped {
+        Some(_) => Ok(()),
+        None => Err(format!("{what}: {empty} in {secs} s")),
+    }
+}
+
 /// Which lock a benchmark runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lib {
@@ -531,33 +546,23 @@ impl Locker {
                     .map_err(err("fair-floor acquire"))?;
                 if got != 1 {
                     // queued: the release that hands the lock over pushes onto our wake list
-                    let secs = FLOOR_WAIT.as_secs_f64();
-                    let woken: Option<(String, String)> = redis::cmd("BLPOP")
-                        .arg(&*id)
-                        .arg(format!("{secs:.3}"))
-                        .query(conn)
-                        .map_err(err("fair-floor wait"))?;
-                    if woken.is_none() {
-                        return Err(format!(
-                            "fair-floor wait: not woken in {secs} s (the queue is stuck)"
-                        ));
-                    }
+                    floor_pop(
+                        conn,
+                        id,
+                        "fair-floor wait",
+                        "not woken (the queue is stuck)",
+                    )?;
                 }
                 *held = true;
                 Ok(Some(0))
             }
             Locker::FloorList { conn, token, held } => {
-                let secs = FLOOR_WAIT.as_secs_f64();
-                let got: Option<(String, String)> = redis::cmd("BLPOP")
-                    .arg(&*token)
-                    .arg(format!("{secs:.3}"))
-                    .query(conn)
-                    .map_err(err("fair-floor-list acquire"))?;
-                if got.is_none() {
-                    return Err(format!(
-                        "fair-floor-list acquire: no token in {secs} s (the token is lost)"
-                    ));
-                }
+                floor_pop(
+                    conn,
+                    token,
+                    "fair-floor-list acquire",
+                    "no token (the token is lost)",
+                )?;
                 *held = true;
                 Ok(Some(0))
             }
