@@ -393,6 +393,42 @@ fn a_grantee_that_never_pops_its_hand_off_loses_it_after_the_waiter_timeout() {
     );
 }
 
+/// sem_acquire.lua: a grantee that learns of its grant from its own acquire's reply (a retry,
+/// its hand-off never popped: the waker drops the wake-up) has its hand-off confirmed there, so
+/// the grant is never revoked as an unpopped one once the waiter timeout has passed. (With the
+/// confirmation's `zrem` of the hand-off planted out, the heartbeats of the waiter behind it
+/// revoke the hold.)
+#[test]
+fn a_grant_learned_of_from_the_acquires_reply_is_never_revoked_as_unpopped() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("reply-grantee", "sem", 1);
+    let ta = granted(sem.acquire(&mut c, "a:1", 1, 1, 30_000, true));
+    assert_eq!(
+        sem.acquire(&mut c, "g:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert_eq!(
+        sem.acquire(&mut c, "c:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert!(sem.release(&mut c, "a:1", 1, ta));
+    // g asks again (its pop failed) and is told of the grant by the reply; it never pops
+    let tg = granted(sem.acquire(&mut c, "g:1", 1, 1, 30_000, true));
+    assert!(tg > ta);
+    // c heartbeats for one and a half waiter timeouts: every heartbeat looks for dead grantees
+    for _ in 0..((WAITER_TTL * 3 / 2) / 200) {
+        sem.heartbeat(&mut c, &[("c:1", 1)]);
+        thread::sleep(Duration::from_millis(200));
+    }
+    let (holds, used) = sem.holds(&mut c);
+    assert!(
+        holds.contains_key("g:1#1") && used == 1,
+        "the grant g learned of from its reply was revoked: {holds:?}"
+    );
+    assert_eq!(sem.pop_grant(&mut c, "c:1", 1), None, "c served beside g");
+}
+
 /// Found by the random driver's longer run (seed 20262701, a ghost hold): a thread's hold ran
 /// out, and a late copy of the same attempt's acquire took permits again with a new token; the
 /// thread's release (with the old token, asking for a mark) left them held with no guard behind
