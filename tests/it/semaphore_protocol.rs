@@ -429,6 +429,46 @@ fn a_grant_learned_of_from_the_acquires_reply_is_never_revoked_as_unpopped() {
     assert_eq!(sem.pop_grant(&mut c, "c:1", 1), None, "c served beside g");
 }
 
+/// sem_heartbeat.lua: a heartbeat that tells a grant again (its wake-up gone: popped by a
+/// thread that took the hold, or lost) confirms the hand-off there: the copy it pushes lives a
+/// waiter timeout and nobody pops it, and the hand-off's deadline (a waiter timeout from the
+/// grant) passes first, so an unconfirmed hand-off would be revoked as unpopped. (With that
+/// `zrem` planted out, the waiter behind takes the permit.)
+#[test]
+fn a_late_heartbeat_that_tells_a_taken_grant_again_never_gets_it_revoked() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("told-again", "sem", 1);
+    let ta = granted(sem.acquire(&mut c, "a:1", 1, 1, 30_000, true));
+    assert_eq!(
+        sem.acquire(&mut c, "g:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert_eq!(
+        sem.acquire(&mut c, "c:1", 1, 1, 30_000, true),
+        Reply::Queued
+    );
+    assert!(sem.release(&mut c, "a:1", 1, ta));
+    let tg = sem.pop_grant(&mut c, "g:1", 1).expect("g granted");
+    assert!(tg > ta);
+    // g's thread holds the permit; half a waiter timeout later a heartbeat naming its attempt
+    // arrives (late), then only c's come, for two waiter timeouts
+    let beats = WAITER_TTL / 200;
+    for i in 0..beats * 5 / 2 {
+        if i == beats / 2 {
+            sem.heartbeat(&mut c, &[("g:1", 1), ("c:1", 1)]);
+        } else {
+            sem.heartbeat(&mut c, &[("c:1", 1)]);
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    let (holds, used) = sem.holds(&mut c);
+    assert!(
+        holds.contains_key("g:1#1") && used == 1,
+        "the grant g took was revoked: {holds:?}"
+    );
+}
+
 /// Found by the random driver's longer run (seed 20262701, a ghost hold): a thread's hold ran
 /// out, and a late copy of the same attempt's acquire took permits again with a new token; the
 /// thread's release (with the old token, asking for a mark) left them held with no guard behind
