@@ -469,6 +469,54 @@ fn a_late_heartbeat_that_tells_a_taken_grant_again_never_gets_it_revoked() {
     );
 }
 
+/// state.lua, new_handoff: a grant to a short-timeout waiter stores the hand-off clock's cap as
+/// that waiter's (a third of its timeout), not the granting client's; so after a forward step of
+/// the server clock, a long-timeout client's next script moves the hand-off clock on by the short
+/// cap only, and the live grantee, which has not popped its grant yet, keeps it. (With the cap
+/// left at the caller's, planted, that script revokes the grant.)
+#[test]
+fn a_forward_clock_step_does_not_revoke_a_short_timeout_grantee_through_a_long_timeout_client() {
+    let mut server = support::faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let long = RawSemaphore::new(
+        "fairlock",
+        "cap-stored",
+        SemKind::Semaphore,
+        1,
+        Settings {
+            waiter_timeout: Duration::from_secs(60),
+            ..settings()
+        },
+    )
+    .unwrap();
+    let sem = Sem::new("cap-stored", "sem", 1);
+    let Reply::Granted(th) = sem.acquire_with(&long, &mut c, "h:1", 1, 1, 3_600_000, true) else {
+        panic!("h not granted");
+    };
+    // s waits with the short timeout (WAITER_TTL); the long-timeout holder's release grants it
+    assert_eq!(
+        sem.acquire(&mut c, "s:1", 1, 1, 3_600_000, true),
+        Reply::Queued
+    );
+    let released = long.release("h:1", 1, th, false).run(&mut c).unwrap();
+    assert!(
+        matches!(released, SemRelease::Released { .. }),
+        "{released:?}"
+    );
+    // the server clock steps 10 s forward; a long-timeout client queues before s pops its grant
+    server.set_offset_ms(10_000);
+    assert_eq!(
+        sem.acquire_with(&long, &mut c, "x:1", 1, 1, 3_600_000, true),
+        Reply::Queued
+    );
+    assert!(
+        sem.pop_grant(&mut c, "s:1", 1).is_some(),
+        "the live short-timeout grantee's grant was revoked after the step"
+    );
+    let (holds, _) = sem.holds(&mut c);
+    assert!(holds.contains_key("s:1#1"), "{holds:?}");
+}
+
 /// Found by the random driver's longer run (seed 20262701, a ghost hold): a thread's hold ran
 /// out, and a late copy of the same attempt's acquire took permits again with a new token; the
 /// thread's release (with the old token, asking for a mark) left them held with no guard behind
