@@ -393,6 +393,17 @@ fn a_grantee_that_never_pops_its_hand_off_loses_it_after_the_waiter_timeout() {
     );
 }
 
+/// A semaphore of one held by `a`, `g` and then `c` queued, and `a`'s release, which grants `g`
+/// (its hand-off waits in g's wake list). Returns a's token.
+fn hand_off_to_g_with_c_behind(sem: &Sem, c: &mut redis::Connection) -> u64 {
+    let ta = granted(sem.acquire(c, "a:1", 1, 1, 30_000, true));
+    for owner in ["g:1", "c:1"] {
+        assert_eq!(sem.acquire(c, owner, 1, 1, 30_000, true), Reply::Queued);
+    }
+    assert!(sem.release(c, "a:1", 1, ta));
+    ta
+}
+
 /// sem_acquire.lua: a grantee that learns of its grant from its own acquire's reply (a retry,
 /// its hand-off never popped: the waker drops the wake-up) has its hand-off confirmed there, so
 /// the grant is never revoked as an unpopped one once the waiter timeout has passed. (With the
@@ -403,16 +414,7 @@ fn a_grant_learned_of_from_the_acquires_reply_is_never_revoked_as_unpopped() {
     let server = RedisServer::start();
     let mut c = server.conn();
     let sem = Sem::new("reply-grantee", "sem", 1);
-    let ta = granted(sem.acquire(&mut c, "a:1", 1, 1, 30_000, true));
-    assert_eq!(
-        sem.acquire(&mut c, "g:1", 1, 1, 30_000, true),
-        Reply::Queued
-    );
-    assert_eq!(
-        sem.acquire(&mut c, "c:1", 1, 1, 30_000, true),
-        Reply::Queued
-    );
-    assert!(sem.release(&mut c, "a:1", 1, ta));
+    let ta = hand_off_to_g_with_c_behind(&sem, &mut c);
     // g asks again (its pop failed) and is told of the grant by the reply; it never pops
     let tg = granted(sem.acquire(&mut c, "g:1", 1, 1, 30_000, true));
     assert!(tg > ta);
@@ -439,16 +441,7 @@ fn a_late_heartbeat_that_tells_a_taken_grant_again_never_gets_it_revoked() {
     let server = RedisServer::start();
     let mut c = server.conn();
     let sem = Sem::new("told-again", "sem", 1);
-    let ta = granted(sem.acquire(&mut c, "a:1", 1, 1, 30_000, true));
-    assert_eq!(
-        sem.acquire(&mut c, "g:1", 1, 1, 30_000, true),
-        Reply::Queued
-    );
-    assert_eq!(
-        sem.acquire(&mut c, "c:1", 1, 1, 30_000, true),
-        Reply::Queued
-    );
-    assert!(sem.release(&mut c, "a:1", 1, ta));
+    let ta = hand_off_to_g_with_c_behind(&sem, &mut c);
     let tg = sem.pop_grant(&mut c, "g:1", 1).expect("g granted");
     assert!(tg > ta);
     // g's thread holds the permit; half a waiter timeout later a heartbeat naming its attempt
