@@ -26,6 +26,16 @@
 -- hand-offs zsets by their members being hold ids (`zview`: checked before a script's first
 -- write to one, and before any write at all on a semaphore nobody uses), every due member read
 -- for expiry or revocation too; other programs' data there is refused, never written to.
+-- Undeclared keys (common.lua, "Undeclared keys"): the same as the lock's, through state.lua:
+-- the left marks, the caller's wake list and each grantee's (a grant's first write, taken back
+-- if the grant is refused after it). Refusals: another program's zset is refused before this
+-- run's first write to it (zview); a hold's field and ~used are written by one HSET and its
+-- lease entry right after, with nothing between them that can be refused (expire_holds, first
+-- in every script that takes or drops a hold, viewed the leases zset), so a refusal ends a run
+-- between whole steps, never between a hold and its lease entry.
+-- Sizes: the leases zset has one entry per hold (at most the capacity: a hold takes a permit or
+-- more), the hand-offs zset one per hold granted by another's script and not yet confirmed;
+-- both go with the hash. The fuzzer bounds every key's entries (tests/it/fuzz/checks.rs, 8'').
 
 local S
 
