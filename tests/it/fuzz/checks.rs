@@ -683,18 +683,13 @@ impl World {
             } else if key.contains(":wake:") {
                 // a "retry" is pushed with the waiter timeout, and so is a grant told again; a
                 // grant's first push gives its list the grant's lease (at most the longest), and
-                // its message outlives the grant when the hold is lost with its hash (evicted)
-                let grants = redis::cmd("LRANGE")
-                    .arg(key)
-                    .arg(0)
-                    .arg(-1)
-                    .query::<Vec<String>>(&mut self.conns[0])
-                    .map_or(true, |msgs| msgs.iter().any(|m| m.contains("|g|")));
-                let bound = if grants {
-                    self.cfg.lease_ms.1
-                } else {
-                    self.cfg.waiter_timeout_ms
-                };
+                // its message outlives the grant when the hold is lost with its hash (evicted).
+                // A push never shortens the list's TTL (keep_list), so the list lives as long as
+                // the longest message pushed since it was last empty, which may have been
+                // popped: a "retry" left behind a popped grant keeps the grant's TTL. Lets pass
+                // a list without a grant living up to the longest lease; bound: the longer of
+                // the longest lease and the waiter timeout
+                let bound = self.cfg.lease_ms.1.max(self.cfg.waiter_timeout_ms);
                 *pttl > 0 && *pttl <= bound as i64 + behind
             } else if key.ends_with(":left") {
                 // the left marks of attempts whose acquire could still arrive (leave.lua): they

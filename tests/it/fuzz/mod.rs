@@ -889,3 +889,62 @@ fn sem_late_copy_granted_by_a_capacity_change_that_closes_a_quiet_spell() {
         "the steps no longer grant within the open spell:\n{log}"
     );
 }
+
+/// Found by the matrix's short run on Valkey 8.1.8 (seed 4, not reproducible by replay;
+/// rebuilt by hand): a wake list lives as long as the longest message pushed since it was last
+/// empty, and that message may be popped already. Here a grant (lease 3 s) and then a "retry"
+/// (the waiter timeout) go to one client; its waker pops the grant, the thread told to retry
+/// leaves, and the "retry" rests in a list that keeps the grant's TTL. The end-state judge gave
+/// a list without a grant the waiter timeout and failed with `KeySize`; a list's bound is now the
+/// longest of a lease and the waiter timeout, whatever it holds.
+#[test]
+fn a_retry_left_in_a_wake_list_keeps_the_ttl_of_a_grant_popped_before_it() {
+    use steps::{AcquireStep, Fault, Step};
+    // two locks: in the quiet phase client 1 queues on lock 1 only, so nothing touches its
+    // wake list of lock 0 again
+    let cfg = Config {
+        locks: 2,
+        clients: 2,
+        threads: 2,
+        sems: vec![],
+        lease_ms: (300, 3000),
+        waiter_timeout_ms: 600,
+        quiet_heartbeats: true,
+        ..Config::for_seed(4)
+    };
+    let steps = [
+        Step::Acquire(AcquireStep::plain(0, 0, 0, true, 3000)),
+        Step::Acquire(AcquireStep::plain(1, 0, 0, true, 3000)),
+        Step::Acquire(AcquireStep::plain(1, 1, 0, true, 3000)),
+        // c1's heartbeat for both waiters is held up in the network
+        Step::Heartbeat {
+            p: Prim::Lock,
+            c: 1,
+            lock: 0,
+            fault: Fault::Late,
+        },
+        Step::LeavePass {
+            p: Prim::Lock,
+            c: 1,
+            t: 1,
+            fault: Fault::None,
+        },
+        // the grant to c1:t0 gives c1's wake list a TTL of 3 s
+        Step::Release {
+            p: Prim::Lock,
+            c: 0,
+            t: 0,
+            fault: Fault::None,
+        },
+        // the late heartbeat finds c1:t1's attempt gone and tells it "retry", behind the grant
+        Step::DeliverLate { n: 0 },
+        Step::Pop {
+            p: Prim::Lock,
+            c: 1,
+            t: 0,
+            fault: Fault::None,
+            then: Fault::None,
+        },
+    ];
+    replay_settling_without_violation(&cfg, &steps);
+}
