@@ -462,6 +462,38 @@ fn a_late_heartbeat_that_tells_a_taken_grant_again_never_gets_it_revoked() {
     );
 }
 
+/// sem_heartbeat.lua: a hand-off entry whose hold went with an evicted hash is dropped by the
+/// first heartbeat that names its attempt, not kept until its deadline: the hand-offs zset holds
+/// only entries of holds that exist (its size bound, sem.lua's header). (With that `zrem` planted
+/// out, the entry stays for a waiter timeout.)
+#[test]
+fn a_heartbeat_drops_the_hand_off_entry_of_a_hold_lost_with_its_hash() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let sem = Sem::new("stale-handoff", "sem", 1);
+    hand_off_to_g_with_c_behind(&sem, &mut c);
+    let handoffs = sem.keys.iter().find(|k| k.ends_with(":handoffs")).unwrap();
+    let pending: Option<f64> = redis::cmd("ZSCORE")
+        .arg(handoffs)
+        .arg("g:1#1")
+        .query(&mut c)
+        .unwrap();
+    assert!(pending.is_some(), "no hand-off to g pending");
+    // the hash, with g's hold in it, is evicted; g's client heartbeats its attempt
+    let _: () = redis::cmd("DEL").arg(&sem.keys[0]).query(&mut c).unwrap();
+    sem.heartbeat(&mut c, &[("g:1", 1), ("c:1", 1)]);
+    let left: Vec<String> = redis::cmd("ZRANGE")
+        .arg(handoffs)
+        .arg(0)
+        .arg(-1)
+        .query(&mut c)
+        .unwrap();
+    assert!(
+        !left.iter().any(|id| id == "g:1#1"),
+        "the hand-off of a hold lost with its hash is still recorded: {left:?}"
+    );
+}
+
 /// state.lua, new_handoff: a grant to a short-timeout waiter stores the hand-off clock's cap as
 /// that waiter's (a third of its timeout), not the granting client's; so after a forward step of
 /// the server clock, a long-timeout client's next script moves the hand-off clock on by the short
