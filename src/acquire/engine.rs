@@ -233,6 +233,8 @@ impl<'a, P: Primitive> Attempt<'a, P> {
                 .register(self.number)
         });
         let mut queued = false;
+        // with the janitor from its first queueing to its end (see `Heartbeated`)
+        let mut heartbeated = None;
         loop {
             let sent = BootInstant::now();
             let asked = match self.request(&call) {
@@ -281,6 +283,11 @@ impl<'a, P: Primitive> Attempt<'a, P> {
                             .set(first.and_then(|(at, _)| Instant::now().checked_add(at)));
                     }
                     queued = true;
+                    heartbeated.get_or_insert_with(|| Heartbeated {
+                        client: self.client(),
+                        key: self.primitive.key(),
+                        owner: &self.owner,
+                    });
                     let Some(registration) = &registration else {
                         return Err(Error::protocol(
                             "an acquire made with 'try' was queued".to_string(),
@@ -423,8 +430,8 @@ impl<'a, P: Primitive> Attempt<'a, P> {
             holder_pttl,
             self.witness.clone(),
         );
+        // (unregistered when the attempt ends: `Heartbeated`)
         let outcome = self.wait_for_grant(registration, wait);
-        janitor.unregister(self.primitive.key(), &self.owner);
         Ok(match outcome {
             Ok(Waited::Handoff { token, acked }) => {
                 self.check_replicated(acked)?;
@@ -665,6 +672,24 @@ impl<'a, P: Primitive> Attempt<'a, P> {
                 self.primitive.held()
             );
         }
+    }
+}
+
+/// A queued attempt's place in the janitor's list, kept from its first queueing until the
+/// attempt ends (granted, given up or failed), not only while one of its waits lasts: between
+/// two waits it asks again, and that request may hang for up to the read timeout (a stalled
+/// connection, a failover), longer than the waiter timeout, while other clients' heartbeats
+/// would purge a place nobody refreshes. Each wait registers the attempt again with what it
+/// learned (`wait_in_queue`); dropping this takes it off.
+struct Heartbeated<'a> {
+    client: &'a ClientInner,
+    key: &'a str,
+    owner: &'a str,
+}
+
+impl Drop for Heartbeated<'_> {
+    fn drop(&mut self) {
+        self.client.janitor.unregister(self.key, self.owner);
     }
 }
 

@@ -408,3 +408,85 @@ fn waiters_behind_expiring_leases_are_served_in_order_and_a_newcomer_never_barge
         "took {took:?}"
     );
 }
+
+/// A waiter whose wait ended early (the server dropped the connection its client waits on) and
+/// whose request to ask again hangs on a stalled connection until the read timeout keeps its
+/// place meanwhile: its client's janitor heartbeats the attempt from its first queueing to its
+/// end, between its waits too. (The attempt used to leave the janitor's list at the end of each
+/// wait: a request that hung for longer than the waiter timeout, as in a failover, let another
+/// client's heartbeat purge the live waiter, and the one behind it was served first.)
+#[test]
+fn a_waiter_asking_again_over_a_stalled_connection_keeps_its_place() {
+    use crate::chaos::proxy::{Proxy, Trap};
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let holder = support::client(&server);
+    let lock = holder.fair_lock("stalled").unwrap();
+    let g = lock.lock().unwrap();
+    let held = g.fencing_token();
+    // waiter 0's client talks through the proxy; its requests time out after 2 s, more than
+    // three waiter timeouts (3 x 200 ms)
+    let through_proxy =
+        support::client_with_url(&proxy.url(), |b| b.read_timeout(Duration::from_secs(2)));
+    let (tx, rx) = mpsc::channel();
+    let threads = support::spawn_queued(&lock, 2, SECS_5, |i| {
+        let c = if i == 0 {
+            through_proxy.clone()
+        } else {
+            support::client(&server)
+        };
+        let tx = tx.clone();
+        move || {
+            let g = c.fair_lock("stalled").unwrap().lock().unwrap();
+            tx.send((g.fencing_token(), i)).unwrap();
+        }
+    });
+    // the next acquire through the proxy (waiter 0 asking again) is held until its client gives
+    // up on it; cutting the proxy's connections ends waiter 0's wait
+    let acquire = fairlock::raw::scripts()
+        .into_iter()
+        .find(|s| s.name() == "acquire")
+        .expect("the acquire script");
+    // called as a function where the server has the library (Redis 7), by EVALSHA before
+    let functions = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(fairlock::raw::library_name())
+        .query::<Vec<redis::Value>>(&mut server.conn())
+        .is_ok_and(|libs| !libs.is_empty());
+    let call = if functions {
+        acquire.function()
+    } else {
+        acquire.sha()
+    };
+    let trap = Trap::Late {
+        delay: Duration::ZERO,
+        max_wait: SECS_5,
+    };
+    // the trap may catch the request on a pooled connection the cut has just closed (the client
+    // sees it closed at once and asks again on a new one): then cut again, a few times at most
+    let mut hanging = false;
+    for _ in 0..5 {
+        proxy.arm(&[call.as_bytes()], trap);
+        proxy.drop_all();
+        assert!(
+            eventually(SECS_5, || proxy.sprung()),
+            "waiter 0 did not ask again"
+        );
+        thread::sleep(Duration::from_millis(300));
+        if proxy.take_report().is_none() {
+            hanging = true;
+            break;
+        }
+    }
+    assert!(hanging, "no request of waiter 0 hung in 5 tries");
+    // the request hangs; a second after it was caught (many waiter timeouts), the lock is
+    // released, before waiter 0's client gives up on it
+    thread::sleep(Duration::from_millis(1000));
+    assert!(
+        proxy.take_report().is_none(),
+        "waiter 0's request came back before the release"
+    );
+    g.unlock().unwrap();
+    support::assert_served_in_queue_order(threads, &rx, held);
+}

@@ -45,7 +45,7 @@ use crate::support::tls as tls_support;
 mod checker;
 mod harness;
 mod history;
-mod proxy;
+pub mod proxy;
 mod server;
 mod topo;
 mod workload;
