@@ -1,7 +1,8 @@
 //! One behaviour matrix: what a user relies on, for every primitive, in both wait modes. The rows
 //! are behaviours (one `#[test]` each): FIFO, a try never queues, a timed wait gives up and leaves
 //! nothing, a crashed holder's hold comes back, an abandoned wait leaves nothing, a leaked hold
-//! runs out with its lease, a lost hold is told. The columns are {lock, semaphore(1),
+//! runs out with its lease, a lost hold is told, a waiter asking again over a stalled connection
+//! keeps its place. The columns are {lock, semaphore(1),
 //! semaphore(3), read, write} × {shared, per-thread}: each row runs every column against a real
 //! redis-server, and a failure names its column.
 //!
@@ -154,6 +155,44 @@ impl Cell {
         } else {
             1
         }
+    }
+
+    /// What a contender's acquisition sends to call its script: the function's name where the
+    /// server has the library (Redis 7), the script's SHA before (EVALSHA).
+    fn acquire_call(&self) -> String {
+        let name = if self.prim == Prim::Lock {
+            "acquire"
+        } else {
+            "sem_acquire"
+        };
+        let script = fairlock::raw::scripts()
+            .into_iter()
+            .find(|s| s.name() == name)
+            .expect("the acquire scripts");
+        let mut conn = redis::Client::open(self.url.as_str())
+            .and_then(|c| c.get_connection())
+            .expect("a connection");
+        let functions = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg(fairlock::raw::library_name())
+            .query::<Vec<redis::Value>>(&mut conn)
+            .is_ok_and(|libs| !libs.is_empty());
+        if functions {
+            script.function().to_string()
+        } else {
+            script.sha().to_string()
+        }
+    }
+
+    /// The server's port, from the url.
+    fn port(&self) -> u16 {
+        self.url
+            .trim_end_matches('/')
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a port in the url")
     }
 
     /// Take the blocker (waiting as long as it takes), with a fixed lease if one is given.
@@ -350,6 +389,81 @@ fn waiters_are_served_in_the_order_they_queued() {
         assert!(
             tokens.windows(2).all(|w| w[0] < w[1]),
             "{cell:?}: {tokens:?}"
+        );
+    });
+}
+
+/// A waiter whose wait ended early (the connection its client waits on was cut) and whose request
+/// to ask again hangs on a stalled connection until the read timeout keeps its place meanwhile:
+/// its client's janitor heartbeats the attempt from its first queueing to its end, between its
+/// waits too. (The attempt used to leave the janitor's list at the end of each wait: a request
+/// that hung for longer than the waiter timeout, as in a failover, let another client's
+/// heartbeat purge the live waiter, and the one behind it was served first.)
+#[test]
+fn a_waiter_asking_again_over_a_stalled_connection_keeps_its_place() {
+    use crate::chaos::proxy::{Proxy, Trap};
+    let server = RedisServer::start();
+    each_cell(&server, "stalled", |cell| {
+        let client = cell.client();
+        let blocker = cell.block(&client, None);
+        // waiter 0's client talks through a proxy; its requests time out after 2 s, more than
+        // three waiter timeouts (3 x 200 ms)
+        let proxy = Proxy::start(cell.port());
+        let mode = cell.mode;
+        let slow = support::client_with_url(&proxy.url(), |b| {
+            b.wait_mode(mode).read_timeout(Duration::from_secs(2))
+        });
+        let first = cell.spawn_waiter(&slow).1;
+        assert!(
+            eventually(SECS_10, || cell.waiters(&client) == 1),
+            "{cell:?}: waiter 0 never queued"
+        );
+        let second = cell.spawn_waiter(&cell.client()).1;
+        assert!(
+            eventually(SECS_10, || cell.waiters(&client) == 2),
+            "{cell:?}: waiter 1 never queued"
+        );
+        // the next acquisition through the proxy (waiter 0 asking again) is held until its
+        // client gives up on it; cutting the proxy's connections ends waiter 0's wait. The trap
+        // may catch the request on a pooled connection the cut has just closed (the client sees
+        // it closed at once and asks again on a new one): then cut again, a few times at most.
+        let call = cell.acquire_call();
+        let trap = Trap::Late {
+            delay: Duration::ZERO,
+            max_wait: SECS_10,
+        };
+        let mut hanging = false;
+        for _ in 0..5 {
+            proxy.arm(&[call.as_bytes()], trap);
+            proxy.drop_all();
+            assert!(
+                eventually(SECS_10, || proxy.sprung()),
+                "{cell:?}: waiter 0 did not ask again"
+            );
+            thread::sleep(Duration::from_millis(300));
+            if proxy.take_report().is_none() {
+                hanging = true;
+                break;
+            }
+        }
+        assert!(hanging, "{cell:?}: no request of waiter 0 hung in 5 tries");
+        // a second later (many waiter timeouts), before waiter 0's client gives up on its
+        // request, the blocker is released
+        thread::sleep(Duration::from_millis(1000));
+        assert!(
+            proxy.take_report().is_none(),
+            "{cell:?}: waiter 0's request came back before the release"
+        );
+        let blocker_token = blocker.token();
+        blocker.release().unwrap();
+        let tokens: Vec<u64> = [first, second]
+            .into_iter()
+            .map(|w| w.join().unwrap().unwrap().expect("served"))
+            .collect();
+        assert!(tokens[0] > blocker_token, "{cell:?}: {tokens:?}");
+        assert!(
+            tokens[0] < tokens[1],
+            "{cell:?}: waiter 1 was served before waiter 0: {tokens:?}"
         );
     });
 }
