@@ -542,6 +542,70 @@ fn a_forward_clock_step_does_not_revoke_a_short_timeout_grantee_through_a_long_t
     assert!(holds.contains_key("s:1#1"), "{holds:?}");
 }
 
+/// state.lua, new_handoff: while another hand-off may still be pending, a grant never raises the
+/// hand-off clock's cap: a short-timeout grantee that has not popped its grant yet keeps the short
+/// cap when a long-timeout waiter, queued after the waiters hash (and its cap) went, is granted
+/// after it, so a long-timeout client's script after a forward step of the server clock moves
+/// the clock on by the short cap only. (With the cap
+/// raised anyway, planted, that script revokes the short-timeout grantee's live grant.)
+#[test]
+fn a_later_grant_to_a_long_timeout_waiter_keeps_the_short_cap_of_a_pending_hand_off() {
+    let mut server = support::faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let long = RawSemaphore::new(
+        "fairlock",
+        "cap-pending",
+        SemKind::Semaphore,
+        2,
+        Settings {
+            waiter_timeout: Duration::from_secs(60),
+            ..settings()
+        },
+    )
+    .unwrap();
+    let sem = Sem::new("cap-pending", "sem", 2);
+    let hour = 3_600_000;
+    let th = granted(sem.acquire_with(&long, &mut c, "h:1", 1, 1, hour, true));
+    let tz = granted(sem.acquire_with(&long, &mut c, "z:1", 1, 1, hour, true));
+    let release = |c: &mut redis::Connection, owner: &str, token: u64| {
+        let released = long.release(owner, 1, token, false).run(c).unwrap();
+        assert!(
+            matches!(released, SemRelease::Released { .. }),
+            "{released:?}"
+        );
+    };
+    // s waits with the short timeout (WAITER_TTL); h's release grants it, and its hand-off
+    // waits unpopped. The queue is empty then, and its waiters hash goes with it, short cap
+    // and all
+    assert_eq!(sem.acquire(&mut c, "s:1", 1, 1, hour, true), Reply::Queued);
+    release(&mut c, "h:1", th);
+    // l queues with the long timeout (a new waiters hash, with the long cap), and z's release
+    // grants it while s's hand-off still waits
+    assert_eq!(
+        sem.acquire_with(&long, &mut c, "l:1", 1, 1, hour, true),
+        Reply::Queued
+    );
+    release(&mut c, "z:1", tz);
+    let (holds, _) = sem.holds(&mut c);
+    assert!(
+        holds.contains_key("s:1#1") && holds.contains_key("l:1#1"),
+        "{holds:?}"
+    );
+    // the server clock steps 10 s forward; a long-timeout client asks before s pops its grant
+    server.set_offset_ms(10_000);
+    let x = sem.acquire_with(&long, &mut c, "x:1", 1, 1, hour, true);
+    let (holds, _) = sem.holds(&mut c);
+    assert!(
+        holds.contains_key("s:1#1"),
+        "the live short-timeout grantee's grant was revoked after the step: {holds:?} (x: {x:?})"
+    );
+    assert_eq!(x, Reply::Queued);
+    assert!(
+        sem.pop_grant(&mut c, "s:1", 1).is_some(),
+        "s's wake-up is gone"
+    );
+}
+
 /// Found by the random driver's longer run (seed 20262701, a ghost hold): a thread's hold ran
 /// out, and a late copy of the same attempt's acquire took permits again with a new token; the
 /// thread's release (with the old token, asking for a mark) left them held with no guard behind
