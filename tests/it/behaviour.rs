@@ -406,12 +406,12 @@ fn a_waiter_asking_again_over_a_stalled_connection_keeps_its_place() {
     each_cell(&server, "stalled", |cell| {
         let client = cell.client();
         let blocker = cell.block(&client, None);
-        // waiter 0's client talks through a proxy; its requests time out after 2 s, more than
-        // three waiter timeouts (3 x 200 ms)
+        // waiter 0's client talks through a proxy; its requests time out after 3 s, five waiter
+        // timeouts (a waiter timeout is 3 janitor intervals of 200 ms)
         let proxy = Proxy::start(cell.port());
         let mode = cell.mode;
         let slow = support::client_with_url(&proxy.url(), |b| {
-            b.wait_mode(mode).read_timeout(Duration::from_secs(2))
+            b.wait_mode(mode).read_timeout(Duration::from_secs(3))
         });
         let first = cell.spawn_waiter(&slow).1;
         assert!(
