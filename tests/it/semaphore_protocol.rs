@@ -606,6 +606,79 @@ fn a_later_grant_to_a_long_timeout_waiter_keeps_the_short_cap_of_a_pending_hand_
     );
 }
 
+/// sem.lua, sem_pending: a run that removed hand-offs its view of the zset did not count asks
+/// Redis whether one is still pending, rather than taking its view's zero for "none". Here one
+/// heartbeat revokes two dead grantees (the view read two entries) while a third, live grantee's
+/// hand-off still waits, and grants a long-timeout waiter: the cap stays the short one. (With the
+/// view's answer taken, planted, the cap goes up, and after a forward step of the server clock a
+/// long-timeout client's script revokes the live short-timeout grantee's grant.)
+#[test]
+fn a_run_that_revoked_two_hand_offs_still_sees_the_third_pending() {
+    let mut server = support::faketime::FakeClockRedis::start();
+    let mut c = server.conn();
+    let long = RawSemaphore::new(
+        "fairlock",
+        "pending-after-revoke",
+        SemKind::Semaphore,
+        3,
+        Settings {
+            waiter_timeout: Duration::from_secs(60),
+            ..settings()
+        },
+    )
+    .unwrap();
+    let sem = Sem::new("pending-after-revoke", "sem", 3);
+    let hour = 3_600_000;
+    let th = granted(sem.acquire_with(&long, &mut c, "h:1", 1, 3, hour, true));
+    // a, b and s wait with the short timeout; h's release grants all three, whose hand-offs
+    // wait unpopped, and the empty queue takes the waiters hash (and its short cap) with it
+    for owner in ["a:1", "b:1", "s:1"] {
+        assert_eq!(sem.acquire(&mut c, owner, 1, 1, hour, true), Reply::Queued);
+    }
+    let released = long.release("h:1", 1, th, false).run(&mut c).unwrap();
+    assert!(
+        matches!(released, SemRelease::Released { .. }),
+        "{released:?}"
+    );
+    // l queues with the long timeout (a new waiters hash, with the long cap) for two permits
+    assert_eq!(
+        sem.acquire_with(&long, &mut c, "l:1", 1, 2, hour, true),
+        Reply::Queued
+    );
+    // a and b never heartbeat; l's client (long timeout) and then s's do, every half second.
+    // Once a's and b's deadlines have passed, l's heartbeat revokes both in one run (its view
+    // of the hand-offs read those two) and grants l
+    let deadline = std::time::Instant::now() + Duration::from_millis(WAITER_TTL * 3);
+    loop {
+        long.heartbeat([("l:1", 1)].into_iter())
+            .run(&mut c)
+            .expect("sem_heartbeat");
+        sem.heartbeat(&mut c, &[("s:1", 1)]);
+        let (holds, _) = sem.holds(&mut c);
+        if holds.contains_key("l:1#1") {
+            assert!(
+                !holds.contains_key("a:1#1") && !holds.contains_key("b:1#1"),
+                "{holds:?}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "l not granted within three waiter timeouts: {holds:?}"
+        );
+        thread::sleep(Duration::from_millis(500));
+    }
+    // the server clock steps 10 s forward; a long-timeout client asks before s pops its grant
+    server.set_offset_ms(10_000);
+    let x = sem.acquire_with(&long, &mut c, "x:1", 1, 1, hour, true);
+    let (holds, _) = sem.holds(&mut c);
+    assert!(
+        holds.contains_key("s:1#1"),
+        "the live short-timeout grantee's grant was revoked after the step: {holds:?} (x: {x:?})"
+    );
+    assert_eq!(x, Reply::Queued);
+}
+
 /// Found by the random driver's longer run (seed 20262701, a ghost hold): a thread's hold ran
 /// out, and a late copy of the same attempt's acquire took permits again with a new token; the
 /// thread's release (with the old token, asking for a mark) left them held with no guard behind
