@@ -650,7 +650,7 @@ fn a_run_that_revoked_two_hand_offs_still_sees_the_third_pending() {
     // of the hand-offs read those two) and grants l
     let deadline = std::time::Instant::now() + Duration::from_millis(WAITER_TTL * 3);
     loop {
-        long.heartbeat([("l:1", 1)].into_iter())
+        long.heartbeat([("l:1", 1)])
             .run(&mut c)
             .expect("sem_heartbeat");
         sem.heartbeat(&mut c, &[("s:1", 1)]);
