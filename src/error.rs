@@ -445,6 +445,15 @@ impl Error {
         matches!(self, Error::Connection { .. })
     }
 
+    /// Whether this is a reply that did not come within the read timeout.
+    pub(crate) fn is_timeout(&self) -> bool {
+        matches!(
+            self,
+            Error::Connection { source: Some(source), .. }
+                if source.downcast_ref::<redis::RedisError>().is_some_and(|e| e.is_timeout())
+        )
+    }
+
     /// Whether this is Redis answering `LOADING`: restarted, it is still reading its data.
     pub(crate) fn is_loading(&self) -> bool {
         matches!(

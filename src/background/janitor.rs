@@ -16,6 +16,12 @@
 //! for seconds, and the heartbeats it owes the waiters must not (a waiter silent for 3
 //! intervals is purged as dead and queues again at the back).
 //!
+//! A heartbeat not answered within an interval is given up (its connection dropped) and sent
+//! once more at once, on another connection: one stalled connection (half-open after a network
+//! fault, say) must not keep the client's waiters silent for the read timeout, which is longer
+//! than the 3 intervals that make a waiter dead (the default 5 s against 3 s). A heartbeat that
+//! was applied all the same is a late heartbeat, which the scripts take as one (heartbeat.lua).
+//!
 //! The registry is never locked across a round trip (a waiting thread registering must not wait
 //! on the network): a tick sends a snapshot, so a heartbeat may speak for an attempt that has
 //! just ended. The scripts make that harmless: a refresh only touches the entry of that very
@@ -31,7 +37,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 use crate::boot_clock::BootInstant;
-use crate::connection::{with_pooled, Pool};
+use crate::connection::{with_pooled, Conn, Pool};
 use crate::error::{Error, Result};
 use crate::raw::{self, RawLock, RawSemaphore, Witness};
 
@@ -210,6 +216,9 @@ fn run(
     server_check: &ServerCheck,
 ) {
     let checking = Arc::new(AtomicBool::new(false));
+    // see the module's comment: a stalled heartbeat is sent again an interval after the tick,
+    // an interval before the waiters it speaks for count as dead (3 after the last one)
+    let reply_within = interval.min(pool.read_timeout());
     let mut next_tick = BootInstant::now() + interval;
     let mut next_server_check = BootInstant::now() + server_check_interval;
     let mut early: Option<BootInstant> = None;
@@ -238,7 +247,7 @@ fn run(
                     check_aside(server_check, &checking);
                 }
                 if heartbeat_at.is_some_and(|at| now + Duration::from_millis(1) >= at) {
-                    early = tick(pool, registry);
+                    early = tick(pool, registry, reply_within);
                     next_tick = BootInstant::now() + interval;
                 }
             }
@@ -272,7 +281,7 @@ type Pipeline = (Vec<raw::Call<Beat>>, Vec<Vec<SharedWitness>>);
 
 /// One heartbeat for every lock (and semaphore) with local waiters. Returns when to look again
 /// early (the soonest end of a holder's lease), if any.
-fn tick(pool: &Pool, registry: &Mutex<Registry>) -> Option<BootInstant> {
+fn tick(pool: &Pool, registry: &Mutex<Registry>, reply_within: Duration) -> Option<BootInstant> {
     // one pipeline per script, so that a failure of one kind's (say, a script its user may not
     // run) does not cost the other kinds' waiters their heartbeats
     let mut by_script: BTreeMap<&'static str, Pipeline> = BTreeMap::new();
@@ -293,7 +302,8 @@ fn tick(pool: &Pool, registry: &Mutex<Registry>) -> Option<BootInstant> {
     let sent = BootInstant::now();
     let mut soonest: Option<BootInstant> = None;
     for (calls, witnesses) in by_script.into_values() {
-        for (reply, witnesses) in run_heartbeats(pool, &calls).into_iter().zip(witnesses) {
+        let replies = run_heartbeats(pool, &calls, reply_within);
+        for (reply, witnesses) in replies.into_iter().zip(witnesses) {
             match reply {
                 Ok(beat) => {
                     heard(sent, beat.last_token, &witnesses, &beat.told_to_retry);
@@ -312,11 +322,31 @@ fn tick(pool: &Pool, registry: &Mutex<Registry>) -> Option<BootInstant> {
 
 /// Send `calls` in one pipeline; none when Redis cannot be reached (logged; the next tick
 /// tries again).
-fn run_heartbeats<T>(pool: &Pool, calls: &[raw::Call<T>]) -> Vec<Result<T>> {
+fn run_heartbeats<T>(
+    pool: &Pool,
+    calls: &[raw::Call<T>],
+    reply_within: Duration,
+) -> Vec<Result<T>> {
     if calls.is_empty() {
         return Vec::new();
     }
-    match with_pooled(pool, "refreshing waiters", |c| raw::run_pipeline(c, calls)) {
+    let run = |c: &mut Conn| {
+        // (a reply that times out leaves the connection broken, and the pool drops it)
+        c.set_read_timeout(reply_within);
+        let replies = raw::run_pipeline(c, calls);
+        c.set_read_timeout(pool.read_timeout());
+        replies
+    };
+    let replies = match with_pooled(pool, "refreshing waiters", run) {
+        Err(e) if e.is_timeout() => {
+            log::debug!(
+                "fairlock: a heartbeat got no reply in {reply_within:?} ({e}); sending it again"
+            );
+            with_pooled(pool, "refreshing waiters", run)
+        }
+        other => other,
+    };
+    match replies {
         Ok(replies) => replies,
         Err(e) => {
             log::warn!("fairlock: janitor could not reach Redis ({e}); retrying next interval");

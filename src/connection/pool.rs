@@ -79,6 +79,12 @@ impl Pool {
             refusal,
         }
     }
+
+    /// How long a call waits for its reply, as configured (`Config::read_timeout`); a caller
+    /// that asks for less on a connection (`Conn::set_read_timeout`) sets it back.
+    pub fn read_timeout(&self) -> Duration {
+        self.manager.read_timeout
+    }
 }
 
 /// Pauses between calls repeated during a failover: the first, and the longest.

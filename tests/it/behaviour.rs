@@ -1,8 +1,8 @@
 //! One behaviour matrix: what a user relies on, for every primitive, in both wait modes. The rows
 //! are behaviours (one `#[test]` each): FIFO, a try never queues, a timed wait gives up and leaves
 //! nothing, a crashed holder's hold comes back, an abandoned wait leaves nothing, a leaked hold
-//! runs out with its lease, a lost hold is told, a waiter asking again over a stalled connection
-//! keeps its place. The columns are {lock, semaphore(1),
+//! runs out with its lease, a lost hold is told, a waiter keeps its place when its request to ask
+//! again or its client's heartbeat stalls. The columns are {lock, semaphore(1),
 //! semaphore(3), read, write} × {shared, per-thread}: each row runs every column against a real
 //! redis-server, and a failure names its column.
 //!
@@ -157,18 +157,19 @@ impl Cell {
         }
     }
 
-    /// What a contender's acquisition sends to call its script: the function's name where the
+    /// What a contender's client sends to call `stall`'s script: the function's name where the
     /// server has the library (Redis 7), the script's SHA before (EVALSHA).
-    fn acquire_call(&self) -> String {
-        let name = if self.prim == Prim::Lock {
-            "acquire"
-        } else {
-            "sem_acquire"
+    fn script_call(&self, stall: Stall) -> String {
+        let name = match (stall, self.prim) {
+            (Stall::AskingAgain, Prim::Lock) => "acquire",
+            (Stall::AskingAgain, _) => "sem_acquire",
+            (Stall::Heartbeat, Prim::Lock) => "heartbeat",
+            (Stall::Heartbeat, _) => "sem_heartbeat",
         };
         let script = fairlock::raw::scripts()
             .into_iter()
             .find(|s| s.name() == name)
-            .expect("the acquire scripts");
+            .expect("the protocol's scripts");
         let mut conn = redis::Client::open(self.url.as_str())
             .and_then(|c| c.get_connection())
             .expect("a connection");
@@ -393,79 +394,116 @@ fn waiters_are_served_in_the_order_they_queued() {
     });
 }
 
-/// A waiter whose wait ended early (the connection its client waits on was cut) and whose request
-/// to ask again hangs on a stalled connection until the read timeout keeps its place meanwhile:
-/// its client's janitor heartbeats the attempt from its first queueing to its end, between its
-/// waits too. (The attempt used to leave the janitor's list at the end of each wait: a request
-/// that hung for longer than the waiter timeout, as in a failover, let another client's
-/// heartbeat purge the live waiter, and the one behind it was served first.)
+/// Which request of a waiter's client a proxy holds up until the client gives up on it.
+#[derive(Clone, Copy, Debug)]
+enum Stall {
+    /// The waiter's own request to ask again, after its wait ended early (the connection its
+    /// client waits on was cut).
+    AskingAgain,
+    /// Its client's janitor's heartbeat.
+    Heartbeat,
+}
+
+/// A waiter whose wait ended early and whose request to ask again hangs on a stalled connection
+/// until the read timeout keeps its place meanwhile: its client's janitor heartbeats the attempt
+/// from its first queueing to its end, between its waits too. (The attempt used to leave the
+/// janitor's list at the end of each wait: a request that hung for longer than the waiter
+/// timeout, as in a failover, let another client's heartbeat purge the live waiter, and the one
+/// behind it was served first.)
 #[test]
 fn a_waiter_asking_again_over_a_stalled_connection_keeps_its_place() {
-    use crate::chaos::proxy::{Proxy, Trap};
     let server = RedisServer::start();
     each_cell(&server, "stalled", |cell| {
-        let client = cell.client();
-        let blocker = cell.block(&client, None);
-        // waiter 0's client talks through a proxy; its requests time out after 3 s, five waiter
-        // timeouts (a waiter timeout is 3 janitor intervals of 200 ms)
-        let proxy = Proxy::start(cell.port());
-        let mode = cell.mode;
-        let slow = support::client_with_url(&proxy.url(), |b| {
-            b.wait_mode(mode).read_timeout(Duration::from_secs(3))
-        });
-        let first = cell.spawn_waiter(&slow).1;
-        assert!(
-            eventually(SECS_10, || cell.waiters(&client) == 1),
-            "{cell:?}: waiter 0 never queued"
-        );
-        let second = cell.spawn_waiter(&cell.client()).1;
-        assert!(
-            eventually(SECS_10, || cell.waiters(&client) == 2),
-            "{cell:?}: waiter 1 never queued"
-        );
-        // the next acquisition through the proxy (waiter 0 asking again) is held until its
-        // client gives up on it; cutting the proxy's connections ends waiter 0's wait. The trap
-        // may catch the request on a pooled connection the cut has just closed (the client sees
-        // it closed at once and asks again on a new one): then cut again, a few times at most.
-        let call = cell.acquire_call();
-        let trap = Trap::Late {
-            delay: Duration::ZERO,
-            max_wait: SECS_10,
-        };
-        let mut hanging = false;
-        for _ in 0..5 {
+        a_stalled_request_costs_no_place(cell, Stall::AskingAgain)
+    });
+}
+
+/// A waiter whose client's heartbeat hangs on a stalled connection keeps its place: the janitor
+/// gives a heartbeat up after half an interval and sends it again at the next tick, on another
+/// connection. (It used to wait the read timeout, longer than the waiter timeout, and the live
+/// waiter was purged by another client's heartbeat.)
+#[test]
+fn a_waiter_whose_heartbeat_stalls_keeps_its_place() {
+    let server = RedisServer::start();
+    each_cell(&server, "stalled-heartbeat", |cell| {
+        a_stalled_request_costs_no_place(cell, Stall::Heartbeat)
+    });
+}
+
+/// Waiter 0 queues through a proxy, waiter 1 behind it on another client; the proxy holds
+/// `stall`'s next request up (waiter 0's client gives up on it after its read timeout, 3 s, five
+/// waiter timeouts: 3 janitor intervals of 200 ms each); a second later the blocker is released,
+/// and waiter 0 must be served first.
+fn a_stalled_request_costs_no_place(cell: &Cell, stall: Stall) {
+    use crate::chaos::proxy::{Proxy, Trap};
+    let client = cell.client();
+    let blocker = cell.block(&client, None);
+    let proxy = Proxy::start(cell.port());
+    let mode = cell.mode;
+    let slow = support::client_with_url(&proxy.url(), |b| {
+        b.wait_mode(mode).read_timeout(Duration::from_secs(3))
+    });
+    let first = cell.spawn_waiter(&slow).1;
+    assert!(
+        eventually(SECS_10, || cell.waiters(&client) == 1),
+        "{cell:?}: waiter 0 never queued"
+    );
+    let second = cell.spawn_waiter(&cell.client()).1;
+    assert!(
+        eventually(SECS_10, || cell.waiters(&client) == 2),
+        "{cell:?}: waiter 1 never queued"
+    );
+    let call = cell.script_call(stall);
+    let trap = Trap::Late {
+        delay: Duration::ZERO,
+        max_wait: SECS_10,
+    };
+    match stall {
+        Stall::AskingAgain => {
+            // cutting the proxy's connections ends waiter 0's wait; the trap may catch its
+            // request on a pooled connection the cut has just closed (the client sees it closed
+            // at once and asks again on a new one): then cut again, a few times at most
+            let mut hanging = false;
+            for _ in 0..5 {
+                proxy.arm(&[call.as_bytes()], trap);
+                proxy.drop_all();
+                assert!(
+                    eventually(SECS_10, || proxy.sprung()),
+                    "{cell:?}: waiter 0 did not ask again"
+                );
+                thread::sleep(Duration::from_millis(300));
+                if proxy.take_report().is_none() {
+                    hanging = true;
+                    break;
+                }
+            }
+            assert!(hanging, "{cell:?}: no request of waiter 0 hung in 5 tries");
+            thread::sleep(Duration::from_millis(1000));
+            assert!(
+                proxy.take_report().is_none(),
+                "{cell:?}: waiter 0's request came back before the release"
+            );
+        }
+        Stall::Heartbeat => {
             proxy.arm(&[call.as_bytes()], trap);
-            proxy.drop_all();
             assert!(
                 eventually(SECS_10, || proxy.sprung()),
-                "{cell:?}: waiter 0 did not ask again"
+                "{cell:?}: waiter 0's client sent no heartbeat"
             );
-            thread::sleep(Duration::from_millis(300));
-            if proxy.take_report().is_none() {
-                hanging = true;
-                break;
-            }
+            thread::sleep(Duration::from_millis(1300));
         }
-        assert!(hanging, "{cell:?}: no request of waiter 0 hung in 5 tries");
-        // a second later (many waiter timeouts), before waiter 0's client gives up on its
-        // request, the blocker is released
-        thread::sleep(Duration::from_millis(1000));
-        assert!(
-            proxy.take_report().is_none(),
-            "{cell:?}: waiter 0's request came back before the release"
-        );
-        let blocker_token = blocker.token();
-        blocker.release().unwrap();
-        let tokens: Vec<u64> = [first, second]
-            .into_iter()
-            .map(|w| w.join().unwrap().unwrap().expect("served"))
-            .collect();
-        assert!(tokens[0] > blocker_token, "{cell:?}: {tokens:?}");
-        assert!(
-            tokens[0] < tokens[1],
-            "{cell:?}: waiter 1 was served before waiter 0: {tokens:?}"
-        );
-    });
+    }
+    let blocker_token = blocker.token();
+    blocker.release().unwrap();
+    let tokens: Vec<u64> = [first, second]
+        .into_iter()
+        .map(|w| w.join().unwrap().unwrap().expect("served"))
+        .collect();
+    assert!(tokens[0] > blocker_token, "{cell:?}: {tokens:?}");
+    assert!(
+        tokens[0] < tokens[1],
+        "{cell:?}: waiter 1 was served before waiter 0: {tokens:?}"
+    );
 }
 
 #[test]
