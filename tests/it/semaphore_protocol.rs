@@ -494,6 +494,36 @@ fn a_heartbeat_drops_the_hand_off_entry_of_a_hold_lost_with_its_hash() {
     );
 }
 
+/// A client of semaphore `name` (capacity `cap`) whose waiters time out after 60 s, against
+/// the short WAITER_TTL of [`settings`].
+fn long_timeout_client(name: &str, cap: u64) -> RawSemaphore {
+    let settings = Settings {
+        waiter_timeout: Duration::from_secs(60),
+        ..settings()
+    };
+    RawSemaphore::new("fairlock", name, SemKind::Semaphore, cap, settings).unwrap()
+}
+
+/// The server clock steps 10 s forward and a long-timeout client (`long`) asks for a permit
+/// before `s:1`, a short-timeout grantee, pops its grant: s must keep its hold and its wake-up,
+/// and the newcomer queue.
+fn s_keeps_its_grant_after_a_forward_step(
+    server: &mut support::faketime::FakeClockRedis,
+    c: &mut redis::Connection,
+    sem: &Sem,
+    long: &RawSemaphore,
+) {
+    server.set_offset_ms(10_000);
+    let x = sem.acquire_with(long, c, "x:1", 1, 1, 3_600_000, true);
+    let (holds, _) = sem.holds(c);
+    assert!(
+        holds.contains_key("s:1#1"),
+        "the live short-timeout grantee's grant was revoked after the step: {holds:?} (x: {x:?})"
+    );
+    assert_eq!(x, Reply::Queued);
+    assert!(sem.pop_grant(c, "s:1", 1).is_some(), "s's wake-up is gone");
+}
+
 /// state.lua, new_handoff: a grant to a short-timeout waiter stores the hand-off clock's cap as
 /// that waiter's (a third of its timeout), not the granting client's; so after a forward step of
 /// the server clock, a long-timeout client's next script moves the hand-off clock on by the short
@@ -503,17 +533,7 @@ fn a_heartbeat_drops_the_hand_off_entry_of_a_hold_lost_with_its_hash() {
 fn a_forward_clock_step_does_not_revoke_a_short_timeout_grantee_through_a_long_timeout_client() {
     let mut server = support::faketime::FakeClockRedis::start();
     let mut c = server.conn();
-    let long = RawSemaphore::new(
-        "fairlock",
-        "cap-stored",
-        SemKind::Semaphore,
-        1,
-        Settings {
-            waiter_timeout: Duration::from_secs(60),
-            ..settings()
-        },
-    )
-    .unwrap();
+    let long = long_timeout_client("cap-stored", 1);
     let sem = Sem::new("cap-stored", "sem", 1);
     let Reply::Granted(th) = sem.acquire_with(&long, &mut c, "h:1", 1, 1, 3_600_000, true) else {
         panic!("h not granted");
@@ -528,18 +548,7 @@ fn a_forward_clock_step_does_not_revoke_a_short_timeout_grantee_through_a_long_t
         matches!(released, SemRelease::Released { .. }),
         "{released:?}"
     );
-    // the server clock steps 10 s forward; a long-timeout client queues before s pops its grant
-    server.set_offset_ms(10_000);
-    assert_eq!(
-        sem.acquire_with(&long, &mut c, "x:1", 1, 1, 3_600_000, true),
-        Reply::Queued
-    );
-    assert!(
-        sem.pop_grant(&mut c, "s:1", 1).is_some(),
-        "the live short-timeout grantee's grant was revoked after the step"
-    );
-    let (holds, _) = sem.holds(&mut c);
-    assert!(holds.contains_key("s:1#1"), "{holds:?}");
+    s_keeps_its_grant_after_a_forward_step(&mut server, &mut c, &sem, &long);
 }
 
 /// state.lua, new_handoff: while another hand-off may still be pending, a grant never raises the
@@ -552,17 +561,7 @@ fn a_forward_clock_step_does_not_revoke_a_short_timeout_grantee_through_a_long_t
 fn a_later_grant_to_a_long_timeout_waiter_keeps_the_short_cap_of_a_pending_hand_off() {
     let mut server = support::faketime::FakeClockRedis::start();
     let mut c = server.conn();
-    let long = RawSemaphore::new(
-        "fairlock",
-        "cap-pending",
-        SemKind::Semaphore,
-        2,
-        Settings {
-            waiter_timeout: Duration::from_secs(60),
-            ..settings()
-        },
-    )
-    .unwrap();
+    let long = long_timeout_client("cap-pending", 2);
     let sem = Sem::new("cap-pending", "sem", 2);
     let hour = 3_600_000;
     let th = granted(sem.acquire_with(&long, &mut c, "h:1", 1, 1, hour, true));
@@ -591,19 +590,7 @@ fn a_later_grant_to_a_long_timeout_waiter_keeps_the_short_cap_of_a_pending_hand_
         holds.contains_key("s:1#1") && holds.contains_key("l:1#1"),
         "{holds:?}"
     );
-    // the server clock steps 10 s forward; a long-timeout client asks before s pops its grant
-    server.set_offset_ms(10_000);
-    let x = sem.acquire_with(&long, &mut c, "x:1", 1, 1, hour, true);
-    let (holds, _) = sem.holds(&mut c);
-    assert!(
-        holds.contains_key("s:1#1"),
-        "the live short-timeout grantee's grant was revoked after the step: {holds:?} (x: {x:?})"
-    );
-    assert_eq!(x, Reply::Queued);
-    assert!(
-        sem.pop_grant(&mut c, "s:1", 1).is_some(),
-        "s's wake-up is gone"
-    );
+    s_keeps_its_grant_after_a_forward_step(&mut server, &mut c, &sem, &long);
 }
 
 /// sem.lua, sem_pending: a run that removed hand-offs its view of the zset did not count asks
@@ -616,17 +603,7 @@ fn a_later_grant_to_a_long_timeout_waiter_keeps_the_short_cap_of_a_pending_hand_
 fn a_run_that_revoked_two_hand_offs_still_sees_the_third_pending() {
     let mut server = support::faketime::FakeClockRedis::start();
     let mut c = server.conn();
-    let long = RawSemaphore::new(
-        "fairlock",
-        "pending-after-revoke",
-        SemKind::Semaphore,
-        3,
-        Settings {
-            waiter_timeout: Duration::from_secs(60),
-            ..settings()
-        },
-    )
-    .unwrap();
+    let long = long_timeout_client("pending-after-revoke", 3);
     let sem = Sem::new("pending-after-revoke", "sem", 3);
     let hour = 3_600_000;
     let th = granted(sem.acquire_with(&long, &mut c, "h:1", 1, 3, hour, true));
@@ -668,15 +645,7 @@ fn a_run_that_revoked_two_hand_offs_still_sees_the_third_pending() {
         );
         thread::sleep(Duration::from_millis(500));
     }
-    // the server clock steps 10 s forward; a long-timeout client asks before s pops its grant
-    server.set_offset_ms(10_000);
-    let x = sem.acquire_with(&long, &mut c, "x:1", 1, 1, hour, true);
-    let (holds, _) = sem.holds(&mut c);
-    assert!(
-        holds.contains_key("s:1#1"),
-        "the live short-timeout grantee's grant was revoked after the step: {holds:?} (x: {x:?})"
-    );
-    assert_eq!(x, Reply::Queued);
+    s_keeps_its_grant_after_a_forward_step(&mut server, &mut c, &sem, &long);
 }
 
 /// Found by the random driver's longer run (seed 20262701, a ghost hold): a thread's hold ran
