@@ -352,6 +352,96 @@ fn a_redis_restart_under_holders_and_waiters_gives_errors_or_recovery_and_thread
     waiter.join().unwrap();
 }
 
+/// Queued waiters, one waiting for as long as it takes and one with a deadline, ride out a
+/// restart of their server during which their requests to ask again are refused, fewer times
+/// than the failure budget: each is served once the server is back, not failed at the first
+/// refusal.
+#[test]
+fn queued_waiters_ride_out_a_restart_that_refuses_their_requests_for_a_while() {
+    let _serial = serial();
+    let mut server = RedisServer::start();
+    // a refused request costs about the connect timeout (the pool tries until then), then a
+    // pause of 100 ms: a 600 ms outage refuses each waiter once or twice, under the budget of 3
+    let client = support::client_with_url(&server.url(), |b| {
+        b.connect_timeout(Duration::from_millis(500))
+            .read_timeout(Duration::from_secs(1))
+    });
+    let lock = client.fair_lock("restarted").unwrap();
+    let g = lock.lock().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let waiters: Vec<_> = [None, Some(Duration::from_secs(30))]
+        .into_iter()
+        .enumerate()
+        .map(|(i, deadline)| {
+            let (waiting, tx) = (lock.clone(), tx.clone());
+            let waiter = thread::spawn(move || {
+                let result = match deadline {
+                    None => waiting.lock().map(|g| Some(g.fencing_token())),
+                    Some(d) => waiting
+                        .try_lock_for(d)
+                        .map(|g| g.map(|g| g.fencing_token())),
+                };
+                tx.send((i, result)).unwrap();
+            });
+            assert!(support::queued(&lock, i + 1, SECS_5));
+            waiter
+        })
+        .collect();
+    server.stop();
+    thread::sleep(Duration::from_millis(600));
+    server.start_again();
+    for _ in 0..2 {
+        let (i, result) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a waiter not served 30 s after the restart");
+        let token = result.unwrap_or_else(|e| panic!("waiter {i} gave up: {e:?}"));
+        assert!(token.is_some(), "waiter {i}'s deadline passed");
+    }
+    for w in waiters {
+        w.join().unwrap();
+    }
+    // (the holder's hold went with the restart, without persistence)
+    drop(g);
+}
+
+/// A waiter already queued when its server goes away for good gives up with a connection error
+/// after its failure budget (3 failed requests to ask again, each within 10 s of the last, with
+/// a pause between), instead of asking again forever.
+#[test]
+fn a_queued_waiter_whose_server_never_comes_back_fails_with_a_connection_error() {
+    let _serial = serial();
+    let mut server = RedisServer::start();
+    let client = support::client_with_url(&server.url(), |b| {
+        b.connect_timeout(Duration::from_millis(500))
+            .read_timeout(Duration::from_secs(1))
+    });
+    let lock = client.fair_lock("gone").unwrap();
+    let g = lock.lock().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let waiter = {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            let result = lock.lock().map(|g| g.fencing_token());
+            tx.send(result).unwrap();
+        })
+    };
+    assert!(support::queued(&lock, 1, SECS_5));
+    server.stop();
+    let started = Instant::now();
+    let result = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the waiter still asks 30 s after its server went away");
+    let e = result.expect_err("a stopped server granted the lock");
+    assert!(e.is_connection(), "{e:?}");
+    println!(
+        "a queued waiter gave up {:?} after its server stopped: {e}",
+        started.elapsed()
+    );
+    waiter.join().unwrap();
+    // (its release fails against the stopped server, which the guard's drop only logs)
+    drop(g);
+}
+
 #[test]
 fn calls_against_a_stopped_redis_fail_within_the_timeouts_and_work_once_it_is_back() {
     let _serial = serial();
