@@ -352,6 +352,15 @@ fn a_redis_restart_under_holders_and_waiters_gives_errors_or_recovery_and_thread
     waiter.join().unwrap();
 }
 
+/// A client that gives up on a server soon: connect timeout 500 ms (also the wait for a pooled
+/// connection, so a refused request costs about that), read timeout 1 s.
+fn quick_to_fail(server: &RedisServer) -> fairlock::LockClient {
+    support::client_with_url(&server.url(), |b| {
+        b.connect_timeout(Duration::from_millis(500))
+            .read_timeout(Duration::from_secs(1))
+    })
+}
+
 /// Queued waiters, one waiting for as long as it takes and one with a deadline, ride out a
 /// restart of their server during which their requests to ask again are refused, fewer times
 /// than the failure budget: each is served once the server is back, not failed at the first
@@ -362,10 +371,7 @@ fn queued_waiters_ride_out_a_restart_that_refuses_their_requests_for_a_while() {
     let mut server = RedisServer::start();
     // a refused request costs about the connect timeout (the pool tries until then), then a
     // pause of 100 ms: a 600 ms outage refuses each waiter once or twice, under the budget of 3
-    let client = support::client_with_url(&server.url(), |b| {
-        b.connect_timeout(Duration::from_millis(500))
-            .read_timeout(Duration::from_secs(1))
-    });
+    let client = quick_to_fail(&server);
     let lock = client.fair_lock("restarted").unwrap();
     let g = lock.lock().unwrap();
     let (tx, rx) = mpsc::channel();
@@ -411,10 +417,7 @@ fn queued_waiters_ride_out_a_restart_that_refuses_their_requests_for_a_while() {
 fn a_queued_waiter_whose_server_never_comes_back_fails_with_a_connection_error() {
     let _serial = serial();
     let mut server = RedisServer::start();
-    let client = support::client_with_url(&server.url(), |b| {
-        b.connect_timeout(Duration::from_millis(500))
-            .read_timeout(Duration::from_secs(1))
-    });
+    let client = quick_to_fail(&server);
     let lock = client.fair_lock("gone").unwrap();
     let g = lock.lock().unwrap();
     let (tx, rx) = mpsc::channel();
@@ -446,10 +449,7 @@ fn a_queued_waiter_whose_server_never_comes_back_fails_with_a_connection_error()
 fn calls_against_a_stopped_redis_fail_within_the_timeouts_and_work_once_it_is_back() {
     let _serial = serial();
     let mut server = RedisServer::start();
-    let client = support::client_with_url(&server.url(), |b| {
-        b.connect_timeout(Duration::from_millis(500))
-            .read_timeout(Duration::from_secs(1))
-    });
+    let client = quick_to_fail(&server);
     let lock = client.fair_lock("down").unwrap();
     lock.lock().unwrap().unlock().unwrap();
 
